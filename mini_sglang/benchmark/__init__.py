@@ -1,0 +1,7 @@
+"""Benchmark client pieces behind ``python -m mini_sglang.bench_serving``.
+
+Mirrors SGLang 0.5.4 ``sglang.bench_serving``: ``datasets`` builds the workload,
+``backends`` speaks each server protocol, ``metrics`` turns timings into the report.
+"""
+
+from __future__ import annotations
