@@ -1,0 +1,88 @@
+"""Tensor-parallel process groups and the collectives the layers call.
+
+At tp_size == 1 every collective is the identity, so layers are written once for any TP
+degree. The CPU group (gloo) carries Python objects between ranks (rank 0 broadcasts the
+scheduler's received requests); the device group (NCCL on CUDA, gloo on CPU) carries tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class TPGroup:
+    rank: int = 0
+    world_size: int = 1
+    device_group: dist.ProcessGroup | None = None
+    cpu_group: dist.ProcessGroup | None = None
+
+
+_TP = TPGroup()
+
+
+def init_distributed_environment(
+    tp_rank: int, tp_size: int, backend: str, init_method: str, timeout_s: int | None = None
+) -> None:
+    """Join the world of `tp_size` ranks; a no-op at tp_size == 1."""
+    global _TP
+    if tp_size == 1:
+        _TP = TPGroup()
+        return
+    import datetime
+
+    kwargs = {}
+    if timeout_s:
+        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(
+        backend=backend, init_method=init_method, rank=tp_rank, world_size=tp_size, **kwargs
+    )
+    ranks = list(range(tp_size))
+    cpu_group = dist.new_group(ranks, backend="gloo") if backend != "gloo" else dist.group.WORLD
+    _TP = TPGroup(tp_rank, tp_size, dist.group.WORLD, cpu_group)
+
+
+def get_tp_group() -> TPGroup:
+    return _TP
+
+
+def get_tp_rank() -> int:
+    return _TP.rank
+
+
+def get_tp_size() -> int:
+    return _TP.world_size
+
+
+def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if _TP.world_size == 1:
+        return x
+    dist.all_reduce(x, group=_TP.device_group)
+    return x
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate each rank's `x` along `dim` (ranks in order)."""
+    if _TP.world_size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(_TP.world_size)]
+    dist.all_gather(parts, x.contiguous(), group=_TP.device_group)
+    return torch.cat(parts, dim=dim)
+
+
+def broadcast_pyobj(obj: object, src: int = 0) -> object:
+    """Send a picklable object from rank `src` to all TP ranks over the CPU group."""
+    if _TP.world_size == 1:
+        return obj
+    box = [obj if _TP.rank == src else None]
+    dist.broadcast_object_list(box, src=src, group=_TP.cpu_group)
+    return box[0]
+
+
+def divide(numerator: int, denominator: int) -> int:
+    if numerator % denominator != 0:
+        raise ValueError(f"{numerator} is not divisible by {denominator}")
+    return numerator // denominator

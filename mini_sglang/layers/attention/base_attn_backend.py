@@ -1,0 +1,79 @@
+"""The attention-backend interface and its registry.
+
+A backend is created once per ModelRunner. Before each forward, `init_forward_metadata` plans
+whatever every layer will reuse (index tables, masks, flashinfer plans); each RadixAttention
+layer then calls `forward`, which writes the new K/V into the pool at `out_cache_loc` and
+returns attention output of shape [num_tokens, num_heads * head_dim].
+CUDA-graph hooks let the graph runner pre-allocate and replay metadata for decode.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from mini_sglang.layers.radix_attention import RadixAttention
+    from mini_sglang.model_executor.forward_batch_info import ForwardBatch
+    from mini_sglang.model_executor.model_runner import ModelRunner
+
+
+class AttentionBackend(ABC):
+    @abstractmethod
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def forward_extend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
+        forward_batch: ForwardBatch, save_kv_cache: bool = True,
+    ) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_decode(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
+        forward_batch: ForwardBatch, save_kv_cache: bool = True,
+    ) -> torch.Tensor: ...
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
+        forward_batch: ForwardBatch, save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    # CUDA-graph hooks (decode only); backends without graph support keep the defaults.
+    supports_cuda_graph = False
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        raise NotImplementedError
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, forward_batch: ForwardBatch) -> None:
+        raise NotImplementedError
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, forward_batch: ForwardBatch) -> None:
+        raise NotImplementedError
+
+
+ATTENTION_BACKENDS: dict[str, Callable[[ModelRunner], AttentionBackend]] = {}
+
+
+def register_attention_backend(name: str):
+    def deco(factory: Callable[[ModelRunner], AttentionBackend]):
+        ATTENTION_BACKENDS[name] = factory
+        return factory
+
+    return deco
+
+
+def create_attention_backend(name: str, runner: ModelRunner) -> AttentionBackend:
+    # Importing the package registers the built-in backends.
+    import mini_sglang.layers.attention  # noqa: F401
+
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"Unknown attention backend {name!r}; available: {', '.join(sorted(ATTENTION_BACKENDS))}"
+        )
+    return ATTENTION_BACKENDS[name](runner)

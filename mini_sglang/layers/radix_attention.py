@@ -1,0 +1,35 @@
+"""RadixAttention: the attention layer models call; the backend does the work.
+
+It holds the per-layer shape facts the backends need (heads on this rank, head_dim, scaling,
+layer_id into the KV pool) and forwards to `forward_batch.attn_backend`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from mini_sglang.model_executor.forward_batch_info import ForwardBatch
+
+
+class RadixAttention(nn.Module):
+    def __init__(
+        self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int
+    ) -> None:
+        super().__init__()
+        self.tp_q_head_num = num_heads
+        self.tp_k_head_num = num_kv_heads
+        self.tp_v_head_num = num_kv_heads
+        self.head_dim = head_dim
+        self.scaling = scaling
+        self.layer_id = layer_id
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        k = k.view(-1, self.tp_k_head_num, self.head_dim)
+        v = v.view(-1, self.tp_v_head_num, self.head_dim)
+        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)

@@ -1,0 +1,90 @@
+"""Rotary position embedding (neox / rotate-half layout, as HF Llama, Qwen2 and Qwen3 use).
+
+Inverse frequencies come from transformers' own rope-init functions (llama3, linear, dynamic,
+yarn, ...) so every scaling variant matches HF exactly; the default type is the plain
+`base ** (-2i/d)` formula. cos/sin are cached for every position up to max_position.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mini_sglang.layers.kernels import flashinfer_module
+
+
+def _rope_parameters(hf_config) -> dict:
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None)
+    params = dict(params or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", None) or 10000.0)
+    params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
+    return params
+
+
+def compute_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """(inv_freq [head_dim // 2], attention_scaling) for the config's rope type."""
+    params = _rope_parameters(hf_config)
+    rope_type = params["rope_type"]
+    if rope_type == "default":
+        base = float(params["rope_theta"])
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        return inv, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(
+            f"Unsupported rope_type {rope_type!r}; supported: default, {', '.join(ROPE_INIT_FUNCTIONS)}"
+        )
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    return inv.float(), float(scaling)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to q and k of shape [num_tokens, num_heads * head_dim] in place-free form."""
+
+    def __init__(self, head_dim: int, max_position: int, inv_freq: torch.Tensor, scaling: float):
+        super().__init__()
+        self.head_dim = head_dim
+        t = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        # [max_position, head_dim]: cos in the first half, sin in the second (flashinfer layout).
+        cache = torch.cat([freqs.cos() * scaling, freqs.sin() * scaling], dim=-1)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward_native(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        half = self.head_dim // 2
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+
+        def rotate(x: torch.Tensor) -> torch.Tensor:
+            shape = x.shape
+            x = x.view(shape[0], -1, self.head_dim).float()
+            x1, x2 = x[..., :half], x[..., half:]
+            out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+            return out.view(shape)
+
+        return rotate(q).to(q.dtype), rotate(k).to(k.dtype)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        fi = flashinfer_module() if q.is_cuda else None
+        if fi is None:
+            return self.forward_native(positions, q, k)
+        q, k = q.contiguous(), k.contiguous()
+        fi.rope.apply_rope_with_cos_sin_cache_inplace(
+            positions=positions,
+            query=q,
+            key=k,
+            head_size=self.head_dim,
+            cos_sin_cache=self.cos_sin_cache,
+            is_neox=True,
+        )
+        return q, k
+
+
+def get_rope(hf_config, head_dim: int, max_position: int) -> RotaryEmbedding:
+    inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
+    return RotaryEmbedding(head_dim, max_position, inv_freq, scaling)

@@ -1,0 +1,121 @@
+"""ModelConfig: the facts about a model that the runtime needs, read from config.json.
+
+The HF config is read with transformers' AutoConfig (GGUF files through the gguf loader);
+context length, head counts and EOS ids are resolved here once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AutoConfig, GenerationConfig, PretrainedConfig
+
+from mini_sglang.model_loader.gguf_loader import gguf_config_dict, is_gguf_path
+
+_DTYPES = {
+    "half": torch.float16,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -> PretrainedConfig:
+    if is_gguf_path(model_path):
+        cfg = gguf_config_dict(model_path)
+        model_type = cfg.pop("model_type")
+        return AutoConfig.for_model(model_type, **cfg, **overrides)
+    if not os.path.isdir(model_path):
+        raise ValueError(
+            f"Model path {model_path!r} is not a local directory or .gguf file "
+            "(mini-sglang cannot download from a model hub)."
+        )
+    if not os.path.exists(os.path.join(model_path, "config.json")):
+        raise ValueError(f"Model directory {model_path!r} has no config.json")
+    try:
+        return AutoConfig.from_pretrained(
+            model_path, trust_remote_code=trust_remote_code, **overrides
+        )
+    except ValueError as e:
+        raise ValueError(f"Cannot read the config of {model_path!r}: {e}") from e
+
+
+def resolve_dtype(dtype: str, config_dtype: torch.dtype | None, device: str) -> torch.dtype:
+    """SGLang's --dtype auto: float32 on CPU; on GPU bf16 checkpoints stay bf16, else fp16."""
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise ValueError(f"--dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
+        return _DTYPES[dtype]
+    if device == "cpu":
+        return torch.float32
+    return torch.bfloat16 if config_dtype in (torch.bfloat16, None) else torch.float16
+
+
+@dataclass
+class ModelConfig:
+    model_path: str
+    hf_config: PretrainedConfig
+    dtype: torch.dtype
+    context_len: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    architectures: list[str]
+    eos_token_ids: set[int] = field(default_factory=set)
+    generation_defaults: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_server_args(cls, server_args) -> ModelConfig:
+        overrides = json.loads(getattr(server_args, "json_model_override_args", None) or "{}")
+        hf = _load_hf_config(server_args.model_path, server_args.trust_remote_code, overrides)
+        text_cfg = getattr(hf, "text_config", None) or hf
+        config_dtype = getattr(text_cfg, "dtype", None) or getattr(text_cfg, "torch_dtype", None)
+        if isinstance(config_dtype, str):
+            config_dtype = getattr(torch, config_dtype, None)
+        dtype = resolve_dtype(server_args.dtype, config_dtype, server_args.device)
+        derived = getattr(text_cfg, "max_position_embeddings", None) or 2048
+        context_len = server_args.context_length or derived
+        head_dim = getattr(text_cfg, "head_dim", None) or (
+            text_cfg.hidden_size // text_cfg.num_attention_heads
+        )
+        eos = getattr(text_cfg, "eos_token_id", None)
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        gen_defaults: dict = {}
+        if os.path.isdir(server_args.model_path):
+            try:
+                gen = GenerationConfig.from_pretrained(server_args.model_path)
+                g_eos = gen.eos_token_id
+                eos_ids |= set(g_eos if isinstance(g_eos, list) else [g_eos] if g_eos is not None else [])
+                gen_defaults = {
+                    k: getattr(gen, k)
+                    for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+                    if getattr(gen, k, None) is not None and k in gen.to_diff_dict()
+                }
+            except OSError:
+                pass
+        return cls(
+            model_path=server_args.model_path,
+            hf_config=text_cfg,
+            dtype=dtype,
+            context_len=int(context_len),
+            num_hidden_layers=text_cfg.num_hidden_layers,
+            num_attention_heads=text_cfg.num_attention_heads,
+            num_key_value_heads=getattr(text_cfg, "num_key_value_heads", None)
+            or text_cfg.num_attention_heads,
+            head_dim=head_dim,
+            hidden_size=text_cfg.hidden_size,
+            vocab_size=text_cfg.vocab_size,
+            architectures=list(getattr(hf, "architectures", None) or []),
+            eos_token_ids=eos_ids,
+            generation_defaults=gen_defaults,
+        )
+
+    def num_kv_heads_per_rank(self, tp_size: int) -> int:
+        return max(1, self.num_key_value_heads // tp_size)

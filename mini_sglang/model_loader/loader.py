@@ -1,0 +1,98 @@
+"""Build a model and fill its weights: safetensors (streamed), pt, gguf or dummy.
+
+Weights stream one file (one tensor) at a time into `model.load_weights`, which routes each
+tensor to its parameter's `weight_loader`; nothing holds a second full copy of the model.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from mini_sglang.model_loader.gguf_loader import is_gguf_path, iterate_gguf_weights
+from mini_sglang.models.registry import resolve_model_class
+
+logger = logging.getLogger("mini_sglang")
+
+DUMMY_SEED = 1234
+
+
+def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def iterate_pt(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in files:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        yield from state.items()
+        del state
+
+
+def weight_iterator(model_path: str, load_format: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) pairs for the checkpoint at model_path in the given format."""
+    if load_format == "gguf" or is_gguf_path(model_path):
+        return iterate_gguf_weights(model_path)
+    if not os.path.isdir(model_path):
+        raise ValueError(f"Model path {model_path!r} is not a directory")
+    st_files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    pt_files = sorted(glob.glob(os.path.join(model_path, "*.bin")))
+    if load_format in ("auto", "safetensors") and st_files:
+        return iterate_safetensors(st_files)
+    if load_format in ("auto", "pt") and pt_files:
+        return iterate_pt(pt_files)
+    raise ValueError(
+        f"No model weights found in {model_path!r} for --load-format {load_format} "
+        "(expected *.safetensors or *.bin files; use --load-format dummy for random weights)"
+    )
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3) -> None:
+    """SGLang's dummy format: every float parameter uniform in [low, high], seeded per param.
+
+    Norm weights get the same fill as everything else, so activations stay small and finite.
+    """
+    for param in model.parameters():
+        if torch.is_floating_point(param):
+            gen = torch.Generator(device="cpu").manual_seed(DUMMY_SEED)
+            tmp = torch.empty(param.shape, dtype=torch.float32).uniform_(low, high, generator=gen)
+            param.data.copy_(tmp.to(param.dtype))
+
+
+def get_model(model_config, load_format: str, device: str | torch.device) -> nn.Module:
+    """Instantiate the model class for the config on `device` and load its weights."""
+    model_cls = resolve_model_class(model_config.architectures)
+    t0 = time.perf_counter()
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(model_config.dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(model_config.hf_config)
+    finally:
+        torch.set_default_dtype(old_dtype)
+    if load_format == "dummy":
+        fill_dummy_weights(model)
+    else:
+        model.load_weights(weight_iterator(model_config.model_path, load_format))
+    # RoPE caches are buffers computed in float32; keep them so (the dtype switch above
+    # only affects parameters created under it, which is what we want).
+    model.eval()
+    logger.info(
+        "Load weight end. type=%s, dtype=%s, load_format=%s, elapsed=%.2f s",
+        model_cls.__name__,
+        model_config.dtype,
+        load_format,
+        time.perf_counter() - t0,
+    )
+    return model

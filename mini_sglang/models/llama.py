@@ -1,0 +1,200 @@
+"""LlamaForCausalLM, and the decoder that Qwen2 and Qwen3 reuse with two switches.
+
+Differences between the three families are confined to the attention block:
+Qwen2 adds a bias to q/k/v; Qwen3 normalises q and k per head (RMSNorm over head_dim)
+before RoPE. Everything else (RMSNorm, SwiGLU MLP, RoPE, tied embeddings) is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.layers.activation import SiluAndMul
+from mini_sglang.layers.layernorm import RMSNorm
+from mini_sglang.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from mini_sglang.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from mini_sglang.layers.radix_attention import RadixAttention
+from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
+from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from mini_sglang.model_executor.forward_batch_info import ForwardBatch
+
+
+def head_dim_of(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, config, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool
+    ) -> None:
+        super().__init__()
+        tp = get_tp_size()
+        self.head_dim = head_dim_of(config)
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=qkv_bias,
+        )
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size)
+        assert self.num_heads * tp == config.num_attention_heads
+        self.rotary_emb = rotary_emb
+        self.qk_norm = qk_norm
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.attn = RadixAttention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
+        )
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, fb))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int, rotary_emb, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, qk_norm)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        fb: ForwardBatch,
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, fb)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # One cos/sin cache shared by every layer.
+        rotary_emb = get_rope(config, head_dim_of(config), config.max_position_embeddings)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, fb, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias_default = False
+    qk_norm = False
+    # checkpoint name fragment -> (fused parameter fragment, shard id)
+    stacked_params_mapping = [
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
+        self.model = LlamaModel(config, qkv_bias=qkv_bias, qk_norm=self.qk_norm)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    @torch.no_grad()
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
+    ) -> LogitsProcessorOutput:
+        hidden = self.model(input_ids, positions, fb)
+        return self.logits_processor(hidden, self.lm_head, fb)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (HF names) into the fused, sharded parameters.
+
+        Raises ValueError naming the parameters that no checkpoint tensor filled.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if self.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            for fused, part, shard_id in self.stacked_params_mapping:
+                if f".{part}." in name:
+                    target = name.replace(f".{part}.", f".{fused}.")
+                    if target in params:
+                        param = params[target]
+                        param.weight_loader(param, tensor, shard_id)
+                        loaded.add(target)
+                    break
+            else:
+                if name in params:
+                    param = params[name]
+                    loader = getattr(param, "weight_loader", None)
+                    if loader is None:
+                        param.data.copy_(tensor)
+                    else:
+                        loader(param, tensor)
+                    loaded.add(name)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters: {shown}")
+
+
+EntryClass = LlamaForCausalLM
