@@ -1,0 +1,463 @@
+"""Messages between mini-sglang's processes (SGLang 0.5.4's ``io_struct`` names).
+
+Flow: HTTP body -> ``GenerateReqInput`` (TokenizerManager) -> ``TokenizedGenerateReqInput``
+(scheduler) -> ``BatchTokenIDOutput`` (detokenizer) -> ``BatchStrOutput`` (TokenizerManager).
+Everything here is a plain dataclass of builtins (and ``SamplingParams``) so it pickles
+across ZMQ. Control messages (abort, flush, weights, ...) live in ``io_struct_control`` and
+are re-exported here, so ``from mini_sglang.managers.io_struct import AbortReq`` works.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from mini_sglang.managers.io_struct_control import *  # noqa: F401,F403  (re-export)
+from mini_sglang.sampling.sampling_params import SamplingParams
+
+# Per-request fields that may be given once for the whole batch or as a list (one entry per
+# prompt), with their defaults; normalize_batch_and_arguments broadcasts them.
+_PER_REQUEST_FIELDS: dict[str, Any] = {
+    "sampling_params": None,  # {} per request; a fresh dict each, so edits do not alias
+    "return_logprob": False,
+    "logprob_start_len": -1,
+    "top_logprobs_num": 0,
+    "return_hidden_states": False,
+    "lora_path": None,
+    "custom_logit_processor": None,
+    "extra_key": None,
+}
+
+
+@dataclass
+class GenerateReqInput:
+    """A /generate request body: one prompt or a batch (SGLang's fields and defaults).
+
+    Call ``normalize_batch_and_arguments()`` once before use. Afterwards:
+    - ``is_single`` is True for one prompt with n == 1; then every field is a scalar and
+      ``rid`` is set (``uuid4().hex`` unless given).
+    - otherwise the request is a batch of ``len(self)`` sub-requests == ``batch_size``
+      prompts x ``parallel_sample_num`` (the ``n`` sampling param), ordered prompt-major
+      (sub-request k uses prompt k // n, as SGLang returns them), every per-request field is
+      a list of that length, and ``self[k]`` is the k-th single sub-request.
+    Raises ValueError with SGLang's messages on bad input.
+    """
+
+    text: Optional[Union[list[str], str]] = None
+    input_ids: Optional[Union[list[list[int]], list[int]]] = None
+    input_embeds: Optional[Union[list[list[list[float]]], list[list[float]]]] = None
+    image_data: Optional[Any] = None
+    video_data: Optional[Any] = None
+    audio_data: Optional[Any] = None
+    sampling_params: Optional[Union[list[dict], dict]] = None
+    rid: Optional[Union[list[str], str]] = None
+    return_logprob: Optional[Union[list[bool], bool]] = None
+    # -1: logprobs of output tokens only; k: prompt positions from k on.
+    logprob_start_len: Optional[Union[list[int], int]] = None
+    top_logprobs_num: Optional[Union[list[int], int]] = None
+    token_ids_logprob: Optional[Union[list[list[int]], list[int]]] = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    log_metrics: bool = True
+    return_hidden_states: Union[list[bool], bool] = False
+    modalities: Optional[list[str]] = None
+    session_params: Optional[Union[list[dict], dict]] = None
+    lora_path: Optional[Union[list[Optional[str]], str]] = None
+    lora_id: Optional[Union[list[Optional[str]], str]] = None
+    custom_logit_processor: Optional[Union[list[Optional[str]], str]] = None
+    bootstrap_host: Optional[Union[list[str], str]] = None
+    bootstrap_port: Optional[Union[list[Optional[int]], int]] = None
+    bootstrap_room: Optional[Union[list[int], int]] = None
+    bootstrap_pair_key: Optional[Union[list[str], str]] = None
+    data_parallel_rank: Optional[int] = None
+    background: bool = False
+    conversation_id: Optional[str] = None
+    priority: Optional[int] = None
+    extra_key: Optional[Union[list[str], str]] = None
+    no_logs: bool = False
+    custom_labels: Optional[dict[str, str]] = None
+    return_bytes: bool = False
+    return_entropy: bool = False
+    http_worker_ipc: Optional[str] = None
+
+    # Set by normalize_batch_and_arguments (not part of the JSON body).
+    is_single: bool = field(default=True, init=False)
+    batch_size: int = field(default=1, init=False)
+    parallel_sample_num: int = field(default=1, init=False)
+
+    @classmethod
+    def from_json_dict(cls, d: dict[str, Any]) -> GenerateReqInput:
+        """Build from a parsed JSON body, ignoring unknown top-level keys (SGLang 0.5.23)."""
+        if not isinstance(d, dict):
+            raise ValueError("The request body must be a JSON object.")
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    # ------------------------------------------------------------------ normalisation
+    def normalize_batch_and_arguments(self) -> None:
+        """Validate the inputs, decide single vs batch, expand ``n`` and fill defaults."""
+        given = [x is not None for x in (self.text, self.input_ids, self.input_embeds)]
+        if sum(given) != 1:
+            raise ValueError("Either text, input_ids or input_embeds should be provided.")
+        self._determine_batch_size()
+        self._determine_parallel_sample_num()
+        if self.is_single:
+            self._normalize_single()
+        else:
+            self._normalize_batch()
+
+    def _determine_batch_size(self) -> None:
+        if self.text is not None:
+            if isinstance(self.text, str):
+                self.is_single, self.batch_size = True, 1
+            elif isinstance(self.text, list) and all(isinstance(t, str) for t in self.text):
+                if not self.text:
+                    raise ValueError("text cannot be an empty list.")
+                self.is_single, self.batch_size = False, len(self.text)
+            else:
+                raise ValueError("text should be a string or a list of strings.")
+        elif self.input_ids is not None:
+            if not isinstance(self.input_ids, list):
+                raise ValueError("input_ids should be a list of integers or a list of lists.")
+            if len(self.input_ids) == 0:
+                raise ValueError("input_ids cannot be empty.")
+            if isinstance(self.input_ids[0], int):
+                self.is_single, self.batch_size = True, 1
+            else:
+                if any(not isinstance(ids, list) or not ids for ids in self.input_ids):
+                    raise ValueError("input_ids cannot be empty.")
+                self.is_single, self.batch_size = False, len(self.input_ids)
+        else:
+            embeds = self.input_embeds
+            if not embeds or not embeds[0]:  # type: ignore[index]
+                raise ValueError("input_embeds cannot be empty.")
+            if isinstance(embeds[0][0], (int, float)):  # type: ignore[index]
+                self.is_single, self.batch_size = True, 1
+            else:
+                self.is_single, self.batch_size = False, len(embeds)  # type: ignore[arg-type]
+
+    def _determine_parallel_sample_num(self) -> None:
+        sp = self.sampling_params
+        if sp is None:
+            n = 1
+        elif isinstance(sp, dict):
+            n = sp.get("n", 1)
+        elif isinstance(sp, list) and sp and all(isinstance(p, dict) for p in sp):
+            n = sp[0].get("n", 1)
+            if any(p.get("n", 1) != n for p in sp):
+                raise ValueError(
+                    "The parallel_sample_num should be the same for all samples in sample params."
+                )
+        else:
+            raise ValueError("sampling_params should be a dict or a list of dicts.")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be at least 1, got {n}.")
+        self.parallel_sample_num = n
+        if n > 1 and self.is_single:
+            # One prompt sampled n times is a batch of n (SGLang).
+            self.is_single = False
+            if self.text is not None:
+                self.text = [self.text]  # type: ignore[list-item]
+            if self.input_ids is not None:
+                self.input_ids = [self.input_ids]  # type: ignore[list-item]
+            if self.input_embeds is not None:
+                self.input_embeds = [self.input_embeds]  # type: ignore[list-item]
+
+    def _normalize_single(self) -> None:
+        if self.sampling_params is None:
+            self.sampling_params = {}
+        elif not isinstance(self.sampling_params, dict):
+            raise ValueError("sampling_params should be a dict for a single request.")
+        if self.rid is None:
+            self.rid = uuid.uuid4().hex
+        if self.return_logprob is None:
+            self.return_logprob = False
+        if self.logprob_start_len is None:
+            self.logprob_start_len = -1
+        if self.top_logprobs_num is None:
+            self.top_logprobs_num = 0
+        if not self.token_ids_logprob:  # None and [] both mean "none"
+            self.token_ids_logprob = None
+
+    def _normalize_batch(self) -> None:
+        bs, n = self.batch_size, self.parallel_sample_num
+        num = bs * n
+
+        def per_prompt_to_expanded(values: list[Any]) -> list[Any]:
+            # Worked example: bs=2, n=3, values=[a, b] -> [a, a, a, b, b, b] (prompt-major).
+            return [copy.deepcopy(values[k // n]) for k in range(num)]
+
+        for name in ("text", "input_ids", "input_embeds"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, per_prompt_to_expanded(value))
+
+        # rid: none -> a fresh uuid per sub-request; "x" -> x_0, x_1, ... (SGLang);
+        # a list needs one rid per prompt, and with n > 1 each gets a _j suffix.
+        if self.rid is None:
+            self.rid = [uuid.uuid4().hex for _ in range(num)]
+        elif isinstance(self.rid, str):
+            self.rid = [f"{self.rid}_{k}" for k in range(num)]
+        elif isinstance(self.rid, list):
+            if len(self.rid) != bs:
+                raise ValueError(
+                    "The specified rids length mismatch with the batch_size for batch processing."
+                )
+            self.rid = (
+                list(self.rid) if n == 1 else [f"{self.rid[k // n]}_{k % n}" for k in range(num)]
+            )
+        else:
+            raise ValueError("The rid should be a string or a list of strings.")
+
+        for name, default in _PER_REQUEST_FIELDS.items():
+            value = getattr(self, name)
+            if value is None:
+                value = default
+            if isinstance(value, list):
+                if len(value) != bs:
+                    raise ValueError(
+                        f"The length of {name} ({len(value)}) should be equal to the batch "
+                        f"size ({bs})."
+                    )
+                setattr(self, name, per_prompt_to_expanded(value))
+            else:
+                setattr(self, name, [copy.deepcopy(value) for _ in range(num)])
+        self.sampling_params = [{} if p is None else p for p in self.sampling_params]  # type: ignore[union-attr]
+
+        # token_ids_logprob is itself a list: a flat list is shared, a nested one is per prompt.
+        til = self.token_ids_logprob
+        if not til:
+            self.token_ids_logprob = [None] * num
+        elif isinstance(til[0], list):
+            if len(til) != bs:
+                raise ValueError(
+                    f"The length of token_ids_logprob ({len(til)}) should be equal to the "
+                    f"batch size ({bs})."
+                )
+            self.token_ids_logprob = per_prompt_to_expanded([t or None for t in til])
+        else:
+            self.token_ids_logprob = [list(til) for _ in range(num)]
+
+        for name in ("image_data", "video_data", "audio_data"):
+            value = getattr(self, name)
+            if value is None or value == []:
+                setattr(self, name, [None] * num)
+            elif isinstance(value, list) and len(value) == bs:
+                setattr(self, name, per_prompt_to_expanded(value))
+            else:
+                setattr(self, name, [copy.deepcopy(value) for _ in range(num)])
+
+    # ------------------------------------------------------------------ access
+    def __len__(self) -> int:
+        """Number of sub-requests (1 when single)."""
+        return 1 if self.is_single else self.batch_size * self.parallel_sample_num
+
+    def __getitem__(self, i: int) -> GenerateReqInput:
+        """The i-th sub-request of a normalised batch, as a normalised single request."""
+        if self.is_single:
+            if i not in (0, -1):
+                raise IndexError(i)
+            return self
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+
+        def pick(value: Any) -> Any:
+            return value[i] if isinstance(value, list) else value
+
+        sub = GenerateReqInput(
+            text=self.text[i] if self.text is not None else None,
+            input_ids=self.input_ids[i] if self.input_ids is not None else None,  # type: ignore[arg-type]
+            input_embeds=self.input_embeds[i] if self.input_embeds is not None else None,  # type: ignore[arg-type]
+            image_data=pick(self.image_data),
+            video_data=pick(self.video_data),
+            audio_data=pick(self.audio_data),
+            sampling_params=self.sampling_params[i],  # type: ignore[index]
+            rid=self.rid[i],  # type: ignore[index]
+            return_logprob=self.return_logprob[i],  # type: ignore[index]
+            logprob_start_len=self.logprob_start_len[i],  # type: ignore[index]
+            top_logprobs_num=self.top_logprobs_num[i],  # type: ignore[index]
+            token_ids_logprob=self.token_ids_logprob[i],  # type: ignore[index]
+            return_text_in_logprobs=self.return_text_in_logprobs,
+            stream=self.stream,
+            log_metrics=self.log_metrics,
+            return_hidden_states=pick(self.return_hidden_states),
+            modalities=pick(self.modalities),
+            session_params=self.session_params,
+            lora_path=pick(self.lora_path),
+            lora_id=pick(self.lora_id),
+            custom_logit_processor=pick(self.custom_logit_processor),
+            bootstrap_host=pick(self.bootstrap_host),
+            bootstrap_port=pick(self.bootstrap_port),
+            bootstrap_room=pick(self.bootstrap_room),
+            bootstrap_pair_key=pick(self.bootstrap_pair_key),
+            data_parallel_rank=self.data_parallel_rank,
+            background=self.background,
+            conversation_id=self.conversation_id,
+            priority=self.priority,
+            extra_key=pick(self.extra_key),
+            no_logs=self.no_logs,
+            custom_labels=self.custom_labels,
+            return_bytes=self.return_bytes,
+            return_entropy=self.return_entropy,
+            http_worker_ipc=self.http_worker_ipc,
+        )
+        sub.is_single, sub.batch_size, sub.parallel_sample_num = True, 1, 1
+        return sub
+
+    def regenerate_rid(self) -> str | list[str]:
+        """Give this request fresh uuid4 rid(s) and return them (SGLang's BaseReq helper)."""
+        if isinstance(self.rid, list):
+            self.rid = [uuid.uuid4().hex for _ in self.rid]
+        else:
+            self.rid = uuid.uuid4().hex
+        return self.rid
+
+
+@dataclass
+class TokenizedGenerateReqInput:
+    """One tokenized request, TokenizerManager -> scheduler.
+
+    ``sampling_params`` is already normalised and verified. ``logprob_start_len`` is as sent
+    by the client (-1 = output tokens only); the scheduler resolves -1 to len(input_ids) - 1.
+    """
+
+    rid: str
+    input_text: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    token_ids_logprob: Optional[list[int]] = None
+    stream: bool = False
+    mm_inputs: Optional[dict] = None
+    return_hidden_states: bool = False
+    input_embeds: Optional[list[list[float]]] = None
+    session_params: Optional[dict] = None
+    lora_id: Optional[str] = None
+    custom_logit_processor: Optional[str] = None
+    data_parallel_rank: Optional[int] = None
+    priority: Optional[int] = None
+    extra_key: Optional[str] = None
+    no_logs: bool = False
+    return_entropy: bool = False
+    http_worker_ipc: Optional[str] = None
+
+
+@dataclass
+class BatchTokenizedGenerateReqInput:
+    """Several tokenized requests sent in one message (SGLang's batch tokenization path)."""
+
+    batch: list[TokenizedGenerateReqInput]
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def __getitem__(self, i: int) -> TokenizedGenerateReqInput:
+        return self.batch[i]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.batch)
+
+
+@dataclass
+class BatchTokenIDOutput:
+    """Scheduler -> detokenizer: one entry per request that has something to send.
+
+    Incremental-detokenization inputs (see incremental_detok.py): ``decode_ids[i]`` are the
+    ids *new since the last message* for request i (the first message also carries up to 5
+    prompt ids before the output, as surrounding context); ``read_offsets[i]`` is where the
+    output starts inside that first chunk; ``decoded_texts[i]`` is text decoded elsewhere
+    (normally ""). ``output_ids[i]`` are the new output ids for the client (0.5.4 streams
+    deltas). ``finished_reasons[i]`` is a ``FINISH_*.to_json()`` dict, or None while running.
+    ``completion_tokens`` counts all output ids so far, the matched stop token included.
+    Logprob lists are None unless some request in the batch asked for logprobs; then each
+    holds one (possibly empty) list per request, covering only what is new.
+    ``stop_strs`` (a mini-sglang addition, optional) lets the detokenizer hold back a
+    streamed tail that might become a stop string.
+    """
+
+    rids: list[str]
+    finished_reasons: list[Optional[dict[str, Any]]]
+    decoded_texts: list[str]
+    decode_ids: list[list[int]]
+    read_offsets: list[int]
+    output_ids: Optional[list[list[int]]]
+    skip_special_tokens: list[bool]
+    spaces_between_special_tokens: list[bool]
+    no_stop_trim: list[bool]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    input_token_logprobs_val: Optional[list[list[float]]] = None
+    input_token_logprobs_idx: Optional[list[list[int]]] = None
+    output_token_logprobs_val: Optional[list[list[float]]] = None
+    output_token_logprobs_idx: Optional[list[list[int]]] = None
+    input_top_logprobs_val: Optional[list[list]] = None
+    input_top_logprobs_idx: Optional[list[list]] = None
+    output_top_logprobs_val: Optional[list[list]] = None
+    output_top_logprobs_idx: Optional[list[list]] = None
+    input_token_ids_logprobs_val: Optional[list[list]] = None
+    input_token_ids_logprobs_idx: Optional[list[list]] = None
+    output_token_ids_logprobs_val: Optional[list[list]] = None
+    output_token_ids_logprobs_idx: Optional[list[list]] = None
+    output_hidden_states: Optional[list[list[float]]] = None
+    stop_strs: Optional[list[Optional[list[str]]]] = None
+    http_worker_ipcs: Optional[list[Optional[str]]] = None
+
+
+# Fields BatchStrOutput copies unchanged from BatchTokenIDOutput.
+PASSTHROUGH_FIELDS: tuple[str, ...] = (
+    "rids",
+    "finished_reasons",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "input_token_logprobs_val",
+    "input_token_logprobs_idx",
+    "output_token_logprobs_val",
+    "output_token_logprobs_idx",
+    "input_top_logprobs_val",
+    "input_top_logprobs_idx",
+    "output_top_logprobs_val",
+    "output_top_logprobs_idx",
+    "input_token_ids_logprobs_val",
+    "input_token_ids_logprobs_idx",
+    "output_token_ids_logprobs_val",
+    "output_token_ids_logprobs_idx",
+    "output_hidden_states",
+    "http_worker_ipcs",
+)
+
+
+@dataclass
+class BatchStrOutput:
+    """Detokenizer -> TokenizerManager: ``output_strs[i]`` is the *new* text of request i
+    (the TokenizerManager appends it to build SGLang's cumulative ``text``); ``output_ids[i]``
+    the new output ids. Other fields are copied from the ``BatchTokenIDOutput``.
+    """
+
+    rids: list[str]
+    finished_reasons: list[Optional[dict[str, Any]]]
+    output_strs: list[str]
+    output_ids: Optional[list[list[int]]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+    input_token_logprobs_val: Optional[list[list[float]]] = None
+    input_token_logprobs_idx: Optional[list[list[int]]] = None
+    output_token_logprobs_val: Optional[list[list[float]]] = None
+    output_token_logprobs_idx: Optional[list[list[int]]] = None
+    input_top_logprobs_val: Optional[list[list]] = None
+    input_top_logprobs_idx: Optional[list[list]] = None
+    output_top_logprobs_val: Optional[list[list]] = None
+    output_top_logprobs_idx: Optional[list[list]] = None
+    input_token_ids_logprobs_val: Optional[list[list]] = None
+    input_token_ids_logprobs_idx: Optional[list[list]] = None
+    output_token_ids_logprobs_val: Optional[list[list]] = None
+    output_token_ids_logprobs_idx: Optional[list[list]] = None
+    output_hidden_states: Optional[list[list[float]]] = None
+    http_worker_ipcs: Optional[list[Optional[str]]] = None
