@@ -1,0 +1,490 @@
+"""ServerArgs and PortArgs: SGLang 0.5.4's launch flags, defaults and resolution rules.
+
+`ServerArgs` holds every `python -m mini_sglang.launch_server` flag under SGLang's field
+names. `__post_init__` resolves the `None` ("auto") defaults as SGLang does where
+mini-sglang has the feature, warns about (and resets) flags for features it lacks, and
+raises `ValueError` naming the flag for any invalid value. The flag vocabulary (argparse
+table, aliases, choices, the unsupported-flag table, `--config` YAML merge) and the pure
+memory heuristics live in `server_args_cli.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import ipaddress
+import json
+import logging
+import random
+import tempfile
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mini_sglang import server_args_cli as cli
+from mini_sglang.server_args_cli import (
+    CHOICES,
+    CPU_CHUNKED_PREFILL_SIZE,
+    MIN_VALUES,
+    UNSUPPORTED_FLAGS,
+    compute_mem_fraction_static,
+    default_chunked_prefill_and_cuda_graph_max_bs,
+    generate_cuda_graph_batch_sizes,
+    get_device_memory_capacity_mb,
+    is_gguf_file,
+    is_port_available,
+    resolve_dtype,
+)
+
+if TYPE_CHECKING:
+    import argparse
+
+    import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_json_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass
+class ServerArgs:
+    """Every launch flag, under SGLang's field names; see SGLANG_INTERFACE.md §4a.
+
+    Construct it directly or via `prepare_server_args(argv)`. After `__post_init__`: no
+    "auto" field is None (device, tokenizer_path, served_model_name, random_seed, page_size,
+    chunked_prefill_size (-1 = disabled), cuda_graph_max_bs/bs, mem_fraction_static,
+    attention/sampling/grammar backends), unsupported flags are reset with a warning, and
+    invalid values have raised ValueError naming the flag.
+    """
+
+    # Model and tokenizer
+    model_path: str | None = None  # None: the embedded default model (SGLang: required)
+    tokenizer_path: str | None = None
+    tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
+    load_format: str = "auto"
+    trust_remote_code: bool = False
+    context_length: int | None = None
+    is_embedding: bool = False
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    skip_server_warmup: bool = False
+    nccl_port: int | None = None
+    # Data types
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    # Memory and scheduling
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    max_queued_requests: int | None = None
+    max_total_tokens: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    page_size: int | None = None
+    radix_eviction_policy: str = "lru"
+    # Runtime
+    device: str | None = None
+    tp_size: int = 1
+    pp_size: int = 1
+    stream_interval: int = 1
+    stream_output: bool = False
+    random_seed: int | None = None
+    watchdog_timeout: float = 300
+    dist_timeout: int | None = None
+    base_gpu_id: int = 0
+    gpu_id_step: int = 1
+    # Logging and metrics
+    log_level: str = "info"
+    log_level_http: str | None = None
+    log_requests: bool = False
+    log_requests_level: int = 2
+    decode_log_interval: int = 40
+    enable_metrics: bool = False
+    # API
+    api_key: str | None = None
+    served_model_name: str | None = None
+    weight_version: str = "default"
+    chat_template: str | None = None
+    completion_template: str | None = None
+    enable_cache_report: bool = False
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    sampling_defaults: str = "model"
+    # Data parallelism and multi-node
+    dp_size: int = 1
+    load_balance_method: str = "round_robin"
+    dist_init_addr: str | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    # Overrides (JSON strings)
+    json_model_override_args: str = "{}"
+    preferred_sampling_params: str | None = None
+    # LoRA and speculative decoding: accepted, unsupported
+    enable_lora: bool = False
+    lora_paths: list[str] | None = None
+    max_lora_rank: int | None = None
+    max_loras_per_batch: int = 8
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
+    # Kernel backends
+    attention_backend: str | None = None
+    prefill_attention_backend: str | None = None
+    decode_attention_backend: str | None = None
+    sampling_backend: str | None = None
+    grammar_backend: str | None = None
+    # Optimizations
+    disable_radix_cache: bool = False
+    enable_hierarchical_cache: bool = False
+    cuda_graph_max_bs: int | None = None
+    cuda_graph_bs: list[int] | None = None
+    disable_cuda_graph: bool = False
+    disable_cuda_graph_padding: bool = False
+    disable_overlap_schedule: bool = False
+    enable_mixed_chunk: bool = False
+    enable_dp_attention: bool = False
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = 32
+    disable_custom_all_reduce: bool = False
+    allow_auto_truncate: bool = False
+    enable_return_hidden_states: bool = False
+    enable_deterministic_inference: bool = False
+    # Device memory (MB) used for the auto settings; None when unknown. Not a flag.
+    device_memory_mb: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.model_path is None:
+            self.model_path = _default_model_path()
+        self._validate_choices()
+        self._reset_unsupported()
+        self._validate_ranges()
+        self._handle_missing_default_values()
+        self._handle_load_format_and_dtype()
+        self._handle_memory_settings()
+        self._handle_backends()
+        self._validate_resolved()
+
+    # ---- resolution steps (SGLang's __post_init__ order) ----
+
+    def _validate_choices(self) -> None:
+        for name, choices in CHOICES.items():
+            value = getattr(self, name)
+            _check(
+                value in choices,
+                f"{_flag(name)}: invalid choice {value!r}; choose from "
+                f"{[c for c in choices if c is not None]}",
+            )
+
+    def _reset_unsupported(self) -> None:
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, wants_missing_feature in UNSUPPORTED_FLAGS.items():
+            value = getattr(self, name)
+            if wants_missing_feature(value):
+                logger.warning(
+                    "%s=%r is not supported by mini-sglang and is ignored (using %r).",
+                    _flag(name),
+                    value,
+                    defaults[name],
+                )
+                setattr(self, name, defaults[name])
+        if self.load_balance_method == "minimum_tokens":
+            logger.warning("--load-balance-method=minimum_tokens is deprecated; using round_robin.")
+            self.load_balance_method = "round_robin"
+
+    def _validate_ranges(self) -> None:
+        for name, low in MIN_VALUES.items():
+            value = getattr(self, name)
+            _check(value is None or value >= low, f"{_flag(name)} must be >= {low}, got {value}")
+        for name in ("port", "nccl_port"):
+            value = getattr(self, name)
+            _check(
+                value is None or 1 <= value <= 65535,
+                f"{_flag(name)} must be in [1, 65535], got {value}",
+            )
+        m = self.mem_fraction_static
+        _check(m is None or 0 < m < 1, f"--mem-fraction-static must be in (0, 1), got {m}")
+        _check(
+            self.schedule_conservativeness >= 0,
+            f"--schedule-conservativeness must be >= 0, got {self.schedule_conservativeness}",
+        )
+        _check(
+            self.watchdog_timeout > 0,
+            f"--watchdog-timeout must be > 0, got {self.watchdog_timeout}",
+        )
+        if self.cuda_graph_bs is not None:
+            _check(
+                len(self.cuda_graph_bs) > 0 and min(self.cuda_graph_bs) >= 1,
+                f"--cuda-graph-bs must be a non-empty list of sizes >= 1, got {self.cuda_graph_bs}",
+            )
+        _check(
+            self.node_rank < self.nnodes,
+            f"--node-rank must be < --nnodes ({self.nnodes}), got {self.node_rank}",
+        )
+        _check(
+            self.tp_size * self.pp_size % self.nnodes == 0,
+            f"--tp-size ({self.tp_size}) must be divisible by --nnodes ({self.nnodes})",
+        )
+        _check(
+            self.dp_size == 1 or self.nnodes == 1,
+            "--dp-size > 1 across several nodes (--nnodes > 1) is not supported",
+        )
+        for name in ("json_model_override_args", "preferred_sampling_params"):
+            text = getattr(self, name)
+            if text is not None:
+                try:
+                    _check(isinstance(json.loads(text), dict), "not an object")
+                except ValueError as e:
+                    raise ValueError(
+                        f"{_flag(name)} must be a JSON object, got {text!r} ({e})"
+                    ) from None
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            _check(
+                bool(host) and port.isdigit(),
+                f"--dist-init-addr must be host:port, got {self.dist_init_addr!r}",
+            )
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size <= 0:
+            self.chunked_prefill_size = -1  # any value <= 0 means "chunked prefill disabled"
+
+    def _handle_missing_default_values(self) -> None:
+        if self.tokenizer_path is None:
+            self.tokenizer_path = self.model_path
+        if self.served_model_name is None:
+            self.served_model_name = self.model_path
+        if self.device is None:
+            import torch
+
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.random_seed is None:
+            self.random_seed = random.randint(0, 1 << 30)
+        if self.page_size is None:
+            self.page_size = 1
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device.startswith("cpu")
+
+    def _handle_load_format_and_dtype(self) -> None:
+        if self.load_format in ("auto", "gguf") and is_gguf_file(self.model_path):
+            self.quantization = self.load_format = "gguf"
+        if self.dtype != "auto":
+            return
+        if self.is_cpu:
+            # CPU half-precision matmuls are slow or missing; fp32 is also the reference
+            # that model tests compare against.
+            self.dtype = "float32"
+            return
+        try:  # a local HF checkpoint says its dtype; otherwise ModelConfig resolves "auto"
+            with open(f"{self.model_path}/config.json") as f:
+                cfg = json.load(f)
+        except (OSError, ValueError):
+            return
+        config_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        torch_dtype = resolve_dtype("auto", config_dtype, cfg.get("model_type", ""))
+        self.dtype = str(torch_dtype).removeprefix("torch.")
+
+    def _handle_memory_settings(self) -> None:
+        need_mem = None in (
+            self.chunked_prefill_size,
+            self.cuda_graph_max_bs,
+            self.mem_fraction_static,
+        )
+        self.device_memory_mb = get_device_memory_capacity_mb(self.device) if need_mem else None
+        chunk, max_bs = default_chunked_prefill_and_cuda_graph_max_bs(
+            self.device_memory_mb, self.tp_size
+        )
+        if self.chunked_prefill_size is None:
+            self.chunked_prefill_size = CPU_CHUNKED_PREFILL_SIZE if self.is_cpu else chunk
+        if self.cuda_graph_bs is not None:
+            self.cuda_graph_max_bs = max(self.cuda_graph_bs)  # an explicit list sets the max
+        else:
+            self.cuda_graph_max_bs = self.cuda_graph_max_bs or max_bs
+            self.cuda_graph_bs = generate_cuda_graph_batch_sizes(
+                self.cuda_graph_max_bs, self.disable_cuda_graph_padding
+            )
+        if self.mem_fraction_static is None:
+            self.mem_fraction_static = compute_mem_fraction_static(
+                self.device_memory_mb,
+                self.chunked_prefill_size,
+                self.cuda_graph_max_bs,
+                self.tp_size,
+                self.pp_size,
+                self.max_prefill_tokens,
+            )
+
+    def _handle_backends(self) -> None:
+        if self.is_cpu:
+            for name in (
+                "attention_backend",
+                "prefill_attention_backend",
+                "decode_attention_backend",
+            ):
+                value = getattr(self, name)
+                _check(
+                    value in (None, "torch_native"),
+                    f"{_flag(name)}={value} needs CUDA; on --device cpu use torch_native",
+                )
+            self.attention_backend = self.attention_backend or "torch_native"
+            if self.sampling_backend == "flashinfer":
+                logger.warning("--sampling-backend=flashinfer needs CUDA; using pytorch on CPU.")
+            self.sampling_backend = "pytorch"
+            self.disable_cuda_graph = True  # CUDA graphs do not exist on CPU
+        else:
+            has_flashinfer = importlib.util.find_spec("flashinfer") is not None
+            if self.attention_backend is None:
+                self.attention_backend = "flashinfer" if has_flashinfer else "triton"
+            if self.sampling_backend is None:
+                self.sampling_backend = "flashinfer" if has_flashinfer else "pytorch"
+            if self.attention_backend == "torch_native" and not self.disable_cuda_graph:
+                logger.warning(
+                    "Cuda graph is disabled because of using torch native attention backend"
+                )
+                self.disable_cuda_graph = True
+        if self.grammar_backend is None:
+            self.grammar_backend = "xgrammar"
+        if self.enable_deterministic_inference and self.sampling_backend != "pytorch":
+            logger.warning("Sampling backend is set to pytorch for deterministic inference.")
+            self.sampling_backend = "pytorch"
+
+    def _validate_resolved(self) -> None:
+        c = self.chunked_prefill_size
+        _check(
+            c <= 0 or c % self.page_size == 0,
+            f"--chunked-prefill-size ({c}) must be divisible by --page-size ({self.page_size})",
+        )
+        m = self.mem_fraction_static
+        _check(
+            0 < m < 1,
+            f"--mem-fraction-static must be in (0, 1), got {m} (computed for "
+            f"{self.device_memory_mb} MB of device memory; pass it explicitly)",
+        )
+
+    # ---- public API (SGLang's names) ----
+
+    def check_server_args(self) -> None:
+        """Re-run the validation (SGLang calls this before launching); raises ValueError."""
+        self._validate_choices()
+        self._validate_ranges()
+        self._validate_resolved()
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Declare every flag (with SGLang's aliases) on `parser`."""
+        cli.add_cli_args(parser)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
+        """Build a resolved ServerArgs from a namespace parsed with `add_cli_args`."""
+        return cli.from_cli_args(args)
+
+    def url(self) -> str:
+        """The HTTP base URL, http://host:port (IPv6 hosts in brackets)."""
+        try:
+            is_v6 = ipaddress.ip_address(self.host).version == 6
+        except ValueError:
+            is_v6 = False
+        return f"http://[{self.host}]:{self.port}" if is_v6 else f"http://{self.host}:{self.port}"
+
+    def resolve_torch_dtype(
+        self, config_torch_dtype: Any = None, model_type: str = ""
+    ) -> torch.dtype:
+        """The model's torch dtype: --dtype, or SGLang's "auto" rule for the checkpoint's dtype."""
+        return resolve_dtype(self.dtype, config_torch_dtype, model_type)
+
+    def to_public_dict(self) -> dict[str, Any]:
+        """All fields as JSON-safe values, for /get_server_info (SGLang returns asdict too)."""
+        return _json_safe(dataclasses.asdict(self))
+
+
+def _default_model_path() -> str:
+    """The embedded default model (mini-sglang only; SGLang requires --model-path)."""
+    try:
+        from mini_sglang.model_loader.default_model import resolve_default_model_path
+    except ImportError as e:
+        raise ValueError(
+            f"--model-path is required: no embedded default model is available ({e})"
+        ) from e
+    return resolve_default_model_path()
+
+
+def prepare_server_args(argv: list[str]) -> ServerArgs:
+    """Parse `argv` (typically sys.argv[1:]), with `--config file.yaml` merged under the CLI."""
+    return cli.prepare_server_args(argv)
+
+
+_global_server_args: ServerArgs | None = None
+
+
+def set_global_server_args_for_scheduler(server_args: ServerArgs) -> None:
+    """Make `server_args` reachable from deep inside a scheduler process (as SGLang)."""
+    global _global_server_args
+    _global_server_args = server_args
+
+
+def get_global_server_args() -> ServerArgs:
+    """The ServerArgs set by set_global_server_args_for_scheduler; raises if unset."""
+    if _global_server_args is None:
+        raise ValueError("Global server args is not set yet!")
+    return _global_server_args
+
+
+def _ipc_name() -> str:
+    # A fresh file name per endpoint: two servers on one machine can never collide.
+    return f"ipc://{tempfile.NamedTemporaryFile(delete=False).name}"
+
+
+@dataclass
+class PortArgs:
+    """The ZMQ endpoints and NCCL port of one server instance (SGLang's names)."""
+
+    tokenizer_ipc_name: str  # detokenizer (and scheduler control replies) -> TokenizerManager
+    scheduler_input_ipc_name: str  # TokenizerManager (or DP controller) -> scheduler rank 0
+    detokenizer_ipc_name: str  # scheduler -> DetokenizerManager
+    nccl_port: int  # torch.distributed init port
+    rpc_ipc_name: str  # Engine <-> scheduler RPC
+    metrics_ipc_name: str  # scheduler -> metrics collector
+    tokenizer_worker_ipc_name: str | None = None
+
+    @staticmethod
+    def init_new(server_args: ServerArgs, dp_rank: int | None = None) -> PortArgs:
+        """Fresh `ipc://` temp-file endpoints plus an NCCL port.
+
+        nccl_port: --nccl-port if given, else port + rand(100..1000) probed until free.
+        `dp_rank` is accepted for SGLang's signature; without DP attention every rank uses
+        its own fresh IPC names, so it changes nothing.
+        """
+        nccl_port = server_args.nccl_port
+        if nccl_port is None:
+            nccl_port = server_args.port + random.randint(100, 1000)
+            while not is_port_available(nccl_port):
+                nccl_port = nccl_port + 42 if nccl_port < 60000 else nccl_port - 43
+        return PortArgs(
+            tokenizer_ipc_name=_ipc_name(),
+            scheduler_input_ipc_name=_ipc_name(),
+            detokenizer_ipc_name=_ipc_name(),
+            nccl_port=nccl_port,
+            rpc_ipc_name=_ipc_name(),
+            metrics_ipc_name=_ipc_name(),
+        )
