@@ -24,6 +24,7 @@ from mini_sglang import server_args_cli as cli
 from mini_sglang.server_args_cli import (
     CHOICES,
     CPU_CHUNKED_PREFILL_SIZE,
+    CPU_MIN_MEM_FRACTION_STATIC,
     MIN_VALUES,
     UNSUPPORTED_FLAGS,
     compute_mem_fraction_static,
@@ -46,6 +47,11 @@ logger = logging.getLogger(__name__)
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def flashinfer_available() -> bool:
+    """True if flashinfer is installed (found without importing it: that is slow)."""
+    return importlib.util.find_spec("flashinfer") is not None
 
 
 def _json_safe(value: Any) -> Any:
@@ -333,6 +339,8 @@ class ServerArgs:
                 self.pp_size,
                 self.max_prefill_tokens,
             )
+            if self.is_cpu and self.mem_fraction_static < CPU_MIN_MEM_FRACTION_STATIC:
+                self.mem_fraction_static = CPU_MIN_MEM_FRACTION_STATIC
 
     def _handle_backends(self) -> None:
         if self.is_cpu:
@@ -352,7 +360,7 @@ class ServerArgs:
             self.sampling_backend = "pytorch"
             self.disable_cuda_graph = True  # CUDA graphs do not exist on CPU
         else:
-            has_flashinfer = importlib.util.find_spec("flashinfer") is not None
+            has_flashinfer = flashinfer_available()
             if self.attention_backend is None:
                 self.attention_backend = "flashinfer" if has_flashinfer else "triton"
             if self.sampling_backend is None:

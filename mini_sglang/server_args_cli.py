@@ -131,6 +131,10 @@ _UNKNOWN_MEM_FRACTION = 0.88
 # bounds how long running decodes stall behind one long prompt, and 2048 is also SGLang's
 # smallest-GPU tier. SGLang would size it from host RAM instead, giving 16k on big hosts.
 CPU_CHUNKED_PREFILL_SIZE = 2048
+# SGLang's activation estimate (1.5 MB per prefill token) is sized for large models on GPUs;
+# on a small CPU host with chunking disabled it would exceed the whole RAM and make the
+# fraction negative. CPU tests must not fail for that, so the auto value has a floor there.
+CPU_MIN_MEM_FRACTION_STATIC = 0.3
 
 
 def default_chunked_prefill_and_cuda_graph_max_bs(
