@@ -45,7 +45,9 @@ def test_finish_reason_json_shapes():
     assert orjson.dumps(FINISH_MATCHED_TOKEN(151645).to_json()) == (
         b'{"type":"stop","matched":151645}'
     )
-    assert orjson.dumps(FINISH_MATCHED_STR("\n\n").to_json()) == b'{"type":"stop","matched":"\\n\\n"}'
+    assert (
+        orjson.dumps(FINISH_MATCHED_STR("\n\n").to_json()) == b'{"type":"stop","matched":"\\n\\n"}'
+    )
     assert FINISHED_MATCHED_REGEX(r"\d+").to_json() == {"type": "stop", "matched": r"\d+"}
     assert orjson.dumps(FINISH_ABORT("Abort before prefill").to_json()) == (
         b'{"type":"abort","message":"Abort before prefill","status_code":null,"err_type":null}'
@@ -62,7 +64,12 @@ def test_finish_reason_json_shapes():
 def test_finish_reason_flags_equality_and_pickle():
     assert FINISH_ABORT().is_error and not FINISH_LENGTH(1).is_error
     assert not FINISH_MATCHED_TOKEN(2).is_error and not FINISH_MATCHED_STR("x").is_error
-    for reason in (FINISH_LENGTH(3), FINISH_MATCHED_TOKEN(5), FINISH_MATCHED_STR("s"), FINISH_ABORT()):
+    for reason in (
+        FINISH_LENGTH(3),
+        FINISH_MATCHED_TOKEN(5),
+        FINISH_MATCHED_STR("s"),
+        FINISH_ABORT(),
+    ):
         assert pickle.loads(pickle.dumps(reason)) == reason
     assert FINISH_MATCHED_TOKEN(5) != FINISH_MATCHED_TOKEN(6)
     assert FINISH_MATCHED_STR("5") != FINISH_MATCHED_TOKEN(5)
@@ -90,7 +97,9 @@ def test_single_input_ids_and_given_rid_kept():
     [{}, {"text": "a", "input_ids": [1]}, {"text": "a", "input_embeds": [[0.1]]}],
 )
 def test_exactly_one_input_required(kwargs):
-    with pytest.raises(ValueError, match=r"^Either text, input_ids or input_embeds should be provided\.$"):
+    with pytest.raises(
+        ValueError, match=r"^Either text, input_ids or input_embeds should be provided\.$"
+    ):
         normalized(**kwargs)
 
 
