@@ -172,11 +172,9 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
         {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config},
     )
     _write_tokenizer(gguf_path, out_dir, config["max_position_embeddings"])
-    save_file(
-        dict(weights_from_reader(reader)),
-        os.path.join(out_dir, "model.safetensors"),
-        metadata={"format": "pt"},
-    )
+    weights_path = os.path.join(out_dir, "model.safetensors")
+    save_file(dict(weights_from_reader(reader)), weights_path, metadata={"format": "pt"})
+    os.chmod(weights_path, 0o644)  # safetensors writes 0600; the cache may be shared
 
 
 def resolve_default_model_path() -> str:

@@ -90,7 +90,10 @@ def open_gguf(gguf_path: str) -> gguf.GGUFReader:
     try:
         reader = gguf.GGUFReader(path)
     except Exception as e:  # the gguf package raises many kinds on malformed input
-        raise ValueError(f"{path} is not a valid GGUF file: {type(e).__name__}: {e}") from e
+        raise ValueError(
+            f"{path} is not a valid GGUF file: cannot parse it (truncated or corrupt?): "
+            f"{type(e).__name__}: {e}"
+        ) from e
     file_size = os.path.getsize(path)
     for t in reader.tensors:
         # np.memmap silently yields short arrays for data past EOF; check the extents ourselves.
