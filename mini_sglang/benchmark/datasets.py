@@ -161,8 +161,13 @@ def sample_random_requests(
 
 
 def gen_prompt(tokenizer: Any, token_num: int) -> str:
-    """Decode ``token_num`` vocab ids drawn with ``random.choices`` (as SGLang)."""
-    all_tokens = list(tokenizer.get_vocab().values())
+    """Decode ``token_num`` vocab ids drawn uniformly with ``random.choices`` (as SGLang).
+
+    SGLang draws from ``list(get_vocab().values())``, whose order changes on every call for
+    fast (Rust) tokenizers, so its workload is not reproducible from ``--seed``. Sorting the
+    ids keeps the same uniform distribution and makes the prompts a pure function of the seed.
+    """
+    all_tokens = sorted(tokenizer.get_vocab().values())
     return tokenizer.decode(random.choices(all_tokens, k=token_num))
 
 
@@ -179,7 +184,7 @@ def sample_generated_shared_prefix_requests(
     Prompt = f"{system_prompt}\\n\\n{question}"; rows are shuffled with ``random`` at the end.
     SGLang also pickles the result under ~/.cache/sglang/benchmark keyed only by sizes and
     tokenizer class; that cache is skipped here because it can return a stale workload
-    generated with another seed or tokenizer. Fresh generation matches SGLang's for a seed.
+    generated with another seed or tokenizer (see ``gen_prompt`` for determinism).
     """
     print("\nGenerating new input data...")
     system_prompts = [gen_prompt(tokenizer, system_prompt_len) for _ in range(num_groups)]
