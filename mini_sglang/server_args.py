@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mini_sglang import server_args_cli as cli
@@ -177,8 +177,6 @@ class ServerArgs:
     allow_auto_truncate: bool = False
     enable_return_hidden_states: bool = False
     enable_deterministic_inference: bool = False
-    # Device memory (MB) used for the auto settings; None when unknown. Not a flag.
-    device_memory_mb: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.model_path is None:
@@ -195,6 +193,9 @@ class ServerArgs:
     # ---- resolution steps (SGLang's __post_init__ order) ----
 
     def _validate_choices(self) -> None:
+        # SGLang feeds log levels to logging via .upper(), so "INFO" works there too.
+        self.log_level = self.log_level.lower()
+        self.log_level_http = self.log_level_http and self.log_level_http.lower()
         for name, choices in CHOICES.items():
             value = getattr(self, name)
             _check(
@@ -317,10 +318,8 @@ class ServerArgs:
             self.cuda_graph_max_bs,
             self.mem_fraction_static,
         )
-        self.device_memory_mb = get_device_memory_capacity_mb(self.device) if need_mem else None
-        chunk, max_bs = default_chunked_prefill_and_cuda_graph_max_bs(
-            self.device_memory_mb, self.tp_size
-        )
+        mem_mb = get_device_memory_capacity_mb(self.device) if need_mem else None
+        chunk, max_bs = default_chunked_prefill_and_cuda_graph_max_bs(mem_mb, self.tp_size)
         if self.chunked_prefill_size is None:
             self.chunked_prefill_size = CPU_CHUNKED_PREFILL_SIZE if self.is_cpu else chunk
         if self.cuda_graph_bs is not None:
@@ -332,7 +331,7 @@ class ServerArgs:
             )
         if self.mem_fraction_static is None:
             self.mem_fraction_static = compute_mem_fraction_static(
-                self.device_memory_mb,
+                mem_mb,
                 self.chunked_prefill_size,
                 self.cuda_graph_max_bs,
                 self.tp_size,
@@ -341,6 +340,12 @@ class ServerArgs:
             )
             if self.is_cpu and self.mem_fraction_static < CPU_MIN_MEM_FRACTION_STATIC:
                 self.mem_fraction_static = CPU_MIN_MEM_FRACTION_STATIC
+            m = self.mem_fraction_static
+            _check(
+                0 < m < 1,
+                f"--mem-fraction-static: the automatic value {m} for {mem_mb} MB of device "
+                "memory is not in (0, 1); pass --mem-fraction-static explicitly",
+            )
 
     def _handle_backends(self) -> None:
         if self.is_cpu:
@@ -383,11 +388,7 @@ class ServerArgs:
             f"--chunked-prefill-size ({c}) must be divisible by --page-size ({self.page_size})",
         )
         m = self.mem_fraction_static
-        _check(
-            0 < m < 1,
-            f"--mem-fraction-static must be in (0, 1), got {m} (computed for "
-            f"{self.device_memory_mb} MB of device memory; pass it explicitly)",
-        )
+        _check(0 < m < 1, f"--mem-fraction-static must be in (0, 1), got {m}")
 
     # ---- public API (SGLang's names) ----
 

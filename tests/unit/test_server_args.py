@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -146,7 +147,9 @@ def test_validation_errors(kwargs, message):
 
 def test_computed_mem_fraction_out_of_range_is_reported(monkeypatch):
     _on_gpu(monkeypatch, 2048)  # a 2 GB GPU cannot even hold the reserved activations
-    with pytest.raises(ValueError, match=r"computed for 2048 MB.*pass it explicitly"):
+    with pytest.raises(
+        ValueError, match=r"automatic value .* for 2048 MB .*pass --mem-fraction-static explicitly"
+    ):
         ServerArgs(model_path=MODEL, device="cuda")
 
 
@@ -161,6 +164,21 @@ def test_cpu_mem_fraction_has_a_floor(monkeypatch):
     a = ServerArgs(model_path=MODEL, chunked_prefill_size=-1)
     assert a.mem_fraction_static == 0.3
     assert ServerArgs(model_path=MODEL).mem_fraction_static == 0.545  # formula, above floor
+
+
+def test_log_levels_are_case_insensitive():
+    a = prepare_server_args(
+        ["--model", MODEL, "--log-level", "DEBUG", "--log-level-http", "Warning"]
+    )
+    assert (a.log_level, a.log_level_http) == ("debug", "warning")
+    with pytest.raises(ValueError, match="--log-level: invalid choice 'loud'"):
+        ServerArgs(model_path=MODEL, log_level="loud")
+
+
+def test_replace_reruns_resolution_idempotently():
+    a = ServerArgs(model_path=MODEL, chunked_prefill_size=0, cuda_graph_bs=[1, 2])
+    b = dataclasses.replace(a, port=31000)
+    assert b.port == 31000 and dataclasses.replace(b, port=a.port) == a
 
 
 def test_check_server_args_revalidates():
