@@ -10,7 +10,7 @@ import re
 import orjson
 import pytest
 
-from mini_sglang.managers import io_struct, io_struct_control
+from mini_sglang.managers import io_struct, io_struct_control, io_struct_output
 from mini_sglang.managers.finish_reason import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -201,7 +201,7 @@ def test_regenerate_rid():
 # ---------------------------------------------------------------- picklability
 def _message_classes():
     classes = []
-    for module in (io_struct, io_struct_control):
+    for module in (io_struct, io_struct_control, io_struct_output):
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__:
                 classes.append(cls)
