@@ -145,7 +145,7 @@ class RadixCache:
         token_ids = (req.origin_input_ids + req.output_ids)[:all_token_len]
         # Worked example, page_size 4: 14 tokens -> insert 12, free the page of tokens 12,13.
         aligned_len = all_token_len // self.page_size * self.page_size
-        old_prefix_len = len(req.prefix_indices)
+        old_prefix_len = self._tree_prefix_len(req)
         new_prefix_len = self.insert(
             token_ids[:aligned_len], kv_indices[:aligned_len], getattr(req, "extra_key", None)
         )
@@ -175,7 +175,7 @@ class RadixCache:
 
         aligned_len = all_token_len // self.page_size * self.page_size
         aligned_ids = token_ids[:aligned_len]
-        old_prefix_len = len(req.prefix_indices)
+        old_prefix_len = self._tree_prefix_len(req)
         new_prefix_len = self.insert(aligned_ids, kv_indices[:aligned_len], extra_key)
         self.token_to_kv_pool_allocator.free(kv_indices[old_prefix_len:new_prefix_len])
 
@@ -286,6 +286,19 @@ class RadixCache:
         print(f"#tokens: {self.total_size()}")
 
     # ------------------------------------------------------------------ internals
+
+    def _tree_prefix_len(self, req: Req) -> int:
+        """How many leading slots of the request come from the tree (page-aligned).
+
+        req.prefix_indices is tree slots, then (after an unaligned chunk, page_size > 1)
+        the request's own partial page. SGLang uses len(prefix_indices) here, which is the
+        same whenever chunks are page-aligned (its PrefillAdder truncates them so). Rounding
+        down also handles unaligned chunks: e.g. page_size 4, prefix_indices of 10 = 8 tree
+        slots + own slots for positions 8,9. If another request meanwhile inserted positions
+        8..15, the duplicate range to free and re-point is 8..16, not 10..16: freeing slot 10
+        frees the whole page under positions 8,9 too, so those must be re-pointed as well.
+        """
+        return len(req.prefix_indices) // self.page_size * self.page_size
 
     def _empty(self) -> torch.Tensor:
         return torch.empty((0,), dtype=torch.int64, device=self.device)

@@ -362,3 +362,36 @@ def test_random_request_workload_never_leaks(ps: int) -> None:
     assert s.cache.protected_size() == 0 and s.pool.available_size() == 8
     s.cache.evict(s.cap)
     assert s.alloc.available_size() == s.cap and s.cache.total_size() == 0
+
+
+def test_unaligned_chunk_tail_replaced_by_concurrent_insert() -> None:
+    """b caches an unaligned chunk (tail of 2 own slots in a half page), then a inserts the
+    same pages; b's next cache_unfinished_req must free its duplicate page (tail included)
+    and re-point every position of it, not just those from len(prefix_indices) on."""
+    ps = 4
+    s = MiniScheduler(ps, cap=64 * ps)
+    prompt = list(range(6 * ps + 1))
+    b = FakeReq(list(prompt))
+    b.req_pool_idx = s.pool.alloc(1)[0]
+    b.fill_ids = prompt[:10]
+    s._alloc_extend(b, 10)
+    s.running.append(b)
+    s.cache.cache_unfinished_req(b)  # inserts 8 tokens; positions 8, 9 stay b's own
+    assert len(b.prefix_indices) == 10 and s.cache.total_size() == 8
+    a = FakeReq(list(prompt))
+    s.admit(a)
+    s.finish(a)  # the tree now has 24 tokens, positions 8..11 in a's page
+    b.fill_ids = prompt[:20]
+    s._alloc_extend(b, 20)
+    s.cache.cache_unfinished_req(b)
+    tree = s.cache.match_prefix(prompt[:20]).device_indices
+    assert s.pool.req_to_token[b.req_pool_idx, :20].long().tolist() == tree.tolist()
+    s.check_req(b, 20)
+    s.check_accounting()
+    b.fill_ids = list(prompt)
+    s._alloc_extend(b, len(prompt))
+    b.output_ids.append(1000)
+    s.finish(b)
+    s.check_accounting()
+    s.cache.evict(s.cap)
+    assert s.alloc.available_size() == s.cap
