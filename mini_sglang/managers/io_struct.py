@@ -99,7 +99,8 @@ class GenerateReqInput:
         """Build from a parsed JSON body, ignoring unknown top-level keys (SGLang 0.5.23)."""
         if not isinstance(d, dict):
             raise ValueError("The request body must be a JSON object.")
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        # http_worker_ipc is routing state set by the server, never by a client.
+        names = {f.name for f in dataclasses.fields(cls) if f.init} - {"http_worker_ipc"}
         return cls(**{k: v for k, v in d.items() if k in names})
 
     # ------------------------------------------------------------------ normalisation

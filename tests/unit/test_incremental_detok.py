@@ -212,6 +212,27 @@ def test_interleaved_requests_in_one_batch(qwen):
     assert len(det) == 0
 
 
+def test_abort_before_prefill_gives_empty_text(qwen):
+    det = IncrementalDetokenizer(qwen)
+    abort = {
+        "type": "abort",
+        "message": "Abort before prefill",
+        "status_code": None,
+        "err_type": None,
+    }
+    assert det.decode(message(["r"], [[]], [0], [abort], [True], [False])) == [""]
+    assert len(det) == 0
+
+
+def test_abort_mid_stream_sends_held_text(qwen):
+    # A held-back partial stop string is released when the request ends without matching it.
+    det = IncrementalDetokenizer(qwen)
+    ids = qwen.encode("x = 1</", add_special_tokens=False)
+    abort = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+    incs = stream(det, ids, finish=abort, stop_strs=["</answer>"])
+    assert "".join(incs) == "x = 1</"
+
+
 # ---------------------------------------------------------------- stops
 def test_stop_string_trimmed_on_finish(qwen):
     ids = qwen.encode("The answer is 42.\n\nQuestion: next", add_special_tokens=False)

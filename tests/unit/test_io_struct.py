@@ -183,8 +183,16 @@ def test_n_must_agree_across_sampling_params():
 
 def test_from_json_dict_ignores_unknown_keys():
     req = GenerateReqInput.from_json_dict(
-        {"text": "hi", "stream": True, "model": "x", "is_single": False, "unknown": [1]}
+        {
+            "text": "hi",
+            "stream": True,
+            "model": "x",
+            "is_single": False,
+            "unknown": [1],
+            "http_worker_ipc": "ipc://elsewhere",
+        }
     )
+    assert req.http_worker_ipc is None
     req.normalize_batch_and_arguments()
     assert req.text == "hi" and req.stream is True and req.is_single
     with pytest.raises(ValueError):
