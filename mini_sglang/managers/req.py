@@ -1,0 +1,183 @@
+"""Req: one request's state inside the scheduler.
+
+Lengths (the invariant every step keeps):
+  len(prefix_indices)  tokens whose KV is already in the pool (cached prefix, earlier chunks)
+  len(fill_ids)        tokens whose KV exists after this step's forward
+  extend_input_len     = len(fill_ids) - len(prefix_indices), the tokens computed now
+and len(prefix_indices) <= len(fill_ids) <= len(origin_input_ids) + max_new_tokens.
+SGLang's names are kept (extend_input_len, seqlen, cached_tokens) so its logic reads across.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mini_sglang.managers.finish_reason import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_MATCHED_STR,
+    FINISH_MATCHED_TOKEN,
+    BaseFinishReason,
+)
+from mini_sglang.sampling.sampling_batch_info import NO_SEED
+
+if TYPE_CHECKING:
+    from mini_sglang.mem_cache.base_prefix_cache import BasePrefixCache
+    from mini_sglang.sampling.sampling_params import SamplingParams
+
+# How many prompt tokens before the output the detokenizer re-decodes for context
+# (SGLang's INIT_INCREMENTAL_DETOKENIZATION_OFFSET): enough for a leading-space merge.
+INIT_INCREMENTAL_DETOKENIZATION_OFFSET = 5
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        origin_input_text: str,
+        origin_input_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: set[int] | None = None,
+        vocab_size: int = 0,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        token_ids_logprob: list[int] | None = None,
+        stream: bool = False,
+        sampling_seed: int = NO_SEED,
+    ) -> None:
+        self.rid = rid
+        self.origin_input_text = origin_input_text
+        self.origin_input_ids = list(origin_input_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids or set()
+        self.vocab_size = vocab_size
+        self.stream = stream
+        self.sampling_seed = sampling_seed
+        self.output_ids: list[int] = []
+        self.fill_ids: list[int] = []
+        # Memory
+        self.req_pool_idx: int | None = None
+        self.prefix_indices: torch.Tensor = torch.empty((0,), dtype=torch.int64)
+        self.last_node: Any = None
+        self.extend_input_len = 0
+        self.is_chunked = 0  # > 0 while a prefill chunk of this request is in flight
+        self.is_retracted = False
+        self.cached_tokens = 0
+        self.already_computed = 0  # prompt tokens counted into cached_tokens so far
+        # Finish
+        self.finished_reason: BaseFinishReason | None = None
+        self.to_abort = False
+        self.to_abort_message: str | None = None
+        # Streaming / detokenization bookkeeping
+        self.send_token_offset = 0  # output ids already streamed
+        self.sent_final = False  # the finishing message went out
+        self.logprob_sent: dict[str, int] = {}  # per logprob list, entries already streamed
+        self.surr_offset: int | None = None
+        self.read_offset: int | None = None
+        self.decoded_text = ""
+        # Logprobs
+        self.return_logprob = return_logprob
+        self.logprob_start_len = logprob_start_len
+        self.top_logprobs_num = top_logprobs_num
+        self.token_ids_logprob = token_ids_logprob
+        self.extend_logprob_start_len = 0
+        self.input_token_logprobs_val: list[float | None] = []
+        self.input_token_logprobs_idx: list[int] = []
+        self.input_top_logprobs_val: list = []
+        self.input_top_logprobs_idx: list = []
+        self.input_token_ids_logprobs_val: list = []
+        self.input_token_ids_logprobs_idx: list = []
+        self.output_token_logprobs_val: list[float] = []
+        self.output_token_logprobs_idx: list[int] = []
+        self.output_top_logprobs_val: list = []
+        self.output_top_logprobs_idx: list = []
+        self.output_token_ids_logprobs_val: list = []
+        self.output_token_ids_logprobs_idx: list = []
+
+    # ---- lengths -------------------------------------------------------------------
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def init_next_round_input(self, tree_cache: BasePrefixCache | None) -> None:
+        """Set fill_ids and match the cached prefix (at most len - 1 tokens, so the last
+        token is always recomputed and yields logits; with prompt logprobs, no further than
+        logprob_start_len, since those positions need their logits)."""
+        self.fill_ids = self.origin_input_ids + self.output_ids
+        max_prefix_len = len(self.fill_ids) - 1
+        if self.return_logprob:
+            max_prefix_len = min(max_prefix_len, self.logprob_start_len)
+        max_prefix_len = max(max_prefix_len, 0)
+        if tree_cache is not None:
+            match = tree_cache.match_prefix(self.fill_ids[:max_prefix_len])
+            self.prefix_indices, self.last_node = match.device_indices, match.last_device_node
+        self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
+
+    def reset_for_retract(self) -> None:
+        self.prefix_indices = torch.empty((0,), dtype=torch.int64)
+        self.last_node = None
+        self.extend_input_len = 0
+        self.is_retracted = True
+        self.is_chunked = 0
+        self.req_pool_idx = None
+
+    # ---- finishing -----------------------------------------------------------------
+    def tail_str(self, tokenizer) -> str:
+        tail = self.sampling_params.stop_str_max_len + 1
+        return tokenizer.decode(self.output_ids[-tail:])
+
+    def check_finished(self, tokenizer=None) -> None:
+        """SGLang's order: abort, length, EOS/stop token (unless ignore_eos), stop string."""
+        if self.finished():
+            return
+        if self.to_abort:
+            self.finished_reason = FINISH_ABORT(message=self.to_abort_message or "Abort")
+            return
+        sp = self.sampling_params
+        if sp.max_new_tokens is not None and len(self.output_ids) >= sp.max_new_tokens:
+            self.finished_reason = FINISH_LENGTH(length=sp.max_new_tokens)
+            return
+        if not self.output_ids:
+            return
+        last = self.output_ids[-1]
+        if not sp.ignore_eos:
+            stop_ids = sp.stop_token_ids or ()
+            if last in stop_ids or last in self.eos_token_ids:
+                self.finished_reason = FINISH_MATCHED_TOKEN(matched=last)
+                return
+        if last < 0 or (self.vocab_size and last >= self.vocab_size):
+            self.finished_reason = FINISH_MATCHED_STR(matched="NaN happened")
+            return
+        if sp.stop_strs and tokenizer is not None:
+            tail = self.tail_str(tokenizer)
+            for stop in sp.stop_strs:
+                if stop in tail:
+                    self.finished_reason = FINISH_MATCHED_STR(matched=stop)
+                    return
+
+    def abort(self, message: str) -> None:
+        self.to_abort = True
+        self.to_abort_message = message
+
+    # ---- detokenization ------------------------------------------------------------
+    def init_incremental_detokenize(self) -> tuple[list[int], int]:
+        """(ids from surr_offset on, read_offset relative to them) for the detokenizer.
+
+        Example: prompt of 12 tokens -> read_offset 12, surr_offset 7; with outputs
+        [a, b] the detokenizer gets prompt[7:12] + [a, b] and read_offset 5, and emits the
+        text of decode(all) minus decode(first 5).
+        """
+        if self.read_offset is None:
+            self.read_offset = len(self.origin_input_ids)
+            self.surr_offset = max(self.read_offset - INIT_INCREMENTAL_DETOKENIZATION_OFFSET, 0)
+        ids = self.origin_input_ids[self.surr_offset :] + self.output_ids
+        return ids, self.read_offset - self.surr_offset
+
+    def __repr__(self) -> str:
+        return f"Req(rid={self.rid}, input_len={len(self.origin_input_ids)}, output_len={len(self.output_ids)})"

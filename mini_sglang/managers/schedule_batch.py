@@ -1,0 +1,205 @@
+"""ScheduleBatch: the scheduler's view of a batch (requests + KV allocation).
+
+`prepare_for_extend` / `prepare_for_decode` allocate KV slots and build the flat token
+arrays; `get_model_worker_batch` hands plain tensors to the worker; `filter_batch` /
+`merge_batch` follow requests as they finish or join the running decode batch.
+
+The decode input is `self.output_ids`: the device tensor of tokens the previous step
+sampled (one per row). Reading it instead of the requests' Python lists is what lets a
+decode step be prepared before the previous step's tokens reach the host (overlap).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mini_sglang.managers.req import Req
+from mini_sglang.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from mini_sglang.sampling.sampling_batch_info import SamplingBatchInfo
+
+if TYPE_CHECKING:
+    from mini_sglang.mem_cache.base_prefix_cache import BasePrefixCache
+    from mini_sglang.mem_cache.memory_pool import ReqToTokenPool
+
+__all__ = ["Req", "ScheduleBatch", "OutOfKVMemoryError"]
+
+
+class OutOfKVMemoryError(RuntimeError):
+    """Raised when KV slots run out even after eviction (the scheduler's budgets failed)."""
+
+
+class ScheduleBatch:
+    def __init__(
+        self,
+        reqs: list[Req],
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator,
+        tree_cache: BasePrefixCache,
+        vocab_size: int,
+        device: str | torch.device,
+    ) -> None:
+        self.reqs = reqs
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = token_to_kv_pool_allocator
+        self.tree_cache = tree_cache
+        self.vocab_size = vocab_size
+        self.device = device
+        self.forward_mode = ForwardMode.EXTEND
+        self.input_ids: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+        self.out_cache_loc: torch.Tensor | None = None
+        self.req_pool_indices = torch.empty(0, dtype=torch.int64)
+        self.seq_lens = torch.empty(0, dtype=torch.int64)  # CPU, KV length after this step
+        self.prefix_lens: list[int] = []
+        self.extend_lens: list[int] = []
+        self.output_ids: torch.Tensor | None = None  # device, last sampled token per row
+        self.sampling_info: SamplingBatchInfo | None = None
+        self.return_logprob = False
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    # ---- KV allocation -------------------------------------------------------------
+    def _evict_for(self, num_tokens: int) -> None:
+        short = num_tokens - self.allocator.available_size()
+        if short > 0:
+            self.tree_cache.evict(short)
+
+    def _alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, total: int):
+        self._evict_for(total + self.allocator.page_size * len(self.reqs))
+        rows = self.req_pool_indices
+        last_loc = torch.where(
+            prefix_lens > 0,
+            self.req_to_token_pool.req_to_token[rows, (prefix_lens - 1).clamp(min=0)].long(),
+            torch.full_like(prefix_lens, -1),
+        )
+        out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_loc, total)
+        if out is None:
+            raise OutOfKVMemoryError(
+                f"Prefill needs {total} KV slots, {self.allocator.available_size()} free"
+            )
+        return out
+
+    def prepare_for_extend(self) -> None:
+        self.forward_mode = ForwardMode.EXTEND
+        reqs = self.reqs
+        need_slots = [r for r in reqs if r.req_pool_idx is None]
+        if need_slots:
+            slots = self.req_to_token_pool.alloc(len(need_slots))
+            if slots is None:
+                raise OutOfKVMemoryError("No free request slots")
+            for r, s in zip(need_slots, slots):
+                r.req_pool_idx = s
+        self.req_pool_indices = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        self.prefix_lens = [len(r.prefix_indices) for r in reqs]
+        self.extend_lens = [r.extend_input_len for r in reqs]
+        seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
+        table = self.req_to_token_pool.req_to_token
+        for r, p in zip(reqs, self.prefix_lens):
+            if p:
+                table[r.req_pool_idx, :p] = r.prefix_indices.to(table.device, torch.int32)
+        total = sum(self.extend_lens)
+        out = self._alloc_extend(torch.tensor(self.prefix_lens), self.seq_lens, total)
+        self.out_cache_loc = out
+        # Scatter the new slots into each request's row: request i's tokens
+        # prefix_i .. seq_i - 1 take out[start_i : start_i + extend_i].
+        row_ids = torch.repeat_interleave(self.req_pool_indices, torch.tensor(self.extend_lens))
+        cols = torch.cat([torch.arange(p, s) for p, s in zip(self.prefix_lens, seq_lens)])
+        table[row_ids.to(table.device), cols.to(table.device)] = out.to(table.device, torch.int32)
+        self.input_ids = torch.tensor(
+            [t for r, p in zip(reqs, self.prefix_lens) for t in r.fill_ids[p:]], dtype=torch.int64
+        )
+        self.positions = cols
+        for r, p, s in zip(reqs, self.prefix_lens, seq_lens):
+            # cached_tokens counts prompt tokens that came from the cache, once each.
+            if p > r.already_computed:
+                r.cached_tokens += p - r.already_computed
+            r.already_computed = s
+        self.return_logprob = any(r.return_logprob for r in reqs)
+        if self.return_logprob:
+            for r, p in zip(reqs, self.prefix_lens):
+                r.extend_logprob_start_len = (
+                    max(r.logprob_start_len - p, 0) if r.return_logprob else r.extend_input_len
+                )
+        self.sampling_info = SamplingBatchInfo.from_reqs(reqs, self.vocab_size, self.device)
+
+    def prepare_for_decode(self) -> None:
+        """Allocate one KV slot per request for the token sampled last step."""
+        self.forward_mode = ForwardMode.DECODE
+        bs = len(self.reqs)
+        self._evict_for(bs * self.allocator.page_size)
+        table = self.req_to_token_pool.req_to_token
+        new_lens = self.seq_lens + 1
+        last_loc = table[self.req_pool_indices, self.seq_lens - 1].long()
+        out = self.allocator.alloc_decode(new_lens, last_loc)
+        if out is None:
+            raise OutOfKVMemoryError(f"Decode needs {bs} KV slots")
+        table[self.req_pool_indices, self.seq_lens] = out.to(table.device, torch.int32)
+        self.out_cache_loc = out
+        self.positions = self.seq_lens.clone()
+        self.seq_lens = new_lens
+        self.input_ids = self.output_ids
+        self.return_logprob = any(r.return_logprob for r in self.reqs)
+
+    def check_decode_mem(self) -> bool:
+        """Whether the next decode step's slots fit (after evicting what can be evicted)."""
+        need = len(self.reqs) * self.allocator.page_size
+        if self.allocator.available_size() >= need:
+            return True
+        self.tree_cache.evict(need)
+        return self.allocator.available_size() >= need
+
+    # ---- membership ----------------------------------------------------------------
+    def filter_batch(self, keep_indices: list[int] | None = None) -> None:
+        """Keep only the given rows (default: the unfinished, non-chunked requests)."""
+        if keep_indices is None:
+            keep_indices = [
+                i for i, r in enumerate(self.reqs) if not r.finished() and not r.is_chunked
+            ]
+        if len(keep_indices) == len(self.reqs):
+            return
+        self.reqs = [self.reqs[i] for i in keep_indices]
+        keep = torch.tensor(keep_indices, dtype=torch.int64)
+        self.req_pool_indices = self.req_pool_indices[keep]
+        self.seq_lens = self.seq_lens[keep]
+        if self.output_ids is not None:
+            self.output_ids = self.output_ids[keep.to(self.output_ids.device)]
+        if self.sampling_info is not None:
+            self.sampling_info.filter(keep)
+
+    def merge_batch(self, other: ScheduleBatch) -> None:
+        self.sampling_info.merge(other.sampling_info, self.reqs + other.reqs)
+        self.reqs = self.reqs + other.reqs
+        self.req_pool_indices = torch.cat([self.req_pool_indices, other.req_pool_indices])
+        self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
+        self.output_ids = torch.cat([self.output_ids, other.output_ids])
+
+    def get_model_worker_batch(self) -> ModelWorkerBatch:
+        extend = self.forward_mode.is_extend()
+        return ModelWorkerBatch(
+            forward_mode=self.forward_mode,
+            input_ids=self.input_ids,
+            positions=self.positions,
+            req_pool_indices=self.req_pool_indices,
+            seq_lens=self.seq_lens,
+            out_cache_loc=self.out_cache_loc,
+            extend_seq_lens=self.extend_lens if extend else None,
+            extend_prefix_lens=self.prefix_lens if extend else None,
+            sampling_info=self.sampling_info,
+            return_logprob=self.return_logprob,
+            extend_logprob_start_lens=[r.extend_logprob_start_len for r in self.reqs]
+            if extend and self.return_logprob
+            else None,
+            top_logprobs_nums=[r.top_logprobs_num for r in self.reqs]
+            if self.return_logprob
+            else None,
+            token_ids_logprobs=[r.token_ids_logprob for r in self.reqs]
+            if self.return_logprob
+            else None,
+        )

@@ -1,0 +1,422 @@
+"""Scheduler: one per TP rank. Receives tokenized requests, forms batches (prefill first,
+then decode), runs them on the TpModelWorker and streams token ids to the detokenizer.
+
+It runs either in its own process (`run_scheduler_process`, ZMQ in and out) or in-process
+for tests and tools (`add_request` + `run_until_idle`, outputs to a callback).
+Incoming messages are dispatched by type through a small handler table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mini_sglang.managers.finish_reason import FINISH_ABORT
+from mini_sglang.managers.io_struct import (
+    AbortReq,
+    BatchTokenizedGenerateReqInput,
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    TokenizedGenerateReqInput,
+)
+from mini_sglang.managers.req import Req
+from mini_sglang.managers.schedule_batch import ScheduleBatch
+from mini_sglang.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
+from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
+from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
+from mini_sglang.managers.tp_worker import TpModelWorker
+from mini_sglang.mem_cache.chunk_cache import ChunkCache
+from mini_sglang.mem_cache.radix_cache import RadixCache
+from mini_sglang.sampling.sampling_batch_info import NO_SEED
+
+logger = logging.getLogger("mini_sglang")
+
+INIT_NEW_TOKEN_RATIO = float(os.environ.get("SGLANG_INIT_NEW_TOKEN_RATIO", "0.7"))
+MIN_NEW_TOKEN_RATIO_FACTOR = float(os.environ.get("SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", "0.14"))
+NEW_TOKEN_RATIO_DECAY_STEPS = int(os.environ.get("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", "600"))
+RETRACT_DECODE_STEPS = int(os.environ.get("SGLANG_RETRACT_DECODE_STEPS", "20"))
+
+
+class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
+    def __init__(
+        self,
+        server_args,
+        gpu_id: int = 0,
+        tp_rank: int = 0,
+        send_to_detokenizer: Callable[[Any], None] | None = None,
+        send_to_tokenizer: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.server_args = server_args
+        self.tp_rank = tp_rank
+        self.tp_worker = TpModelWorker(server_args, gpu_id=gpu_id)
+        self.model_config = self.tp_worker.model_config
+        self.device = self.tp_worker.device
+        self.tokenizer = None
+        if not server_args.skip_tokenizer_init:
+            from mini_sglang.utils.hf_tokenizer import get_tokenizer
+
+            self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
+        self.req_to_token_pool, self.allocator = self.tp_worker.get_memory_pool()
+        self.page_size = server_args.page_size or 1
+        if server_args.disable_radix_cache:
+            self.tree_cache = ChunkCache(self.req_to_token_pool, self.allocator, self.page_size)
+        else:
+            self.tree_cache = RadixCache(
+                self.req_to_token_pool,
+                self.allocator,
+                self.page_size,
+                eviction_policy=server_args.radix_eviction_policy,
+            )
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
+        self.max_total_num_tokens = self.tp_worker.max_total_num_tokens
+        self.max_running_requests = min(
+            server_args.max_running_requests or self.req_to_token_pool.size,
+            self.req_to_token_pool.size,
+            self.max_total_num_tokens // 2,
+        )
+        context_len = self.model_config.context_len
+        self.max_req_len = min(context_len - 1, self.max_total_num_tokens - 1)
+        self.max_req_input_len = self.max_req_len - 5
+        chunk = server_args.chunked_prefill_size
+        self.chunked_prefill_size = chunk if chunk is not None and chunk > 0 else None
+        self.init_new_token_ratio = min(
+            INIT_NEW_TOKEN_RATIO * server_args.schedule_conservativeness, 1.0
+        )
+        self.min_new_token_ratio = self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.new_token_ratio_decay = (
+            self.init_new_token_ratio - self.min_new_token_ratio
+        ) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_new_token_ratio
+        self.waiting_queue: list[Req] = []
+        self.running_batch: ScheduleBatch | None = None
+        self.last_batch: ScheduleBatch | None = None
+        self.chunked_req: Req | None = None
+        self._send_to_detokenizer = send_to_detokenizer or (lambda out: None)
+        self._send_to_tokenizer = send_to_tokenizer or (lambda out: None)
+        self.init_metrics()
+        self._dispatch: dict[type, Callable[[Any], Any]] = {
+            TokenizedGenerateReqInput: self.handle_generate_request,
+            BatchTokenizedGenerateReqInput: self.handle_batch_generate_request,
+            AbortReq: self.abort_request,
+            FlushCacheReqInput: self.flush_cache_wrapped,
+            GetInternalStateReq: self.get_internal_state,
+        }
+        logger.info(
+            "max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%d, "
+            "max_running_requests=%d, context_len=%d, available_gpu_mem=%s",
+            self.max_total_num_tokens,
+            chunk,
+            server_args.max_prefill_tokens,
+            self.max_running_requests,
+            context_len,
+            self.available_mem_str(),
+        )
+
+    # ---- message handling ----------------------------------------------------------
+    def send_to_detokenizer(self, out: Any) -> None:
+        self._send_to_detokenizer(out)
+
+    def process_input_requests(self, recv_reqs: list[Any]) -> None:
+        for recv in recv_reqs:
+            handler = self._dispatch.get(type(recv))
+            if handler is None:
+                logger.error("Scheduler got an unknown message type %s", type(recv).__name__)
+                continue
+            reply = handler(recv)
+            if reply is not None:
+                self._send_to_tokenizer(reply)
+
+    def handle_batch_generate_request(self, recv: BatchTokenizedGenerateReqInput) -> None:
+        for r in recv.batch:
+            self.handle_generate_request(r)
+
+    def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        sp = recv.sampling_params
+        seed = NO_SEED
+        if getattr(sp, "seed_given", False) or self.server_args.enable_deterministic_inference:
+            seed = int(sp.sampling_seed)
+        req = Req(
+            recv.rid,
+            recv.input_text,
+            recv.input_ids,
+            sp,
+            eos_token_ids=self.model_config.eos_token_ids,
+            vocab_size=self.model_config.vocab_size,
+            return_logprob=recv.return_logprob,
+            logprob_start_len=recv.logprob_start_len,
+            top_logprobs_num=recv.top_logprobs_num,
+            token_ids_logprob=recv.token_ids_logprob,
+            stream=recv.stream,
+            sampling_seed=seed,
+        )
+        error = None
+        if len(req.origin_input_ids) == 0:
+            error = "The input is empty."
+        elif len(req.origin_input_ids) > self.max_req_input_len:
+            error = (
+                f"The input ({len(req.origin_input_ids)} tokens) is longer than the model's "
+                f"context length ({self.max_req_input_len} tokens)."
+            )
+        elif (
+            self.server_args.max_queued_requests is not None
+            and len(self.waiting_queue) >= self.server_args.max_queued_requests
+        ):
+            error = "The request queue is full."
+        if error is not None:
+            req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
+            self.stream_output([req])
+            return
+        if req.logprob_start_len == -1 or not req.return_logprob:
+            req.logprob_start_len = len(req.origin_input_ids) - 1
+        # None (or too many) new tokens: whatever room the context leaves (SGLang).
+        room = self.max_req_len - len(req.origin_input_ids) - 1
+        sp.max_new_tokens = room if sp.max_new_tokens is None else min(sp.max_new_tokens, room)
+        self.waiting_queue.append(req)
+
+    def abort_request(self, recv: AbortReq) -> None:
+        def match(rid: str) -> bool:
+            return recv.abort_all or rid.startswith(recv.rid or "")
+
+        message = recv.abort_reason or "Abort before prefill"
+        keep = []
+        for req in self.waiting_queue:
+            if match(req.rid):
+                req.finished_reason = FINISH_ABORT(message)
+                self.stream_output([req])
+            else:
+                keep.append(req)
+        self.waiting_queue = keep
+        # Running requests stop after the current step, through check_finished.
+        running = self.running_batch.reqs if self.running_batch else []
+        chunked = [self.chunked_req] if self.chunked_req else []
+        for req in running + chunked:
+            if match(req.rid) and not req.finished():
+                req.abort(recv.abort_reason or "Abort in the middle of a request")
+
+    def flush_cache(self) -> bool:
+        if self.waiting_queue or (self.running_batch and not self.running_batch.is_empty()):
+            logger.warning("Cache not flushed because there are pending requests.")
+            return False
+        if self.chunked_req is not None:
+            return False
+        self.tree_cache.reset()
+        self.req_to_token_pool.clear()
+        self.allocator.clear()
+        self.running_batch = None
+        self.last_batch = None
+        self.new_token_ratio = self.init_new_token_ratio
+        logger.info("Cache flushed successfully!")
+        return True
+
+    def flush_cache_wrapped(self, recv: FlushCacheReqInput) -> FlushCacheReqOutput:
+        return FlushCacheReqOutput(success=self.flush_cache())
+
+    def get_internal_state(self, recv: GetInternalStateReq) -> GetInternalStateReqOutput:
+        return GetInternalStateReqOutput(internal_state=self.internal_state())
+
+    # ---- batch selection -----------------------------------------------------------
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        last = self.last_batch
+        if last is not None and last.forward_mode.is_extend():
+            if self.chunked_req is not None:
+                # The chunk's KV goes into the cache; its request slot is re-taken next round.
+                self.tree_cache.cache_unfinished_req(self.chunked_req)
+                self.req_to_token_pool.free(self.chunked_req.req_pool_idx)
+                self.chunked_req.req_pool_idx = None
+            last.filter_batch(
+                [
+                    i
+                    for i, r in enumerate(last.reqs)
+                    if not r.finished() and r is not self.chunked_req
+                ]
+            )
+            if not last.is_empty():
+                if self.running_batch is None or self.running_batch.is_empty():
+                    self.running_batch = last
+                else:
+                    self.running_batch.merge_batch(last)
+        new_batch = self.get_new_batch_prefill()
+        if new_batch is not None:
+            return new_batch
+        if self.running_batch is not None:
+            self.running_batch.filter_batch()
+            if not self.running_batch.is_empty():
+                self.update_running_batch(self.running_batch)
+                if not self.running_batch.is_empty():
+                    return self.running_batch
+        return None
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        running_bs = len(self.running_batch.reqs) if self.running_batch else 0
+        if running_bs >= self.max_running_requests:
+            return None
+        self.policy.calc_priority(self.waiting_queue)
+        adder = PrefillAdder(
+            self.page_size,
+            self.tree_cache,
+            self.allocator,
+            self.running_batch,
+            self.new_token_ratio,
+            self.server_args.max_prefill_tokens,
+            self.chunked_prefill_size,
+        )
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input(None)
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        for req in self.waiting_queue:
+            if running_bs + len(adder.can_run_list) >= self.max_running_requests:
+                break
+            req.init_next_round_input(self.tree_cache)
+            result = adder.add_one_req(req)
+            if result != AddReqResult.CONTINUE:
+                if result == AddReqResult.NO_TOKEN and not adder.can_run_list:
+                    self.log_no_token_once()
+                break
+            if adder.new_chunked_req is not None:
+                break
+        if not adder.can_run_list:
+            return None
+        admitted = set(map(id, adder.can_run_list))
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        if adder.new_chunked_req is not None:
+            assert self.chunked_req is None, "one chunked request at a time"
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.is_chunked += 1
+        batch = ScheduleBatch(
+            adder.can_run_list,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.model_config.vocab_size,
+            self.device,
+        )
+        batch.prepare_for_extend()
+        self.log_prefill_stats(adder, running_bs)
+        return batch
+
+    def update_running_batch(self, batch: ScheduleBatch) -> None:
+        """Make room for one more token per request (retracting if needed), then prepare."""
+        if not batch.check_decode_mem():
+            retracted, self.new_token_ratio = self.retract_decode(batch)
+            self.num_retracted_reqs += len(retracted)
+            logger.warning(
+                "KV cache pool is full. Retract requests. #retracted_reqs: %d, "
+                "#new_token_ratio: %.4f -> %.4f",
+                len(retracted),
+                self.init_new_token_ratio,
+                self.new_token_ratio,
+            )
+            self.waiting_queue = retracted + self.waiting_queue
+            if batch.is_empty():
+                return
+        batch.prepare_for_decode()
+
+    def retract_decode(self, batch: ScheduleBatch) -> tuple[list[Req], float]:
+        """SGLang's retraction: drop requests with the fewest output tokens (the longest
+        prompt first among equals) until the next decode step fits; at least one goes.
+        Returns the retracted requests and the new new_token_ratio estimate."""
+        reqs = batch.reqs
+        order = sorted(
+            range(len(reqs)),
+            key=lambda i: (len(reqs[i].output_ids), -len(reqs[i].origin_input_ids)),
+            reverse=True,
+        )
+        retracted: list[Req] = []
+        first = True
+        while first or not self._decode_fits(len(order)):
+            if len(order) == 1:
+                break
+            first = False
+            idx = order.pop()
+            req = reqs[idx]
+            self.release_req_kv(req, int(batch.seq_lens[idx]))
+            # Use what the release made evictable right away.
+            self.tree_cache.evict(len(order) * RETRACT_DECODE_STEPS)
+            req.reset_for_retract()
+            retracted.append(req)
+        batch.filter_batch(sorted(order))
+        total_decoded = sum(len(r.output_ids) for r in batch.reqs)
+        total_max_new = sum(r.sampling_params.max_new_tokens for r in batch.reqs)
+        ratio = (total_decoded + RETRACT_DECODE_STEPS * len(batch.reqs)) / max(total_max_new, 1)
+        return retracted, min(1.0, ratio)
+
+    def _decode_fits(self, num_reqs: int) -> bool:
+        need = num_reqs * self.page_size
+        if self.allocator.available_size() < need:
+            self.tree_cache.evict(need)
+        return self.allocator.available_size() >= need
+
+    def release_req_kv(self, req: Req, kv_len: int) -> None:
+        """Free a running request's own KV (beyond its cached prefix) and its slot."""
+        table = self.req_to_token_pool.req_to_token
+        start = len(req.prefix_indices) // self.page_size * self.page_size
+        if isinstance(self.tree_cache, ChunkCache):
+            start = 0
+        self.allocator.free(table[req.req_pool_idx, start:kv_len].to(torch.int64))
+        self.req_to_token_pool.free(req.req_pool_idx)
+        self.tree_cache.dec_lock_ref(req.last_node)
+
+    # ---- running -------------------------------------------------------------------
+    def run_batch(self, batch: ScheduleBatch):
+        return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+
+    def step(self) -> bool:
+        """Run one scheduling iteration; False when there was nothing to run."""
+        batch = self.get_next_batch_to_run()
+        self.cur_batch = batch
+        if batch is None:
+            self.last_batch = None
+            self.on_idle()
+            return False
+        result = self.run_batch(batch)
+        self.process_batch_result(batch, result)
+        self.last_batch = batch
+        return True
+
+    def on_idle(self) -> None:
+        if not self.is_idle_checked:
+            self.check_memory()
+            self.is_idle_checked = True
+            self.new_token_ratio = self.init_new_token_ratio
+
+    def has_work(self) -> bool:
+        return bool(
+            self.waiting_queue
+            or self.chunked_req is not None
+            or (self.running_batch is not None and not self.running_batch.is_empty())
+            or (self.last_batch is not None)
+        )
+
+    # ---- in-process driving (tests, tools) -----------------------------------------
+    def add_request(self, recv: TokenizedGenerateReqInput) -> None:
+        self.process_input_requests([recv])
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        for _ in range(max_steps):
+            if not self.step() and not self.has_work():
+                return
+        raise RuntimeError("run_until_idle: too many steps")
+
+    def event_loop(self, recv_requests: Callable[[], list[Any]]) -> None:
+        """The process loop: receive, schedule, run, stream; blocks while idle."""
+        while True:
+            self.process_input_requests(recv_requests())
+            if not self.step():
+                if not self.has_work():
+                    self.wait_for_requests()
+            else:
+                self.is_idle_checked = False
+            self.maybe_report_metrics()
+
+    def wait_for_requests(self) -> None:
+        time.sleep(0.0005)

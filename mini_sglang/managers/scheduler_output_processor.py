@@ -1,0 +1,194 @@
+"""What the scheduler does with a finished forward: append tokens, finish requests, free
+their KV into the prefix cache, and stream BatchTokenIDOutput to the detokenizer.
+
+Streaming rule (SGLang's): a request is sent when it finishes, and while streaming when it
+got its first token or every --stream-interval tokens. Each message carries only what is
+new for that request (its decode ids, output ids and logprobs since the last message).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mini_sglang.managers.io_struct import BatchTokenIDOutput
+
+if TYPE_CHECKING:
+    from mini_sglang.managers.req import Req
+    from mini_sglang.managers.schedule_batch import ScheduleBatch
+    from mini_sglang.managers.tp_worker import GenerationBatchResult
+
+# Prompt ids sent along with a request's first message, as decoding context.
+DETOKENIZE_CONTEXT_TOKENS = 5
+
+
+class SchedulerOutputProcessorMixin:
+    def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        next_ids = result.next_token_ids.tolist()
+        batch.output_ids = result.next_token_ids
+        is_decode = batch.forward_mode.is_decode()
+        for i, req in enumerate(batch.reqs):
+            if req.is_chunked > 0:
+                # A prefill chunk that is not the prompt's last: its sampled token is junk.
+                req.is_chunked -= 1
+                continue
+            if req.finished():
+                # Aborted while this step ran (its KV was already released).
+                continue
+            req.output_ids.append(next_ids[i])
+            if req.return_logprob and result.logprobs is not None:
+                self.add_output_logprobs(req, result.logprobs[i], next_ids[i])
+            req.check_finished(self.tokenizer)
+            if req.finished():
+                self.tree_cache.cache_finished_req(req)
+            elif not is_decode:
+                # The prompt just got its KV: insert it so later requests can share it.
+                self.tree_cache.cache_unfinished_req(req)
+        if not is_decode and batch.return_logprob:
+            self.add_input_logprobs(batch, result)
+        if is_decode:
+            self.new_token_ratio = max(
+                self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
+            )
+            self.num_generated_tokens += len(batch.reqs)
+        self.stream_output(batch.reqs)
+
+    # ---- logprobs ------------------------------------------------------------------
+    def add_output_logprobs(self, req: Req, logprobs: torch.Tensor, token_id: int) -> None:
+        req.output_token_logprobs_val.append(float(logprobs[token_id]))
+        req.output_token_logprobs_idx.append(token_id)
+        if req.top_logprobs_num > 0:
+            vals, idx = logprobs.topk(req.top_logprobs_num)
+            req.output_top_logprobs_val.append(vals.tolist())
+            req.output_top_logprobs_idx.append(idx.tolist())
+        if req.token_ids_logprob is not None:
+            ids = req.token_ids_logprob
+            req.output_token_ids_logprobs_val.append(logprobs[ids].tolist())
+            req.output_token_ids_logprobs_idx.append(list(ids))
+
+    def add_input_logprobs(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+        """Prompt logprobs: position k's value is log p(token k | tokens < k), from the
+        logits row of position k - 1; the prompt's very first token gets None."""
+        out = result.logits_output
+        if out.input_logits is None:
+            return
+        offset = 0
+        for req, n_rows, prefix in zip(batch.reqs, out.input_logits_lens, batch.prefix_lens):
+            rows = out.input_logits[offset : offset + n_rows]
+            offset += n_rows
+            if not req.return_logprob or n_rows == 0:
+                continue
+            temperature = req.sampling_params.temperature
+            logprobs = torch.log_softmax(rows / temperature, dim=-1)
+            start = prefix + req.extend_logprob_start_len  # absolute position of first row
+            if start == 0 and not req.input_token_logprobs_val:
+                req.input_token_logprobs_val.append(None)
+                req.input_token_logprobs_idx.append(req.fill_ids[0])
+                if req.top_logprobs_num > 0:
+                    req.input_top_logprobs_val.append(None)
+                    req.input_top_logprobs_idx.append(None)
+                if req.token_ids_logprob is not None:
+                    req.input_token_ids_logprobs_val.append(None)
+                    req.input_token_ids_logprobs_idx.append(None)
+            prompt_len = len(req.origin_input_ids)
+            for j in range(n_rows):
+                pos = start + j + 1  # the token this row predicts
+                if pos >= prompt_len:
+                    break
+                tok = req.fill_ids[pos]
+                req.input_token_logprobs_val.append(float(logprobs[j, tok]))
+                req.input_token_logprobs_idx.append(tok)
+                if req.top_logprobs_num > 0:
+                    vals, idx = logprobs[j].topk(req.top_logprobs_num)
+                    req.input_top_logprobs_val.append(vals.tolist())
+                    req.input_top_logprobs_idx.append(idx.tolist())
+                if req.token_ids_logprob is not None:
+                    ids = req.token_ids_logprob
+                    req.input_token_ids_logprobs_val.append(logprobs[j, ids].tolist())
+                    req.input_token_ids_logprobs_idx.append(list(ids))
+
+    # ---- streaming -----------------------------------------------------------------
+    def should_stream(self, req: Req) -> bool:
+        if req.finished():
+            return True
+        if not req.stream or req.is_chunked > 0:
+            return False
+        interval = req.sampling_params.stream_interval or self.server_args.stream_interval
+        n = len(req.output_ids)
+        return n == 1 or (n - req.send_token_offset) >= interval
+
+    def stream_output(self, reqs: list[Req]) -> None:
+        to_send = [r for r in reqs if self.should_stream(r) and not r.sent_final]
+        if not to_send:
+            return
+        out = BatchTokenIDOutput(
+            rids=[],
+            finished_reasons=[],
+            decoded_texts=[],
+            decode_ids=[],
+            read_offsets=[],
+            output_ids=[],
+            skip_special_tokens=[],
+            spaces_between_special_tokens=[],
+            no_stop_trim=[],
+            prompt_tokens=[],
+            completion_tokens=[],
+            cached_tokens=[],
+            stop_strs=[],
+        )
+        want_logprobs = any(r.return_logprob for r in to_send)
+        if want_logprobs:
+            for name in LOGPROB_FIELDS:
+                setattr(out, name, [])
+        for req in to_send:
+            sp = req.sampling_params
+            if req.read_offset is None:
+                ctx = req.origin_input_ids[-DETOKENIZE_CONTEXT_TOKENS:]
+                decode_ids = ctx + req.output_ids
+                req.read_offset = len(ctx)
+            else:
+                decode_ids = req.output_ids[req.send_token_offset :]
+            out.rids.append(req.rid)
+            out.finished_reasons.append(
+                req.finished_reason.to_json() if req.finished_reason is not None else None
+            )
+            out.decoded_texts.append("")
+            out.decode_ids.append(decode_ids)
+            out.read_offsets.append(req.read_offset)
+            out.output_ids.append(req.output_ids[req.send_token_offset :])
+            out.skip_special_tokens.append(sp.skip_special_tokens)
+            out.spaces_between_special_tokens.append(sp.spaces_between_special_tokens)
+            out.no_stop_trim.append(sp.no_stop_trim)
+            out.prompt_tokens.append(len(req.origin_input_ids))
+            out.completion_tokens.append(len(req.output_ids))
+            out.cached_tokens.append(req.cached_tokens)
+            out.stop_strs.append(list(sp.stop_strs) if sp.stop_strs else None)
+            if want_logprobs:
+                self._append_logprob_deltas(out, req)
+            req.send_token_offset = len(req.output_ids)
+            if req.finished():
+                req.sent_final = True
+        self.send_to_detokenizer(out)
+
+    def _append_logprob_deltas(self, out: BatchTokenIDOutput, req: Req) -> None:
+        for name in LOGPROB_FIELDS:
+            values = getattr(req, name)
+            getattr(out, name).append(values[req.logprob_sent.get(name, 0) :])
+            req.logprob_sent[name] = len(values)
+
+
+LOGPROB_FIELDS = (
+    "input_token_logprobs_val",
+    "input_token_logprobs_idx",
+    "output_token_logprobs_val",
+    "output_token_logprobs_idx",
+    "input_top_logprobs_val",
+    "input_top_logprobs_idx",
+    "output_top_logprobs_val",
+    "output_top_logprobs_idx",
+    "input_token_ids_logprobs_val",
+    "input_token_ids_logprobs_idx",
+    "output_token_ids_logprobs_val",
+    "output_token_ids_logprobs_idx",
+)

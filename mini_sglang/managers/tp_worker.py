@@ -1,0 +1,40 @@
+"""TpModelWorker: one TP rank's model execution (forward + sample) for the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mini_sglang.layers.logits_processor import LogitsProcessorOutput
+from mini_sglang.model_config import ModelConfig
+from mini_sglang.model_executor.forward_batch_info import ModelWorkerBatch
+from mini_sglang.model_executor.model_runner import ModelRunner
+
+
+@dataclass
+class GenerationBatchResult:
+    logits_output: LogitsProcessorOutput
+    next_token_ids: torch.Tensor  # [B] on device
+    logprobs: torch.Tensor | None = None  # [B, V] when the batch asked for logprobs
+
+
+class TpModelWorker:
+    def __init__(self, server_args, model_config: ModelConfig | None = None, gpu_id: int = 0):
+        self.server_args = server_args
+        self.model_config = model_config or ModelConfig.from_server_args(server_args)
+        self.model_runner = ModelRunner(self.model_config, server_args, gpu_id=gpu_id)
+        self.device = self.model_runner.device
+        self.max_total_num_tokens = self.model_runner.max_total_num_tokens
+
+    def get_memory_pool(self):
+        r = self.model_runner
+        return r.req_to_token_pool, r.token_to_kv_pool_allocator
+
+    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        fb = self.model_runner.make_forward_batch(batch)
+        logits_output = self.model_runner.forward(fb)
+        sample = self.model_runner.sample(logits_output.next_token_logits, fb)
+        if fb.sampling_info.penalizer is not None:
+            fb.sampling_info.penalizer.cumulate(sample.next_token_ids)
+        return GenerationBatchResult(logits_output, sample.next_token_ids, sample.logprobs)

@@ -1,0 +1,163 @@
+"""ModelRunner: owns the model, the KV pools, the attention backend and the sampler.
+
+Memory sizing (SGLang's rule on GPU): after the weights load, the KV pool gets
+  free_gpu_memory - total_gpu_memory * (1 - mem_fraction_static)
+bytes, i.e. weights + KV together stay within mem_fraction_static of the card. On CPU the
+pool gets MINI_SGLANG_CPU_KV_CACHE_GB (default 2) GiB. --max-total-tokens caps either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.layers.attention.base_attn_backend import create_attention_backend
+from mini_sglang.layers.sampler import Sampler, SamplerOutput
+from mini_sglang.mem_cache.allocator import get_allocator
+from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from mini_sglang.model_config import ModelConfig
+from mini_sglang.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
+from mini_sglang.model_loader.loader import get_model
+
+logger = logging.getLogger("mini_sglang")
+
+GiB = 1 << 30
+
+
+def gpu_memory_gib(device: torch.device) -> tuple[float, float]:
+    """(free, total) GiB on a CUDA device."""
+    free, total = torch.cuda.mem_get_info(device)
+    return free / GiB, total / GiB
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, server_args, gpu_id: int = 0) -> None:
+        self.model_config = model_config
+        self.server_args = server_args
+        self.device = torch.device(f"cuda:{gpu_id}" if server_args.device == "cuda" else "cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.page_size = server_args.page_size or 1
+        torch.manual_seed(server_args.random_seed or 0)
+        before = gpu_memory_gib(self.device)[0] if self.device.type == "cuda" else 0.0
+        self.model = get_model(model_config, server_args.load_format, self.device)
+        if self.device.type == "cuda":
+            after = gpu_memory_gib(self.device)[0]
+            self.weight_gib = before - after
+            logger.info(
+                "Load weight end. avail mem=%.2f GB, mem usage=%.2f GB.", after, self.weight_gib
+            )
+        else:
+            self.weight_gib = (
+                sum(p.numel() * p.element_size() for p in self.model.parameters()) / GiB
+            )
+        self.init_memory_pool()
+        self.attn_backend = create_attention_backend(self.attention_backend_name(), self)
+        self.sampler = Sampler()
+        self.graph_runner = None
+        if self.device.type == "cuda" and not server_args.disable_cuda_graph:
+            self.init_cuda_graphs()
+
+    def attention_backend_name(self) -> str:
+        name = self.server_args.attention_backend or (
+            "torch_native" if self.device.type == "cpu" else "flashinfer"
+        )
+        return name
+
+    # ---- memory --------------------------------------------------------------------
+    def kv_cell_bytes(self) -> int:
+        cfg = self.model_config
+        return MHATokenToKVPool.bytes_per_token(
+            cfg.num_kv_heads_per_rank(get_tp_size()),
+            cfg.head_dim,
+            cfg.num_hidden_layers,
+            self.kv_dtype,
+        )
+
+    def profile_max_num_tokens(self) -> int:
+        cell = self.kv_cell_bytes()
+        if self.device.type == "cpu":
+            budget = float(os.environ.get("MINI_SGLANG_CPU_KV_CACHE_GB", "2")) * GiB
+        else:
+            free, total = gpu_memory_gib(self.device)
+            budget = (free - total * (1 - self.server_args.mem_fraction_static)) * GiB
+        if budget <= 0:
+            raise RuntimeError(
+                "Not enough memory for the KV cache. Increase --mem-fraction-static "
+                f"(now {self.server_args.mem_fraction_static})."
+            )
+        return int(budget // cell)
+
+    def init_memory_pool(self) -> None:
+        sa = self.server_args
+        kv = sa.kv_cache_dtype
+        self.kv_dtype = (
+            self.model_config.dtype
+            if kv in (None, "auto")
+            else {
+                "bf16": torch.bfloat16,
+                "bfloat16": torch.bfloat16,
+            }.get(kv, self.model_config.dtype)
+        )
+        max_tokens = self.profile_max_num_tokens()
+        if sa.max_total_tokens is not None:
+            if sa.max_total_tokens > max_tokens:
+                logger.warning(
+                    "max_total_tokens=%d is larger than the profiled value %d. Use the profiled value instead.",
+                    sa.max_total_tokens,
+                    max_tokens,
+                )
+            max_tokens = min(max_tokens, sa.max_total_tokens)
+        max_tokens = max_tokens // self.page_size * self.page_size
+        if max_tokens <= self.page_size:
+            raise RuntimeError(f"KV cache too small: {max_tokens} tokens")
+        self.max_total_num_tokens = max_tokens
+        context_len = self.model_config.context_len
+        max_num_reqs = sa.max_running_requests or min(
+            max(int(max_tokens / context_len * 512), 2048), 4096
+        )
+        self.req_to_token_pool = ReqToTokenPool(max_num_reqs, context_len + 4, self.device)
+        self.token_to_kv_pool_allocator = get_allocator(max_tokens, self.page_size, self.device)
+        cfg = self.model_config
+        self.token_to_kv_pool = MHATokenToKVPool(
+            self.token_to_kv_pool_allocator.num_kv_slots - 1,
+            self.kv_dtype,
+            cfg.num_kv_heads_per_rank(get_tp_size()),
+            cfg.head_dim,
+            cfg.num_hidden_layers,
+            self.device,
+        )
+        kv_gib = self.token_to_kv_pool.mem_bytes() / GiB
+        logger.info(
+            "KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB",
+            max_tokens,
+            kv_gib / 2,
+            kv_gib / 2,
+        )
+        self.kv_cache_gib = kv_gib
+
+    # ---- forward -------------------------------------------------------------------
+    def init_cuda_graphs(self) -> None:
+        from mini_sglang.model_executor.cuda_graph_runner import CudaGraphRunner
+
+        self.graph_runner = CudaGraphRunner(self)
+
+    def make_forward_batch(self, batch: ModelWorkerBatch) -> ForwardBatch:
+        return ForwardBatch.init_new(
+            batch, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device
+        )
+
+    @torch.no_grad()
+    def forward(self, fb: ForwardBatch):
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return self.graph_runner.replay(fb)
+        self.attn_backend.init_forward_metadata(fb)
+        return self.model(fb.input_ids, fb.positions, fb)
+
+    @torch.no_grad()
+    def sample(self, logits: torch.Tensor, fb: ForwardBatch) -> SamplerOutput:
+        # The sampled token lands at position seq_len: that keys the seeded noise.
+        return self.sampler(logits, fb.sampling_info, fb.seq_lens, fb.return_logprob)
