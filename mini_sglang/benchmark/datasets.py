@@ -160,14 +160,15 @@ def sample_random_requests(
     return rows
 
 
-def gen_prompt(tokenizer: Any, token_num: int) -> str:
+def gen_prompt(tokenizer: Any, token_num: int, vocab_ids: list[int] | None = None) -> str:
     """Decode ``token_num`` vocab ids drawn uniformly with ``random.choices`` (as SGLang).
 
     SGLang draws from ``list(get_vocab().values())``, whose order changes on every call for
     fast (Rust) tokenizers, so its workload is not reproducible from ``--seed``. Sorting the
     ids keeps the same uniform distribution and makes the prompts a pure function of the seed.
+    ``vocab_ids`` lets callers pass that sorted list once: building it costs ~0.3 s.
     """
-    all_tokens = sorted(tokenizer.get_vocab().values())
+    all_tokens = vocab_ids if vocab_ids is not None else sorted(tokenizer.get_vocab().values())
     return tokenizer.decode(random.choices(all_tokens, k=token_num))
 
 
@@ -187,8 +188,14 @@ def sample_generated_shared_prefix_requests(
     generated with another seed or tokenizer (see ``gen_prompt`` for determinism).
     """
     print("\nGenerating new input data...")
-    system_prompts = [gen_prompt(tokenizer, system_prompt_len) for _ in range(num_groups)]
-    questions = [gen_prompt(tokenizer, question_len) for _ in range(num_groups * prompts_per_group)]
+    vocab_ids = sorted(tokenizer.get_vocab().values())
+    system_prompts = [
+        gen_prompt(tokenizer, system_prompt_len, vocab_ids) for _ in range(num_groups)
+    ]
+    questions = [
+        gen_prompt(tokenizer, question_len, vocab_ids)
+        for _ in range(num_groups * prompts_per_group)
+    ]
 
     rows: list[DatasetRow] = []
     for g, system_prompt in enumerate(system_prompts):

@@ -402,7 +402,7 @@ def test_tokenize_prompt_and_non_stream(fake_server: FakeServer, tmp_path: Path)
         base_url=fake_server.base_url, model=fake_server.model_id, dataset_name="random-ids",
         num_prompts=3, random_input_len=6, random_output_len=4, tokenize_prompt=True,
         disable_stream=True, disable_tqdm=True, output_file=str(tmp_path / "r.jsonl"),
-        warmup_requests=0, output_details=True,
+        warmup_requests=0, output_details=True, request_rate=200.0,  # Poisson arrivals.
     )  # fmt: skip
     result = run_benchmark(args)
     assert len(fake_server.bodies) == 3 and fake_server.flushes == 0
@@ -413,7 +413,8 @@ def test_tokenize_prompt_and_non_stream(fake_server: FakeServer, tmp_path: Path)
     assert result["total_output_tokens"] == sum(
         b["sampling_params"]["max_new_tokens"] for b in fake_server.bodies
     )
-    assert "generated_texts" in json.loads((tmp_path / "r.jsonl").read_text())
+    record = json.loads((tmp_path / "r.jsonl").read_text())
+    assert "generated_texts" in record and record["request_rate"] == 200.0
 
 
 def test_ready_wait_times_out_on_dead_port() -> None:
