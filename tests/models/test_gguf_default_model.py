@@ -37,6 +37,16 @@ def gguf_path() -> str:
 
 
 @pytest.fixture(scope="module")
+def hf_gguf_config(gguf_path: str):
+    """transformers' own config for the GGUF (parsing it takes seconds, so once per module)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
+    )
+
+
+@pytest.fixture(scope="module")
 def converted_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The default model converted into a fresh cache that starts with a half-written target
     (files but no marker), so the first resolve must detect it as stale and rebuild."""
@@ -112,18 +122,15 @@ def test_transformers_greedy_paris(converted_dir: str) -> None:
     assert new_text.startswith(" Paris"), new_text
 
 
-def test_weights_match_transformers_gguf_loader(gguf_path: str) -> None:
+def test_weights_match_transformers_gguf_loader(gguf_path: str, hf_gguf_config) -> None:
     """Names, shapes and values equal transformers' GGUF load (which un-permutes Llama q/k)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     # from_pretrained(gguf_file=...) needs `accelerate`, which we don't depend on; its GGUF
     # path runs this same function on a model built from the GGUF's config.
-    config = AutoConfig.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
-    )
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+        skeleton = AutoModelForCausalLM.from_config(hf_gguf_config)
     ref = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=skeleton)["tensors"]
 
     ours = dict(iterate_gguf_weights(gguf_path))
@@ -136,13 +143,9 @@ def test_weights_match_transformers_gguf_loader(gguf_path: str) -> None:
         assert diff <= 1e-6, (name, diff)
 
 
-def test_config_dict_matches_transformers(gguf_path: str) -> None:
-    from transformers import AutoConfig
-
+def test_config_dict_matches_transformers(gguf_path: str, hf_gguf_config) -> None:
     ours = gguf_config_dict(gguf_path)
-    ref = AutoConfig.from_pretrained(
-        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
-    )
+    ref = hf_gguf_config
     assert ours["architectures"] == ["LlamaForCausalLM"] and ours["model_type"] == ref.model_type
     for key in (
         "hidden_size",
@@ -175,10 +178,10 @@ def test_invalid_files_fail_fast(gguf_path: str, tmp_path: Path) -> None:
     for name, content in cases.items():
         path = tmp_path / name
         path.write_bytes(content)
+        # iterate_gguf_weights must fail at call time, before any tensor is yielded
+        fn = iterate_gguf_weights if name.startswith("random") else gguf_config_dict
         with pytest.raises(ValueError, match=f"{path} is not a valid GGUF file: "):
-            gguf_config_dict(str(path))
-        with pytest.raises(ValueError, match="is not a valid GGUF file"):
-            iterate_gguf_weights(str(path))
+            fn(str(path))
     with pytest.raises(ValueError, match="is not a valid GGUF file: no such file"):
         gguf_config_dict(str(tmp_path / "missing.gguf"))
 
