@@ -329,7 +329,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_benchmark(build_parser().parse_args(argv))
+    """CLI entry: a missing dataset file is a one-line error, not a traceback."""
+    try:
+        run_benchmark(build_parser().parse_args(argv))
+    except FileNotFoundError as e:
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
