@@ -242,11 +242,12 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
                     self.running_batch = last
                 else:
                     self.running_batch.merge_batch(last)
+        if self.running_batch is not None:
+            self.running_batch.filter_batch()
         new_batch = self.get_new_batch_prefill()
         if new_batch is not None:
             return new_batch
         if self.running_batch is not None:
-            self.running_batch.filter_batch()
             if not self.running_batch.is_empty():
                 self.update_running_batch(self.running_batch)
                 if not self.running_batch.is_empty():

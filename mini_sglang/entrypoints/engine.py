@@ -1,0 +1,224 @@
+"""Engine: the offline API, and the process launcher the HTTP server shares.
+
+`Engine(model_path=..., **server_args)` starts the same subprocesses as the server (one
+Scheduler per TP rank, one DetokenizerManager) and talks to them through an in-process
+TokenizerManager, without HTTP. `generate` / `async_generate` take SGLang's arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from mini_sglang.managers.io_struct import GenerateReqInput
+from mini_sglang.server_args import PortArgs, ServerArgs
+from mini_sglang.utils.process import kill_process_tree
+
+logger = logging.getLogger("mini_sglang")
+
+
+def _watch_children(procs: list[mp.Process], stop: threading.Event) -> None:
+    """A crashed child (even one killed without a traceback) takes the server down."""
+    while not stop.wait(1.0):
+        for p in procs:
+            if not p.is_alive():
+                logger.error(
+                    "Child process %s (pid %s) died with exit code %s; shutting down.",
+                    p.name,
+                    p.pid,
+                    p.exitcode,
+                )
+                kill_process_tree(os.getpid(), include_parent=False)
+                os._exit(1)
+
+
+def _sigquit_handler(signum, frame) -> None:
+    logger.error("Received sigquit from a child process. It usually means the child failed.")
+    kill_process_tree(os.getpid(), include_parent=False)
+    os._exit(1)
+
+
+class Subprocesses:
+    """The children of one server/engine; `stop()` ends exactly these (and their children)."""
+
+    def __init__(self, procs: list[mp.Process], watcher_stop: threading.Event) -> None:
+        self.procs = procs
+        self.watcher_stop = watcher_stop
+
+    def stop(self) -> None:
+        self.watcher_stop.set()
+        for p in self.procs:
+            if p.pid is not None:
+                kill_process_tree(p.pid)
+        for p in self.procs:
+            p.join(timeout=5)
+
+
+def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesses]:
+    """Start schedulers + detokenizer, build the TokenizerManager, wait until ready.
+
+    Returns (tokenizer_manager, scheduler_info, children).
+    """
+    from mini_sglang.managers.detokenizer_manager import run_detokenizer_process
+    from mini_sglang.managers.scheduler_process import run_scheduler_process
+    from mini_sglang.managers.tokenizer_manager import TokenizerManager
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGQUIT, _sigquit_handler)
+    port_args = PortArgs.init_new(server_args)
+    ctx = mp.get_context("spawn")
+    procs: list[mp.Process] = []
+    readers = []
+    for tp_rank in range(server_args.tp_size):
+        reader, writer = ctx.Pipe(duplex=False)
+        gpu_id = server_args.base_gpu_id + tp_rank * server_args.gpu_id_step
+        proc = ctx.Process(
+            target=run_scheduler_process,
+            args=(server_args, port_args, gpu_id, tp_rank, writer),
+            name=f"scheduler_TP{tp_rank}",
+            daemon=True,
+        )
+        proc.start()
+        procs.append(proc)
+        readers.append(reader)
+    detok = ctx.Process(
+        target=run_detokenizer_process,
+        args=(server_args, port_args),
+        name="detokenizer",
+        daemon=True,
+    )
+    detok.start()
+    procs.append(detok)
+    tokenizer_manager = TokenizerManager(server_args, port_args)
+    infos = []
+
+    def fail() -> None:
+        for p in procs:
+            kill_process_tree(p.pid)
+
+    for reader, proc in zip(readers, procs):
+        try:
+            info = reader.recv()
+        except EOFError:
+            fail()
+            raise RuntimeError(
+                f"{proc.name} died during start-up (exit code {proc.exitcode}); see its log above."
+            ) from None
+        if info.get("status") != "ready":
+            fail()
+            raise RuntimeError(f"{proc.name} failed to start:\n{info.get('error')}")
+        infos.append(info)
+    stop = threading.Event()
+    threading.Thread(target=_watch_children, args=(procs, stop), daemon=True).start()
+    return tokenizer_manager, infos[0], Subprocesses(procs, stop)
+
+
+class Engine:
+    """The offline engine. Use as a context manager or call shutdown()."""
+
+    def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
+        if server_args is None:
+            kwargs.setdefault("log_level", "error")
+            server_args = ServerArgs(**kwargs)
+        from mini_sglang.utils.process import configure_logger
+
+        configure_logger(server_args)
+        self.server_args = server_args
+        self.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self.loop)
+        self.tokenizer_manager, self.scheduler_info, self._children = launch_subprocesses(
+            server_args
+        )
+        self._closed = False
+        atexit.register(self.shutdown)
+
+    # ---- generation ----------------------------------------------------------------
+    def _make_obj(self, prompt, sampling_params, input_ids, stream, **kw) -> GenerateReqInput:
+        return GenerateReqInput(
+            text=prompt, input_ids=input_ids, sampling_params=sampling_params, stream=stream, **kw
+        )
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool | list[bool] | None = False,
+        logprob_start_len: int | list[int] | None = None,
+        top_logprobs_num: int | list[int] | None = None,
+        token_ids_logprob: list[int] | list[list[int]] | None = None,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_text_in_logprobs: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """SGLang's Engine.generate: a dict (one prompt), a list (a batch), or with
+        stream=True an iterator of incremental dicts."""
+        obj = self._make_obj(
+            prompt,
+            sampling_params,
+            input_ids,
+            stream,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            token_ids_logprob=token_ids_logprob,
+            rid=rid,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+        gen = self.tokenizer_manager.generate_request(obj, None)
+        if stream:
+            return self._iterate(gen)
+        return self.loop.run_until_complete(gen.__anext__())
+
+    def _iterate(self, agen) -> Iterator[dict]:
+        while True:
+            try:
+                yield self.loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        stream: bool = False,
+        **kw: Any,
+    ):
+        """Awaitable result, or with stream=True an async iterator of dicts."""
+        obj = self._make_obj(prompt, sampling_params, input_ids, stream, **kw)
+        gen = self.tokenizer_manager.generate_request(obj, None)
+        if stream:
+            return gen
+        return await gen.__anext__()
+
+    def flush_cache(self) -> bool:
+        return self.loop.run_until_complete(self.tokenizer_manager.flush_cache()).success
+
+    def get_server_info(self) -> dict:
+        state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        return {
+            **self.server_args.to_public_dict(),
+            **self.scheduler_info,
+            "internal_states": [state],
+        }
+
+    # ---- lifetime ------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._children.stop()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

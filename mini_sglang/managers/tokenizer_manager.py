@@ -1,0 +1,331 @@
+"""TokenizerManager: the asyncio front of the server (runs in the HTTP / Engine process).
+
+`generate_request(obj)` validates and tokenizes a GenerateReqInput, sends each sub-request
+to the scheduler, and yields SGLang's output dicts as the detokenizer's BatchStrOutput
+messages arrive:  {"text": cumulative text, "output_ids": ..., "meta_info": {...}}.
+Control requests (flush_cache, internal state, ...) are answered by the scheduler directly,
+matched to waiters by reply type. Errors a client can fix raise ValueError (-> HTTP 400).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections import defaultdict, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from mini_sglang.managers.io_struct import (
+    AbortReq,
+    BatchStrOutput,
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GenerateReqInput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    TokenizedGenerateReqInput,
+)
+from mini_sglang.managers.tokenizer_manager_output import build_meta_info
+from mini_sglang.model_config import ModelConfig
+from mini_sglang.sampling.sampling_params import SamplingParams
+from mini_sglang.utils.process import get_zmq_socket
+
+logger = logging.getLogger("mini_sglang")
+
+
+class RequestAborted(Exception):
+    """The client went away; the request was aborted in the scheduler."""
+
+
+@dataclass
+class ReqState:
+    obj: GenerateReqInput
+    created_time: float
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    out_list: list[dict] = field(default_factory=list)
+    finished: bool = False
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    last_output_offset: int = 0
+    logprobs: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+
+
+class TokenizerManager:
+    def __init__(self, server_args, port_args) -> None:
+        self.server_args = server_args
+        self.model_config = ModelConfig.from_server_args(server_args)
+        self.context_len = self.model_config.context_len
+        self.tokenizer = None
+        if not server_args.skip_tokenizer_init:
+            from mini_sglang.utils.hf_tokenizer import get_tokenizer
+
+            self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
+        ctx = zmq.asyncio.Context(2)
+        self.recv_from_detokenizer = get_zmq_socket(
+            ctx, zmq.PULL, port_args.tokenizer_ipc_name, bind=True
+        )
+        self.send_to_scheduler = get_zmq_socket(
+            ctx, zmq.PUSH, port_args.scheduler_input_ipc_name, bind=True
+        )
+        self.rid_to_state: dict[str, ReqState] = {}
+        self.reply_waiters: dict[type, deque[asyncio.Future]] = defaultdict(deque)
+        self.handle_loop_task: asyncio.Task | None = None
+        self.last_receive_tstamp = time.time()
+        self.preferred_sampling_params = None
+        if server_args.preferred_sampling_params:
+            import json
+
+            self.preferred_sampling_params = json.loads(server_args.preferred_sampling_params)
+        self._dispatch = {
+            BatchStrOutput: self._handle_batch_output,
+            FlushCacheReqOutput: self._handle_reply,
+            GetInternalStateReqOutput: self._handle_reply,
+        }
+
+    # ---- the receive loop ----------------------------------------------------------
+    def auto_create_handle_loop(self) -> None:
+        if self.handle_loop_task is None or self.handle_loop_task.done():
+            self.handle_loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
+
+    async def handle_loop(self) -> None:
+        while True:
+            recv = await self.recv_from_detokenizer.recv_pyobj()
+            self.last_receive_tstamp = time.time()
+            handler = self._dispatch.get(type(recv))
+            if handler is None:
+                logger.error("TokenizerManager got an unknown message %s", type(recv).__name__)
+                continue
+            handler(recv)
+
+    def _handle_reply(self, recv: Any) -> None:
+        waiters = self.reply_waiters[type(recv)]
+        if waiters:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(recv)
+
+    def _handle_batch_output(self, recv: BatchStrOutput) -> None:
+        for i, rid in enumerate(recv.rids):
+            state = self.rid_to_state.get(rid)
+            if state is None:
+                continue
+            finished = recv.finished_reasons[i] is not None
+            state.text += recv.output_strs[i]
+            state.output_ids.extend(recv.output_ids[i])
+            meta_info = build_meta_info(self, state, recv, i)
+            out = {"text": state.text, "meta_info": meta_info}
+            if self.server_args.skip_tokenizer_init:
+                out.pop("text")
+            if finished:
+                state.finished = True
+                meta_info["e2e_latency"] = time.time() - state.created_time
+                self.rid_to_state.pop(rid, None)
+            state.out_list.append(out)
+            state.event.set()
+
+    async def _request_reply(self, req: Any, reply_type: type, timeout: float = 60.0) -> Any:
+        self.auto_create_handle_loop()
+        fut = asyncio.get_running_loop().create_future()
+        self.reply_waiters[reply_type].append(fut)
+        await self.send_to_scheduler.send_pyobj(req)
+        return await asyncio.wait_for(fut, timeout)
+
+    # ---- control requests ----------------------------------------------------------
+    async def flush_cache(self) -> FlushCacheReqOutput:
+        return await self._request_reply(FlushCacheReqInput(), FlushCacheReqOutput)
+
+    async def get_internal_state(self) -> dict[str, Any]:
+        reply = await self._request_reply(GetInternalStateReq(), GetInternalStateReqOutput)
+        return reply.internal_state
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        """Abort requests whose rid starts with `rid` (or all) in the scheduler."""
+        req = AbortReq(rid=rid, abort_all=abort_all)
+        try:
+            asyncio.get_running_loop().create_task(self.send_to_scheduler.send_pyobj(req))
+        except RuntimeError:  # no running loop (interpreter shutdown): send synchronously
+            self.send_to_scheduler.send_pyobj(req, flags=zmq.NOBLOCK)
+
+    # ---- generation ----------------------------------------------------------------
+    def _tokenize_one(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+        if obj.input_ids is not None:
+            input_ids = list(obj.input_ids)
+            text = obj.text or ""
+        else:
+            if self.tokenizer is None:
+                raise ValueError("--skip-tokenizer-init is set: give input_ids instead of text.")
+            text = obj.text
+            input_ids = self.tokenizer.encode(text)
+        vocab = self.model_config.vocab_size
+        if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in input_ids):
+            raise ValueError(f"input_ids must be integers in [0, {vocab - 1}].")
+        raw = dict(self.preferred_sampling_params or {})
+        raw.update(obj.sampling_params or {})
+        seed_given = "sampling_seed" in (obj.sampling_params or {})
+        sp = SamplingParams.from_dict(raw)
+        sp.normalize(self.tokenizer)
+        sp.verify(vocab)
+        sp.seed_given = seed_given
+        n_in = len(input_ids)
+        if n_in >= self.context_len:
+            if not self.server_args.allow_auto_truncate:
+                raise ValueError(
+                    f"The input ({n_in} tokens) is longer than the model's context length "
+                    f"({self.context_len} tokens)."
+                )
+            input_ids = input_ids[: self.context_len - 1]
+            n_in = len(input_ids)
+        if sp.max_new_tokens is not None and sp.max_new_tokens + n_in >= self.context_len:
+            if self.server_args.allow_auto_truncate:
+                sp.max_new_tokens = max(0, self.context_len - n_in)
+            else:
+                total = sp.max_new_tokens + n_in
+                raise ValueError(
+                    "Requested token count exceeds the model's maximum context length of "
+                    f"{self.context_len} tokens. You requested a total of {total} tokens: "
+                    f"{n_in} tokens from the input messages and {sp.max_new_tokens} tokens for "
+                    "the completion. Please reduce the number of tokens in the input messages "
+                    "or the completion to fit within the limit."
+                )
+        if (
+            obj.return_logprob
+            and obj.logprob_start_len is not None
+            and obj.logprob_start_len >= n_in
+        ):
+            raise ValueError(
+                f"logprob_start_len ({obj.logprob_start_len}) is greater than or equal to the "
+                f"length of the input ({n_in})."
+            )
+        return TokenizedGenerateReqInput(
+            rid=obj.rid,
+            input_text=text,
+            input_ids=input_ids,
+            sampling_params=sp,
+            return_logprob=bool(obj.return_logprob),
+            logprob_start_len=obj.logprob_start_len,
+            top_logprobs_num=obj.top_logprobs_num or 0,
+            token_ids_logprob=obj.token_ids_logprob,
+            stream=obj.stream,
+            data_parallel_rank=obj.data_parallel_rank,
+        )
+
+    async def generate_request(self, obj: GenerateReqInput, request: Any = None) -> AsyncIterator:
+        """Yields output dicts: one per stream event (single request), or for a batch one
+        per event with "index" (stream) or one list of every result (non-stream)."""
+        self.auto_create_handle_loop()
+        created = time.time()
+        obj.normalize_batch_and_arguments()
+        subs = [obj] if obj.is_single else [obj[i] for i in range(len(obj))]
+        # Validate everything before sending anything: a bad sub-request fails the batch.
+        tokenized = [self._tokenize_one(sub) for sub in subs]
+        states = []
+        for sub in subs:
+            if sub.rid in self.rid_to_state:
+                raise ValueError(f"Duplicate request ID: {sub.rid}")
+            state = ReqState(sub, created)
+            self.rid_to_state[sub.rid] = state
+            states.append(state)
+        for tok in tokenized:
+            await self.send_to_scheduler.send_pyobj(tok)
+        if obj.is_single:
+            async for out in self._wait_one_response(states[0], request):
+                yield out
+            return
+        if not obj.stream:
+            results = await asyncio.gather(
+                *(self._collect(self._wait_one_response(s, request)) for s in states)
+            )
+            yield [r[-1] for r in results]
+            return
+        async for out in self._merge_streams(states, request):
+            yield out
+
+    @staticmethod
+    async def _collect(gen: AsyncIterator) -> list:
+        return [x async for x in gen]
+
+    async def _merge_streams(self, states: list[ReqState], request: Any) -> AsyncIterator:
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, state: ReqState) -> None:
+            try:
+                async for out in self._wait_one_response(state, request):
+                    await queue.put((index, out, None))
+            except Exception as e:  # forwarded to the consumer
+                await queue.put((index, None, e))
+            await queue.put((index, None, StopAsyncIteration()))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(states)]
+        remaining = len(states)
+        try:
+            while remaining:
+                index, out, err = await queue.get()
+                if isinstance(err, StopAsyncIteration):
+                    remaining -= 1
+                    continue
+                if err is not None:
+                    raise err
+                out = dict(out)
+                out["index"] = index
+                yield out
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _wait_one_response(self, state: ReqState, request: Any) -> AsyncIterator[dict]:
+        """Yield this request's outputs; if the consumer goes away first (client
+        disconnect, cancelled stream, error), abort it in the scheduler so its KV is freed."""
+        obj = state.obj
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(state.event.wait(), timeout=4)
+                except asyncio.TimeoutError:
+                    if request is not None and await request.is_disconnected():
+                        raise RequestAborted(
+                            f"Request {obj.rid} is disconnected from the client side."
+                        ) from None
+                    continue
+                out = state.out_list[-1]
+                state.out_list = []
+                state.event.clear()
+                out = self._with_output_ids(state, out)
+                if state.finished:
+                    reason = out["meta_info"]["finish_reason"] or {}
+                    if reason.get("type") == "abort" and reason.get("status_code") == 400:
+                        raise ValueError(reason["message"])
+                    yield out
+                    return
+                if obj.stream:
+                    yield out
+                elif request is not None and await request.is_disconnected():
+                    raise RequestAborted(f"Request {obj.rid} is disconnected from the client side.")
+        finally:
+            if not state.finished:
+                self.abort_disconnected(obj.rid)
+
+    def _with_output_ids(self, state: ReqState, out: dict) -> dict:
+        # 0.5.4: a stream event carries the ids new since the previous event the client got
+        # (computed here, at yield time, so merged events lose nothing); else all ids.
+        if state.obj.stream:
+            ids = state.output_ids[state.last_output_offset :]
+            state.last_output_offset = len(state.output_ids)
+        else:
+            ids = list(state.output_ids)
+        result = {"output_ids": ids, "meta_info": out["meta_info"]}
+        if "text" in out:
+            result = {"text": out["text"], **result}
+        return result
+
+    def abort_disconnected(self, rid: str) -> None:
+        self.rid_to_state.pop(rid, None)
+        self.abort_request(rid)
+
+    def copy_obj(self, obj: GenerateReqInput) -> GenerateReqInput:
+        return copy.deepcopy(obj)

@@ -1,0 +1,67 @@
+"""Process plumbing shared by every mini-sglang process: ZMQ sockets, process-tree
+cleanup, and making children die with their parent (no orphans)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+import psutil
+import zmq
+
+logger = logging.getLogger("mini_sglang")
+
+PR_SET_PDEATHSIG = 1
+
+
+def get_zmq_socket(context: zmq.Context, socket_type: int, endpoint: str, bind: bool) -> zmq.Socket:
+    sock = context.socket(socket_type)
+    # Unlimited buffers: a burst of requests must queue, not block or drop.
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    if bind:
+        sock.bind(endpoint)
+    else:
+        sock.connect(endpoint)
+    return sock
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to kill this process when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig)
+    except OSError:
+        pass
+
+
+def kill_process_tree(pid: int, include_parent: bool = True, sig: int = signal.SIGKILL) -> None:
+    """Kill `pid`'s descendants (and `pid` itself unless include_parent is False)."""
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    for child in parent.children(recursive=True):
+        try:
+            child.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+    if include_parent:
+        try:
+            if pid == os.getpid():
+                sys.stdout.flush()
+                sys.stderr.flush()
+            parent.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def configure_logger(server_args, prefix: str = "") -> None:
+    level = getattr(logging, str(getattr(server_args, "log_level", "info")).upper(), logging.INFO)
+    fmt = f"[%(asctime)s{prefix}] %(message)s"
+    logging.basicConfig(level=level, format=fmt, datefmt="%Y-%m-%d %H:%M:%S", force=True)
