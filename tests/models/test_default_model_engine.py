@@ -1,0 +1,158 @@
+"""Real-sized models through the in-process Scheduler.
+
+1. The embedded default model (SmolLM2-135M-Instruct): greedy tokens identical to
+   transformers, where transformers reads the original GGUF with its own dequantizer and
+   q/k un-permutation, while mini-sglang loads the converted default directory. So this
+   also checks the conversion end to end.
+2. A Qwen3-0.6B-shaped config with --load-format dummy: prefill and decode stay finite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    assert_memory_all_free,
+    hf_greedy,
+    make_req,
+    make_scheduler,
+    qwen_tokenizer_dir,
+    run_prompts,
+)
+
+MAX_NEW_TOKENS = 16
+
+PROMPTS = [
+    "The capital of France is",
+    "中文：北京是中国的首都。请继续：",
+    "Emoji test 😀🚀 means",
+    "def add(a, b):\n    return",
+    "List three colors: 1.",
+]
+# Through the model's ChatML template: the answers are short, so these end on <|im_end|>.
+CHAT_QUESTIONS = ["What is the capital of France?", "What is 2+2? Answer with a number only."]
+
+
+@pytest.fixture(scope="module")
+def gguf_reference():
+    """(transformers model, tokenizer) built from the GGUF by transformers' own GGUF code.
+
+    from_pretrained(gguf_file=...) needs `accelerate` (not a dependency), so the model is
+    built from transformers' GGUF config and filled by load_gguf_checkpoint, which is what
+    that path runs."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from mini_sglang.model_loader.default_model import find_default_gguf
+
+    gguf = find_default_gguf()
+    folder, name = os.path.dirname(gguf), os.path.basename(gguf)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(gguf, return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in tensors.items()}, strict=False
+    )
+    assert missing == ["lm_head.weight"] and not unexpected  # tied to the embeddings
+    model.tie_weights()
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def default_scheduler():
+    from mini_sglang.model_loader.default_model import resolve_default_model_path
+
+    return make_scheduler(resolve_default_model_path())
+
+
+def test_default_model_greedy_matches_transformers(gguf_reference, default_scheduler) -> None:
+    hf_model, tokenizer = gguf_reference
+    texts = PROMPTS + [
+        default_scheduler.tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in CHAT_QUESTIONS
+    ]
+    prompts = [tokenizer.encode(t) for t in texts]
+    # The converted directory's tokenizer must agree with the GGUF's.
+    assert prompts == [default_scheduler.tokenizer.encode(t) for t in texts]
+    refs = [hf_greedy(hf_model, p, MAX_NEW_TOKENS, ignore_eos=False) for p in prompts]
+    results = run_prompts(default_scheduler, prompts, MAX_NEW_TOKENS, ignore_eos=False)
+    for i, (res, ref) in enumerate(zip(results, refs)):
+        assert res.output_ids == ref, (
+            f"prompt {i}: mini-sglang {tokenizer.decode(res.output_ids)!r} != "
+            f"transformers {tokenizer.decode(ref)!r}"
+        )
+        if len(ref) < MAX_NEW_TOKENS:  # transformers stopped on EOS: so must we
+            assert ref[-1] == tokenizer.eos_token_id
+            assert res.finish_reason == {"type": "stop", "matched": ref[-1]}
+        else:
+            assert res.finish_reason == {"type": "length", "length": MAX_NEW_TOKENS}
+    assert sum(len(r) < MAX_NEW_TOKENS for r in refs) >= 2, "the chat prompts should end on EOS"
+    assert tokenizer.decode(results[0].output_ids).startswith(" Paris")
+    assert_memory_all_free(default_scheduler)
+
+
+# ---- Qwen3-0.6B shape, dummy weights -------------------------------------------------------
+# Exactly the benchmark architecture of /work/shared/models/README.md.
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "num_hidden_layers": 28,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 40960,
+    "eos_token_id": 151645,
+    "bos_token_id": 151643,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_qwen3_0_6b_dummy_prefill_and_decode_are_finite(tmp_path: Path) -> None:
+    """~600M float32 parameters on CPU: two short prompts, four decode steps."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    for f in os.listdir(qwen_tokenizer_dir()):
+        shutil.copy(os.path.join(qwen_tokenizer_dir(), f), tmp_path / f)
+    # A small KV pool: 4096 tokens of this shape would be ~0.9 GiB.
+    sched = make_scheduler(str(tmp_path), load_format="dummy", max_total_tokens=128)
+    cfg = sched.model_config
+    assert (cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size) == (28, 128, 151936)
+    assert cfg.dtype == torch.float32  # --dtype auto on CPU
+    prompts = [sched.tokenizer.encode("Hello, my name is"), sched.tokenizer.encode("1 2 3")]
+    for i, ids in enumerate(prompts):
+        sched.add_request(make_req(f"q{i}", ids, max_new_tokens=5, ignore_eos=True))
+    modes = []
+    # Scheduler.step, unrolled to look at each forward's logits.
+    while True:
+        batch = sched.get_next_batch_to_run()
+        if batch is None:
+            break
+        result = sched.run_batch(batch)
+        logits = result.logits_output.next_token_logits
+        assert logits.shape == (len(batch.reqs), 151936)
+        assert torch.isfinite(logits).all(), f"non-finite logits in a {batch.forward_mode.name}"
+        modes.append(batch.forward_mode.name)
+        sched.process_batch_result(batch, result)
+        sched.last_batch = batch
+    assert modes == ["EXTEND"] + ["DECODE"] * 4
+    for i in range(2):
+        req_outputs = [o for o in sched.test_outputs if f"q{i}" in o.rids]
+        assert req_outputs[-1].finished_reasons[-1] == {"type": "length", "length": 5}
+    sched.last_batch = None
+    assert_memory_all_free(sched)
