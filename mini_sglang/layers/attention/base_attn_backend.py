@@ -10,7 +10,8 @@ CUDA-graph hooks let the graph runner pre-allocate and replay metadata for decod
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,19 +27,34 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward_extend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
-        forward_batch: ForwardBatch, save_kv_cache: bool = True,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
     ) -> torch.Tensor: ...
 
     @abstractmethod
     def forward_decode(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
-        forward_batch: ForwardBatch, save_kv_cache: bool = True,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
     ) -> torch.Tensor: ...
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention,
-        forward_batch: ForwardBatch, save_kv_cache: bool = True,
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
     ) -> torch.Tensor:
         if forward_batch.forward_mode.is_decode():
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
@@ -50,7 +66,9 @@ class AttentionBackend(ABC):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         raise NotImplementedError
 
-    def init_forward_metadata_capture_cuda_graph(self, bs: int, forward_batch: ForwardBatch) -> None:
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs: int, forward_batch: ForwardBatch
+    ) -> None:
         raise NotImplementedError
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, forward_batch: ForwardBatch) -> None:

@@ -71,8 +71,12 @@ class TorchNativeAttnBackend(AttentionBackend):
             ki = k_buf[kv_idx].transpose(0, 1).to(q.dtype)  # [KH, total, D]
             vi = v_buf[kv_idx].transpose(0, 1).to(q.dtype)
             oi = F.scaled_dot_product_attention(
-                qi.unsqueeze(0), ki.unsqueeze(0), vi.unsqueeze(0), attn_mask=mask,
-                scale=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
+                qi.unsqueeze(0),
+                ki.unsqueeze(0),
+                vi.unsqueeze(0),
+                attn_mask=mask,
+                scale=layer.scaling,
+                enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
             )
             out[start : start + ext] = oi[0].transpose(0, 1)
         return out.view(-1, layer.tp_q_head_num * layer.head_dim)
@@ -86,7 +90,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         kb = k_buf[kv_idx].transpose(1, 2).to(q.dtype)  # [B, KH, L, D]
         vb = v_buf[kv_idx].transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(
-            qb, kb, vb, attn_mask=mask, scale=layer.scaling,
+            qb,
+            kb,
+            vb,
+            attn_mask=mask,
+            scale=layer.scaling,
             enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
         )
         return out.reshape(bs, layer.tp_q_head_num * layer.head_dim)

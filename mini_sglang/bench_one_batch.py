@@ -1,0 +1,152 @@
+"""Latency of one static batch: prefill, then decode step by step (SGLang's bench_one_batch).
+
+    python -m mini_sglang.bench_one_batch --model-path DIR [--load-format dummy] \\
+        --batch-size 1 --input-len 128 --output-len 1024
+
+It drives the real ScheduleBatch -> ModelRunner path (KV allocation, CUDA graphs, sampling)
+without the scheduler process, and reports prefill latency, decode ms/token and, on CUDA,
+the forward occupancy: the share of decode wall time the GPU spends inside the forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import time
+
+import torch
+
+from mini_sglang.managers.req import Req
+from mini_sglang.managers.schedule_batch import ScheduleBatch
+from mini_sglang.managers.tp_worker import TpModelWorker
+from mini_sglang.mem_cache.chunk_cache import ChunkCache
+from mini_sglang.sampling.sampling_params import SamplingParams
+from mini_sglang.server_args import ServerArgs
+
+logger = logging.getLogger("mini_sglang")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_once(worker: TpModelWorker, bs: int, input_len: int, output_len: int, seed: int = 0):
+    runner = worker.model_runner
+    vocab = worker.model_config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    reqs = []
+    for i in range(bs):
+        ids = torch.randint(0, vocab, (input_len,), generator=gen).tolist()
+        sp = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
+        r = Req(str(i), "", ids, sp, vocab_size=vocab)
+        r.init_next_round_input(None)
+        reqs.append(r)
+    cache = ChunkCache(
+        runner.req_to_token_pool, runner.token_to_kv_pool_allocator, runner.page_size
+    )
+    batch = ScheduleBatch(
+        reqs,
+        runner.req_to_token_pool,
+        runner.token_to_kv_pool_allocator,
+        cache,
+        vocab,
+        runner.device,
+    )
+    dev = runner.device
+    _sync(dev)
+    t0 = time.perf_counter()
+    batch.prepare_for_extend()
+    res = worker.forward_batch_generation(batch.get_model_worker_batch())
+    batch.output_ids = res.next_token_ids
+    _sync(dev)
+    prefill = time.perf_counter() - t0
+    decode_lat, gpu_ms = [], []
+    for _ in range(output_len - 1):
+        start_ev = end_ev = None
+        if dev.type == "cuda":
+            start_ev = torch.cuda.Event(enable_timing=True)
+            end_ev = torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        batch.prepare_for_decode()
+        if start_ev is not None:
+            start_ev.record()
+        res = worker.forward_batch_generation(batch.get_model_worker_batch())
+        if end_ev is not None:
+            end_ev.record()
+        batch.output_ids = res.next_token_ids
+        res.next_token_ids.tolist()  # the host needs the tokens each step, as the scheduler does
+        decode_lat.append(time.perf_counter() - t)
+        if end_ev is not None:
+            gpu_ms.append((start_ev, end_ev))
+    # Free everything for the next run.
+    for i, r in enumerate(reqs):
+        r.output_ids = [0] * (int(batch.seq_lens[i]) - input_len + 1)
+        cache.cache_finished_req(r)
+    _sync(dev)
+    forward_s = sum(s.elapsed_time(e) for s, e in gpu_ms) / 1000 if gpu_ms else None
+    return prefill, decode_lat, forward_s
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    ServerArgs.add_cli_args(parser)
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    parser.add_argument("--input-len", type=int, nargs="+", default=[1024])
+    parser.add_argument("--output-len", type=int, nargs="+", default=[16])
+    parser.add_argument("--result-filename", type=str, default=None)
+    args = parser.parse_args(argv)
+    server_args = ServerArgs.from_cli_args(args)
+    logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
+    worker = TpModelWorker(server_args)
+    results = []
+    run_once(worker, 1, 16, 4)  # warm-up
+    for bs in args.batch_size:
+        for il in args.input_len:
+            for ol in args.output_len:
+                prefill, dec, forward_s = run_once(worker, bs, il, ol)
+                med = statistics.median(dec)
+                total_decode = sum(dec)
+                occupancy = forward_s / total_decode if forward_s else None
+                print(
+                    f"Prefill. latency: {prefill:.5f} s, throughput: {bs * il / prefill:9.2f} token/s"
+                )
+                print(
+                    f"Decode.  median latency: {med:.5f} s, median throughput: {bs / med:9.2f} token/s"
+                )
+                print(f"Decode.  mean ms/token (per step): {1000 * total_decode / len(dec):.4f}")
+                if occupancy is not None:
+                    print(f"Decode.  forward occupancy: {100 * occupancy:.2f}%")
+                total = prefill + total_decode
+                print(
+                    f"Total. latency: {total:.3f} s, throughput: {bs * (il + ol) / total:9.2f} token/s"
+                )
+                results.append(
+                    {
+                        "batch_size": bs,
+                        "input_len": il,
+                        "output_len": ol,
+                        "prefill_latency": prefill,
+                        "median_decode_latency": med,
+                        "mean_decode_ms": 1000 * total_decode / len(dec),
+                        "forward_occupancy": occupancy,
+                        "device": str(worker.device),
+                        "model_path": server_args.model_path,
+                        "attention_backend": server_args.attention_backend,
+                        "cuda_graph": not server_args.disable_cuda_graph,
+                    }
+                )
+    if args.result_filename:
+        with open(args.result_filename, "a") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    return {"results": results, "server_args": dataclasses.asdict(server_args)}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""flashinfer attention: paged decode (tensor cores for GQA) and paged prefill, planned once
+per batch and reused by every layer; CUDA-graph hooks for decode.
+
+The KV pool's per-layer buffers [num_slots, kv_heads, head_dim] are viewed as flashinfer's
+NHD paged layout [num_pages, page_size, kv_heads, head_dim]; a request's pages are its
+req_to_token slots at multiples of page_size divided by page_size (kv_indices.py). Prefill
+runs "paged throughout": the new tokens' K/V are written to the pool first, then one causal
+prefill kernel attends over cached prefix and new tokens alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
+from mini_sglang.layers.attention.kv_indices import fill_kv_indices
+
+if TYPE_CHECKING:
+    from mini_sglang.model_executor.forward_batch_info import ForwardBatch
+    from mini_sglang.model_executor.model_runner import ModelRunner
+
+WORKSPACE_BYTES = 256 << 20
+
+
+class FlashInferAttnBackend(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, runner: ModelRunner) -> None:
+        import flashinfer
+
+        self.fi = flashinfer
+        cfg = runner.model_config
+        from mini_sglang.distributed.parallel_state import get_tp_size
+
+        tp = get_tp_size()
+        self.num_qo_heads = cfg.num_attention_heads // tp
+        self.num_kv_heads = cfg.num_kv_heads_per_rank(tp)
+        self.head_dim = cfg.head_dim
+        self.page_size = runner.page_size
+        self.device = runner.device
+        self.q_dtype = cfg.dtype
+        self.kv_dtype = runner.kv_dtype
+        self.req_to_token = runner.req_to_token_pool.req_to_token
+        max_pages = runner.token_to_kv_pool_allocator.num_kv_slots // self.page_size + 1
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self.use_tensor_cores = self.num_qo_heads // self.num_kv_heads >= 4
+        self.kv_indices = torch.empty(max_pages + 1024, dtype=torch.int32, device=self.device)
+        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
+        )
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.graph_wrappers: dict[int, object] = {}
+        self.active_decode = self.decode_wrapper
+
+    # ---- planning ------------------------------------------------------------------
+    def _kv_layout(self, seq_lens_cpu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kv_indptr, last_page_len) on the host, int32."""
+        ps = self.page_size
+        seq = seq_lens_cpu.to(torch.int32)
+        pages = (seq + ps - 1) // ps
+        indptr = torch.zeros(len(seq) + 1, dtype=torch.int32)
+        torch.cumsum(pages, 0, out=indptr[1:])
+        last = (seq - 1) % ps + 1
+        return indptr, last
+
+    def _plan_decode(self, wrapper, fb_req_pool_indices, seq_lens_cpu, kv_indices) -> None:
+        indptr, last = self._kv_layout(seq_lens_cpu)
+        indptr_dev = indptr.to(self.device, non_blocking=True)
+        fill_kv_indices(
+            self.req_to_token, fb_req_pool_indices, indptr_dev, kv_indices, self.page_size
+        )
+        wrapper.plan(
+            indptr,
+            kv_indices,
+            last,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            q_data_type=self.q_dtype,
+            kv_data_type=self.kv_dtype,
+            non_blocking=True,
+        )
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        if fb.forward_mode.is_decode():
+            self.active_decode = self.decode_wrapper
+            self._plan_decode(
+                self.decode_wrapper, fb.req_pool_indices, fb.seq_lens_cpu, self.kv_indices
+            )
+            return
+        indptr, last = self._kv_layout(fb.seq_lens_cpu)
+        fill_kv_indices(
+            self.req_to_token,
+            fb.req_pool_indices,
+            indptr.to(self.device, non_blocking=True),
+            self.kv_indices,
+            self.page_size,
+        )
+        ext = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int32)
+        qo_indptr = torch.zeros(len(ext) + 1, dtype=torch.int32)
+        torch.cumsum(ext, 0, out=qo_indptr[1:])
+        self.prefill_wrapper.plan(
+            qo_indptr,
+            indptr,
+            self.kv_indices,
+            last,
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            causal=True,
+            q_data_type=self.q_dtype,
+            kv_data_type=self.kv_dtype,
+            non_blocking=True,
+        )
+
+    # ---- kernels -------------------------------------------------------------------
+    def _paged(self, fb: ForwardBatch, layer_id: int):
+        k, v = fb.token_to_kv_pool.get_kv_buffer(layer_id)
+        shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
+        return k.view(shape), v.view(shape)
+
+    def forward_extend(self, q, k, v, layer, fb, save_kv_cache=True):
+        if save_kv_cache:
+            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+        o = self.prefill_wrapper.run(
+            q.view(-1, layer.tp_q_head_num, layer.head_dim), self._paged(fb, layer.layer_id)
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True):
+        if save_kv_cache:
+            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+        o = self.active_decode.run(
+            q.view(-1, layer.tp_q_head_num, layer.head_dim), self._paged(fb, layer.layer_id)
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    # ---- CUDA graphs (decode) ------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.graph_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
+        self.graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+
+    def _graph_wrapper(self, bs: int):
+        if bs not in self.graph_wrappers:
+            self.graph_wrappers[bs] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.use_tensor_cores,
+                paged_kv_indptr_buffer=self.graph_indptr[: bs + 1],
+                paged_kv_indices_buffer=self.kv_indices,
+                paged_kv_last_page_len_buffer=self.graph_last_page_len[:bs],
+            )
+        return self.graph_wrappers[bs]
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
+        wrapper = self._graph_wrapper(bs)
+        self._plan_decode(wrapper, fb.req_pool_indices, fb.seq_lens_cpu, self.kv_indices)
+        self.active_decode = wrapper
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
+        wrapper = self.graph_wrappers[bs]
+        self._plan_decode(wrapper, fb.req_pool_indices, fb.seq_lens_cpu, self.kv_indices)
+        self.active_decode = wrapper
