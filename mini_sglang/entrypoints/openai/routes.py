@@ -1,10 +1,149 @@
-"""Mounts the OpenAI-compatible routes (/v1/completions, /v1/chat/completions, ...)."""
+"""Mounts the OpenAI-compatible routes on the server's FastAPI app.
+
+/v1/completions, /v1/chat/completions, /v1/models/{model}, and /tokenize, /detokenize
+with their /v1 aliases. Bodies are parsed by FastAPI into the pydantic models of
+protocol.py, so malformed JSON and schema errors reach http_server's RequestValidationError
+handler (HTTP 400, OpenAI's error envelope); POSTs whose Content-Type is not
+application/json are refused the same way, before the body is validated (SGLang).
+"""
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import logging
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+
+from mini_sglang.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from mini_sglang.entrypoints.openai.serving_base import create_error_response, json_response
+from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
+from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
+
+logger = logging.getLogger("mini_sglang")
+
+# orjson (and JSON clients) cap integers at 64 bits; HF tokenizers without a limit report
+# model_max_length as int(1e30).
+_MAX_JSON_INT = (1 << 63) - 1
+
+
+async def validate_json_request(raw_request: Request) -> None:
+    """Raise a validation error (-> 400) unless Content-Type is application/json."""
+    content_type = raw_request.headers.get("content-type", "").lower()
+    if content_type.split(";", maxsplit=1)[0].strip() != "application/json":
+        raise RequestValidationError(
+            errors=[
+                {
+                    "loc": ["header", "content-type"],
+                    "msg": "Unsupported Media Type: Only 'application/json' is allowed",
+                    "type": "value_error",
+                }
+            ]
+        )
+
+
+def _tokenizer_manager() -> Any:
+    from mini_sglang.entrypoints.http_server import get_state
+
+    return get_state().tokenizer_manager
 
 
 def mount_openai_routes(app: FastAPI) -> None:
-    """Register the /v1 OpenAI routes on `app` (no-op until they exist)."""
-    return None
+    """Register the OpenAI routes on `app` (idempotent). The handlers are built on first
+    use, from the server's global TokenizerManager."""
+    if getattr(app.state, "openai_routes_mounted", False):
+        return
+    app.state.openai_routes_mounted = True
+    handlers: dict[str, Any] = {}
+
+    def completion_handler() -> OpenAIServingCompletion:
+        if "completion" not in handlers:
+            handlers["completion"] = OpenAIServingCompletion(_tokenizer_manager())
+        return handlers["completion"]
+
+    def chat_handler() -> OpenAIServingChat:
+        if "chat" not in handlers:
+            handlers["chat"] = OpenAIServingChat(_tokenizer_manager())
+        return handlers["chat"]
+
+    json_only = [Depends(validate_json_request)]
+
+    @app.post("/v1/completions", dependencies=json_only)
+    async def openai_v1_completions(request: CompletionRequest, raw_request: Request) -> Response:
+        return await completion_handler().handle_request(request, raw_request)
+
+    @app.post("/v1/chat/completions", dependencies=json_only)
+    async def openai_v1_chat_completions(
+        request: ChatCompletionRequest, raw_request: Request
+    ) -> Response:
+        return await chat_handler().handle_request(request, raw_request)
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response:
+        from mini_sglang.entrypoints.http_server import get_state, orjson_response
+
+        state = get_state()
+        served = state.server_args.served_model_name
+        if model != served:
+            error = {
+                "message": f"The model '{model}' does not exist",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+            return orjson_response({"error": error}, 404)
+        card = ModelCard(id=model, root=model, max_model_len=state.tokenizer_manager.context_len)
+        return json_response(card)
+
+    @app.post("/v1/tokenize", dependencies=json_only)
+    @app.post("/tokenize", dependencies=json_only, include_in_schema=False)
+    async def openai_v1_tokenize(request: TokenizeRequest) -> Response:
+        tm = _tokenizer_manager()
+        if tm.tokenizer is None:
+            return create_error_response("--skip-tokenizer-init is set: no tokenizer to use.")
+        max_len = getattr(tm.tokenizer, "model_max_length", -1)
+        if not isinstance(max_len, int) or max_len > _MAX_JSON_INT:
+            max_len = tm.context_len
+        add = request.add_special_tokens
+        if isinstance(request.prompt, str):
+            ids = tm.tokenizer.encode(request.prompt, add_special_tokens=add)
+            return json_response(
+                TokenizeResponse(tokens=ids, count=len(ids), max_model_len=max_len)
+            )
+        lists = [tm.tokenizer.encode(p, add_special_tokens=add) for p in request.prompt]
+        return json_response(
+            TokenizeResponse(tokens=lists, count=[len(x) for x in lists], max_model_len=max_len)
+        )
+
+    @app.post("/v1/detokenize", dependencies=json_only)
+    @app.post("/detokenize", dependencies=json_only, include_in_schema=False)
+    async def openai_v1_detokenize(request: DetokenizeRequest) -> Response:
+        tm = _tokenizer_manager()
+        if tm.tokenizer is None:
+            return create_error_response("--skip-tokenizer-init is set: no tokenizer to use.")
+        skip = request.skip_special_tokens
+        tokens = request.tokens
+        vocab = tm.model_config.vocab_size
+        flat = [t for x in tokens for t in (x if isinstance(x, list) else [x])]
+        if any(t < 0 or t >= max(vocab, len(tm.tokenizer)) for t in flat):
+            return create_error_response(
+                f"Error decoding tokens: token ids must be in [0, {vocab - 1}]. Input tokens "
+                "might be invalid for the model.",
+                err_type="DecodeError",
+            )
+        if not tokens:
+            text: str | list[str] = ""
+        elif isinstance(tokens[0], int):
+            text = tm.tokenizer.decode(tokens, skip_special_tokens=skip)
+        else:
+            text = [tm.tokenizer.decode(x, skip_special_tokens=skip) for x in tokens]
+        return json_response(DetokenizeResponse(text=text))

@@ -1,0 +1,295 @@
+"""/v1/chat/completions (SGLang 0.5.4's OpenAIServingChat without tools and reasoning).
+
+Messages are rendered with the tokenizer's Jinja chat template (add_generation_prompt=True,
+plus `chat_template_kwargs`) into prompt token ids. Sampling defaults: the request's value,
+else the model's generation_config.json, else OpenAI's. Streams follow SGLang exactly: per
+choice a first chunk with delta {"role":"assistant","content":""}, content chunks
+(finish_reason null), after generation one chunk per choice with an empty delta and
+finish_reason / matched_stop, a usage chunk (`choices: []`) only if
+stream_options.include_usage, then [DONE].
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from mini_sglang.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatCompletionTokenLogprob,
+    ChatMessage,
+    ChoiceLogprobs,
+    DeltaMessage,
+    TopLogprob,
+)
+from mini_sglang.entrypoints.openai.serving_base import (
+    OpenAIServingBase,
+    common_sampling_params,
+    finish_fields,
+    json_response,
+    sse,
+    to_openai_style_logprobs,
+    usage_from_responses,
+    usage_from_stream,
+)
+from mini_sglang.entrypoints.openai.serving_completions import _extra_key
+from mini_sglang.managers.io_struct import GenerateReqInput
+
+# OpenAI's defaults, used when neither the request nor generation_config.json sets a value.
+_DEFAULT_SAMPLING = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+}
+# A template that loops over a message's content expects OpenAI's list-of-parts form;
+# otherwise text parts are flattened to one string (SGLang's "string" content format).
+_LOOPS_OVER_CONTENT = re.compile(r"for\s+\w+\s+in\s+\w+(\.content|\[['\"]content['\"]\])")
+
+
+class OpenAIServingChat(OpenAIServingBase):
+    def __init__(self, tokenizer_manager: Any) -> None:
+        super().__init__(tokenizer_manager)
+        self.default_sampling_params: dict[str, Any] = dict(
+            getattr(tokenizer_manager.model_config, "generation_defaults", None) or {}
+        )
+        template = getattr(tokenizer_manager.tokenizer, "chat_template", None) or ""
+        if isinstance(template, dict):  # named templates: the default one renders chats
+            template = template.get("default", "")
+        self.content_format = "openai" if _LOOPS_OVER_CONTENT.search(template) else "string"
+
+    def _validate_request(self, request: ChatCompletionRequest) -> str | None:
+        if not request.messages:
+            return "Messages cannot be empty."
+        if request.tool_choice == "required" and not request.tools:
+            return "Tools cannot be empty if tool choice is set to required."
+        if request.tools and request.tool_choice != "none":
+            return (
+                "Tool calling (tools) needs a tool-call parser and a grammar backend, which "
+                "mini-sglang does not have yet."
+            )
+        max_out = request.max_completion_tokens or request.max_tokens
+        ctx = getattr(self.tokenizer_manager.server_args, "context_length", None)
+        if max_out and ctx and max_out > ctx:
+            return (
+                f"max_completion_tokens is too large: {max_out}."
+                f"This model supports at most {ctx} completion tokens."
+            )
+        rf = request.response_format
+        if (
+            rf is not None
+            and rf.type == "json_schema"
+            and (rf.json_schema is None or rf.json_schema.schema_ is None)
+        ):
+            return "schema_ is required for json_schema response format request."
+        return None
+
+    # ---- prompt ------------------------------------------------------------------------
+    def _render_messages(self, request: ChatCompletionRequest) -> list[int]:
+        """The prompt token ids of `request.messages` through the chat template."""
+        tokenizer = self.tokenizer_manager.tokenizer
+        if tokenizer is None:
+            raise ValueError("--skip-tokenizer-init is set: chat completions need a tokenizer.")
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "The tokenizer has no chat template; use /v1/completions or pass a model "
+                "whose tokenizer_config.json defines one."
+            )
+        messages = [self._message_dict(m) for m in request.messages]
+        prefix = None
+        if request.continue_final_message and messages[-1]["role"] == "assistant":
+            prefix = messages.pop()["content"]
+        kwargs = dict(request.chat_template_kwargs or {})
+        kwargs.setdefault("reasoning_effort", request.reasoning_effort)
+        try:
+            ids = tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, **kwargs
+            )
+        except Exception as e:  # Jinja raises on conversations a template refuses
+            raise ValueError(f"Failed to apply the chat template: {e}") from None
+        # transformers 5 returns a BatchEncoding; older versions a list of ids.
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        ids = list(ids)
+        if prefix:
+            encoded = tokenizer.encode(prefix)
+            if encoded and encoded[0] == tokenizer.bos_token_id:
+                encoded = encoded[1:]
+            ids += encoded
+        return ids
+
+    def _message_dict(self, message: Any) -> dict[str, Any]:
+        msg = message.model_dump()
+        content = msg.get("content")
+        if content is None:
+            msg["content"] = ""
+        elif isinstance(content, list):
+            if any(part.get("type") != "text" for part in content):
+                raise ValueError(
+                    "Only text content parts are supported (this server serves no "
+                    "multimodal model)."
+                )
+            if self.content_format == "string":
+                msg["content"] = " ".join(part["text"] for part in content)
+            else:
+                msg["content"] = [{"type": "text", "text": p["text"]} for p in content]
+        return {k: v for k, v in msg.items() if v is not None}
+
+    def _convert_to_internal_request(self, request: ChatCompletionRequest) -> GenerateReqInput:
+        prompt_ids = self._render_messages(request)
+        params = common_sampling_params(request)
+        for name, default in _DEFAULT_SAMPLING.items():
+            value = getattr(request, name)
+            params[name] = (
+                value if value is not None else self.default_sampling_params.get(name, default)
+            )
+        params = {k: v for k, v in params.items() if v is not None}
+        # None means unbounded (the scheduler clamps it to the context).
+        params["max_new_tokens"] = request.max_tokens or request.max_completion_tokens
+        return GenerateReqInput(
+            input_ids=prompt_ids,
+            sampling_params=params,
+            return_logprob=request.logprobs,
+            logprob_start_len=-1,
+            top_logprobs_num=request.top_logprobs or 0,
+            return_text_in_logprobs=True,
+            stream=request.stream,
+            rid=request.rid,
+            priority=request.priority,
+            extra_key=_extra_key(request),
+        )
+
+    # ---- logprobs ----------------------------------------------------------------------
+    @staticmethod
+    def _chat_logprobs(meta: Mapping[str, Any], start: int) -> ChoiceLogprobs:
+        """Output tokens from `start` on, in OpenAI's chat format (token, bytes, logprob,
+        top_logprobs)."""
+        lp = to_openai_style_logprobs(
+            output_token_logprobs=meta.get("output_token_logprobs", [])[start:],
+            output_top_logprobs=(meta.get("output_top_logprobs") or [])[start:],
+        )
+        content = []
+        for i, (token, logprob) in enumerate(zip(lp.tokens, lp.token_logprobs)):
+            tops = lp.top_logprobs[i] if i < len(lp.top_logprobs) else None
+            content.append(
+                ChatCompletionTokenLogprob(
+                    token=token,
+                    bytes=list(token.encode("utf-8")),
+                    logprob=logprob,
+                    top_logprobs=[
+                        TopLogprob(token=t, bytes=list(t.encode("utf-8")), logprob=v)
+                        for t, v in (tops or {}).items()
+                    ],
+                )
+            )
+        return ChoiceLogprobs(content=content)
+
+    # ---- non-stream --------------------------------------------------------------------
+    def _build_response(self, request: ChatCompletionRequest, ret: list[dict]) -> Response:
+        choices = []
+        for idx, item in enumerate(ret):
+            meta = item["meta_info"]
+            finish_reason, matched = finish_fields(meta)
+            choices.append(
+                ChatCompletionResponseChoice(
+                    index=idx,
+                    message=ChatMessage(role="assistant", content=item["text"] or None),
+                    logprobs=self._chat_logprobs(meta, 0) if request.logprobs else None,
+                    finish_reason=finish_reason,  # type: ignore[arg-type]
+                    matched_stop=matched,
+                )
+            )
+        response = ChatCompletionResponse(
+            id=ret[0]["meta_info"]["id"],
+            created=int(time.time()),
+            model=request.model,
+            choices=choices,
+            usage=usage_from_responses(ret, request.n, self.enable_cache_report),
+            metadata={"weight_version": ret[0]["meta_info"]["weight_version"]},
+        )
+        return json_response(response)
+
+    # ---- stream ------------------------------------------------------------------------
+    async def _generate_stream(
+        self, adapted: GenerateReqInput, request: ChatCompletionRequest, raw_request: Request
+    ) -> AsyncIterator[bytes]:
+        sent_text: dict[int, int] = {}
+        sent_logprobs: dict[int, int] = {}
+        finish: dict[int, tuple[str, int | str | None]] = {}
+        prompt_tokens: dict[int, int] = {}
+        completion_tokens: dict[int, int] = {}
+        cached_tokens: dict[int, int] = {}
+        last_id = ""
+
+        def chunk(rid: str, choice: ChatCompletionResponseStreamChoice) -> bytes:
+            return sse(
+                ChatCompletionStreamResponse(
+                    id=rid, created=int(time.time()), model=request.model, choices=[choice]
+                )
+            )
+
+        async for content in self.tokenizer_manager.generate_request(adapted, raw_request):
+            index: int = content.get("index", 0)
+            meta: dict[str, Any] = content["meta_info"]
+            last_id = meta["id"]
+            prompt_tokens[index] = meta["prompt_tokens"]
+            completion_tokens[index] = meta["completion_tokens"]
+            cached_tokens[index] = meta.get("cached_tokens", 0)
+            finish_reason, matched = finish_fields(meta)
+            if finish_reason:
+                finish[index] = (finish_reason, matched)
+            if index not in sent_text:
+                sent_text[index] = 0
+                first = DeltaMessage(role="assistant", content="")
+                yield chunk(
+                    meta["id"], ChatCompletionResponseStreamChoice(index=index, delta=first)
+                )
+            delta = content["text"][sent_text[index] :]
+            if not delta:
+                # Tokens without new text (e.g. a stop string forming) keep their logprobs
+                # for the next content chunk.
+                continue
+            sent_text[index] = len(content["text"])
+            logprobs = None
+            if request.logprobs:
+                logprobs = self._chat_logprobs(meta, sent_logprobs.get(index, 0))
+                sent_logprobs[index] = len(meta.get("output_token_logprobs", []))
+            yield chunk(
+                meta["id"],
+                ChatCompletionResponseStreamChoice(
+                    index=index, delta=DeltaMessage(content=delta), logprobs=logprobs
+                ),
+            )
+        for index, (finish_reason, matched) in finish.items():
+            yield chunk(
+                last_id,
+                ChatCompletionResponseStreamChoice(
+                    index=index,
+                    delta=DeltaMessage(),
+                    finish_reason=finish_reason,  # type: ignore[arg-type]
+                    matched_stop=matched,
+                ),
+            )
+        if request.stream_options and request.stream_options.include_usage:
+            usage = usage_from_stream(
+                prompt_tokens, completion_tokens, cached_tokens, request.n, self.enable_cache_report
+            )
+            yield sse(
+                ChatCompletionStreamResponse(
+                    id=last_id,
+                    created=int(time.time()),
+                    model=request.model,
+                    choices=[],
+                    usage=usage,
+                )
+            )
