@@ -148,9 +148,13 @@ class TokenizerManager:
         """Abort requests whose rid starts with `rid` (or all) in the scheduler."""
         req = AbortReq(rid=rid, abort_all=abort_all)
         try:
-            asyncio.get_running_loop().create_task(self.send_to_scheduler.send_pyobj(req))
+            asyncio.get_running_loop()
         except RuntimeError:  # no running loop (interpreter shutdown): send synchronously
             self.send_to_scheduler.send_pyobj(req, flags=zmq.NOBLOCK)
+            return
+        # zmq.asyncio's send returns a Future that is already scheduled (not a coroutine,
+        # so it must not go through create_task); nothing needs to await it.
+        self.send_to_scheduler.send_pyobj(req)
 
     # ---- generation ----------------------------------------------------------------
     def _tokenize_one(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
