@@ -1,0 +1,122 @@
+"""Process lifecycle of `python -m mini_sglang.launch_server`: readiness (/health 503 then
+200), clean shutdown on SIGTERM / SIGINT with no process left, a dead child taking the
+server down promptly, a bad --model-path failing fast, and two servers side by side.
+
+Each test starts its own server(s) because each one ends them; they are the slow tests.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from conftest import ServerHandle, TinyModel, start_server, wait_ready
+
+
+def _greedy_ok(handle: ServerHandle) -> list[int]:
+    r = handle.post(
+        "/generate",
+        json={"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0, "max_new_tokens": 3}},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["output_ids"]
+
+
+def test_health_503_until_ready_then_sigint_stops_everything(
+    tiny_model: TinyModel, server_logs: Path
+):
+    handle = start_server(tiny_model.path, log_dir=server_logs)
+    statuses: list[int] = []
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline:
+            assert handle.proc.poll() is None, handle.log_tail()
+            try:
+                code = requests.get(handle.base_url + "/health", timeout=5).status_code
+            except requests.RequestException:
+                time.sleep(0.01)
+                continue
+            statuses.append(code)
+            if code == 200:
+                break
+            time.sleep(0.005)
+        assert statuses and statuses[-1] == 200, (statuses, handle.log_tail())
+        # Before warm-up finished the server answered 503 (never 200 then 503, never 500).
+        assert set(statuses[:-1]) <= {503}, statuses
+        assert 503 in statuses, "never saw /health 503 during warm-up"
+        assert "The server is fired up and ready to roll!" in handle.log()
+        assert requests.get(handle.base_url + "/health", timeout=30).content == b""
+        _greedy_ok(handle)
+        assert len(handle.tree()) >= 3  # server + scheduler + detokenizer
+    finally:
+        handle.stop(signal.SIGINT)
+
+
+def test_two_servers_sigterm_and_served_model_name(tiny_model: TinyModel, server_logs: Path):
+    a = start_server(tiny_model.path, log_dir=server_logs)
+    b = start_server(tiny_model.path, "--served-model-name", "tiny-served", log_dir=server_logs)
+    try:
+        wait_ready(a)
+        wait_ready(b)
+        # Both answer, and identically (same weights, greedy).
+        assert _greedy_ok(a) == _greedy_ok(b)
+        assert a.get("/v1/models").json()["data"][0]["id"] == tiny_model.path
+        card = b.get("/v1/models").json()["data"][0]
+        assert card["id"] == "tiny-served" and card["root"] == "tiny-served"
+        pids_a = {p.pid for p in a.tree()}
+        pids_b = {p.pid for p in b.tree()}
+        assert not pids_a & pids_b
+    finally:
+        rc_a = a.stop(signal.SIGTERM)
+        # The other server is unaffected by the first one's shutdown.
+        if b.proc.poll() is None:
+            assert _greedy_ok(b)
+        b.stop(signal.SIGTERM)
+    assert rc_a == 0
+
+
+def _spawned_children(handle: ServerHandle) -> list[psutil.Process]:
+    """The multiprocessing children (scheduler first: it is spawned before the detokenizer)."""
+    kids = [
+        p
+        for p in psutil.Process(handle.proc.pid).children()
+        if "spawn_main" in " ".join(p.cmdline())
+    ]
+    return sorted(kids, key=lambda p: (p.create_time(), p.pid))
+
+
+def test_killed_scheduler_makes_server_exit_nonzero(tiny_model: TinyModel, server_logs: Path):
+    handle = start_server(tiny_model.path, log_dir=server_logs)
+    wait_ready(handle)
+    kids = _spawned_children(handle)
+    assert len(kids) == 2, kids
+    handle.tree()  # remember every descendant for the no-orphans check in stop()
+    kids[0].kill()
+    try:
+        rc = handle.proc.wait(timeout=30)
+    except Exception:
+        handle.stop(signal.SIGKILL)
+        pytest.fail(f"server still running 30 s after its scheduler died:\n{handle.log_tail()}")
+    assert rc != 0
+    # An error line says which child died.
+    assert "scheduler_TP0" in handle.log() and "died" in handle.log(), handle.log_tail()
+    handle.stop()  # asserts nothing of the tree is left
+
+
+def test_bad_model_path_exits_nonzero(server_logs: Path, tmp_path: Path):
+    missing = str(tmp_path / "no_such_model")
+    handle = start_server(missing, log_dir=server_logs)
+    try:
+        rc = handle.proc.wait(timeout=120)
+    except Exception:
+        handle.stop(signal.SIGKILL)
+        pytest.fail(f"launch_server with a bad --model-path did not exit:\n{handle.log_tail()}")
+    assert rc != 0
+    # The last line says what is wrong, naming the path.
+    last = handle.log().strip().splitlines()[-1]
+    assert "no_such_model" in last, handle.log_tail()
+    handle.stop()
