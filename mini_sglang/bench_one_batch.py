@@ -91,6 +91,20 @@ def run_once(worker: TpModelWorker, bs: int, input_len: int, output_len: int, se
     return prefill, decode_lat, forward_s
 
 
+def profile_decode(worker: TpModelWorker, bs: int, input_len: int, path: str) -> None:
+    """Kernel-level profile of a short decode run (prefill included, 21 tokens)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run_once(worker, bs, input_len, 21)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+    with open(path, "w") as f:
+        f.write(table)
+        f.write("\n\n")
+        f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    print(table)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -100,6 +114,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--input-len", type=int, nargs="+", default=[1024])
     parser.add_argument("--output-len", type=int, nargs="+", default=[16])
     parser.add_argument("--result-filename", type=str, default=None)
+    parser.add_argument(
+        "--profile",
+        type=str,
+        default=None,
+        help="write a torch.profiler kernel table of 20 decode steps to this file",
+    )
     args = parser.parse_args(argv)
     server_args = ServerArgs.from_cli_args(args)
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
@@ -141,6 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "cuda_graph": not server_args.disable_cuda_graph,
                     }
                 )
+    if args.profile:
+        profile_decode(worker, args.batch_size[0], args.input_len[0], args.profile)
     if args.result_filename:
         with open(args.result_filename, "a") as f:
             for r in results:

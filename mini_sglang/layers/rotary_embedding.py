@@ -39,6 +39,10 @@ def compute_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
     return inv.float(), float(scaling)
 
 
+# head sizes flashinfer's fused RoPE kernel is compiled for
+FLASHINFER_ROPE_HEAD_DIMS = (64, 128, 256)
+
+
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k of shape [num_tokens, num_heads * head_dim] in place-free form."""
 
@@ -46,7 +50,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         t = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)
+        freqs = torch.outer(t, inv_freq.to(t.device))
         # [max_position, head_dim]: cos in the first half, sin in the second (flashinfer layout).
         cache = torch.cat([freqs.cos() * scaling, freqs.sin() * scaling], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
@@ -71,7 +75,7 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         fi = flashinfer_module() if q.is_cuda else None
-        if fi is None:
+        if fi is None or self.head_dim not in FLASHINFER_ROPE_HEAD_DIMS:
             return self.forward_native(positions, q, k)
         q, k = q.contiguous(), k.contiguous()
         fi.rope.apply_rope_with_cos_sin_cache_inplace(

@@ -72,13 +72,15 @@ class ScheduleBatch:
 
     def _alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, total: int):
         self._evict_for(total + self.allocator.page_size * len(self.reqs))
-        rows = self.req_pool_indices
+        table = self.req_to_token_pool.req_to_token
+        rows = self.req_pool_indices.to(table.device)
+        prefix_dev = prefix_lens.to(table.device)
         last_loc = torch.where(
-            prefix_lens > 0,
-            self.req_to_token_pool.req_to_token[rows, (prefix_lens - 1).clamp(min=0)].long(),
-            torch.full_like(prefix_lens, -1),
+            prefix_dev > 0,
+            table[rows, (prefix_dev - 1).clamp(min=0)].long(),
+            torch.full_like(prefix_dev, -1),
         )
-        out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_loc, total)
+        out = self.allocator.alloc_extend(prefix_dev, seq_lens.to(table.device), last_loc, total)
         if out is None:
             raise OutOfKVMemoryError(
                 f"Prefill needs {total} KV slots, {self.allocator.available_size()} free"
@@ -136,11 +138,13 @@ class ScheduleBatch:
         self._evict_for(bs * self.allocator.page_size)
         table = self.req_to_token_pool.req_to_token
         new_lens = self.seq_lens + 1
-        last_loc = table[self.req_pool_indices, self.seq_lens - 1].long()
-        out = self.allocator.alloc_decode(new_lens, last_loc)
+        rows = self.req_pool_indices.to(table.device, non_blocking=True)
+        cols = self.seq_lens.to(table.device, non_blocking=True)
+        last_loc = table[rows, cols - 1].long()
+        out = self.allocator.alloc_decode(new_lens.to(table.device), last_loc)
         if out is None:
             raise OutOfKVMemoryError(f"Decode needs {bs} KV slots")
-        table[self.req_pool_indices, self.seq_lens] = out.to(table.device, torch.int32)
+        table[rows, cols] = out.to(torch.int32)
         self.out_cache_loc = out
         self.positions = self.seq_lens.clone()
         self.seq_lens = new_lens

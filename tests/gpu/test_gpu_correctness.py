@@ -36,7 +36,10 @@ def _backend_available(name: str) -> bool:
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def tiny_model(request, tmp_path_factory, qwen_tokenizer):
     out = tmp_path_factory.mktemp(f"gpu_{request.param}")
-    hf = build_tiny_model(request.param, out, qwen_tokenizer)
+    # flashinfer's kernels need head_dim >= 64.
+    hf = build_tiny_model(
+        request.param, out, qwen_tokenizer, hidden_size=256, intermediate_size=512, head_dim=64
+    )
     hf = hf.to(device="cuda", dtype=torch.bfloat16)
     yield str(out), hf
     del hf
