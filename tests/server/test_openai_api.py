@@ -257,6 +257,28 @@ def test_chat_exact_keys(server: Server, tokenizer) -> None:
     assert data["usage"]["total_tokens"] == n_prompt + 4
 
 
+def test_chat_content_parts_and_template_kwargs(server: Server, tokenizer) -> None:
+    url = f"{server.url}/v1/chat/completions"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a colour."}]}]
+    plain = [{"role": "user", "content": "Name a colour."}]
+    base = {"max_tokens": 1, **GREEDY}
+    a = httpx.post(url, json={"messages": parts, **base}, timeout=120).json()
+    b = httpx.post(url, json={"messages": plain, **base}, timeout=120).json()
+    assert (
+        a["usage"]["prompt_tokens"]
+        == b["usage"]["prompt_tokens"]
+        == chat_prompt_len(tokenizer, plain)
+    )
+    # Qwen3's template adds an empty think block when thinking is off.
+    kwargs = {"enable_thinking": False}
+    c = httpx.post(
+        url, json={"messages": plain, "chat_template_kwargs": kwargs, **base}, timeout=120
+    )
+    ids = tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=True, **kwargs)
+    expected = len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert c.json()["usage"]["prompt_tokens"] == expected > b["usage"]["prompt_tokens"]
+
+
 # ---- streaming -------------------------------------------------------------------------------
 def test_completion_stream_equals_non_stream(client: openai.OpenAI, tokenizer) -> None:
     kw = dict(model="m", prompt=PROMPT, max_tokens=8, extra_body={"ignore_eos": True}, **GREEDY)
