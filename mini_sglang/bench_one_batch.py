@@ -91,6 +91,29 @@ def run_once(worker: TpModelWorker, bs: int, input_len: int, output_len: int, se
     return prefill, decode_lat, forward_s
 
 
+def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int = 0):
+    """The same batch through an in-process Scheduler (its loop, overlap and streaming
+    included): (time to first token, per-token decode seconds)."""
+    from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
+
+    vocab = scheduler.model_config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    sent = len(scheduler.test_outputs)
+    t0 = time.perf_counter()
+    for i in range(bs):
+        ids = torch.randint(0, vocab, (input_len,), generator=gen).tolist()
+        sp = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
+        sp.normalize(None)
+        scheduler.add_request(TokenizedGenerateReqInput(f"s{seed}-{i}", "", ids, sp, stream=True))
+    first = None
+    while scheduler.run_step() or scheduler.has_work():
+        if first is None and len(scheduler.test_outputs) > sent:
+            first = time.perf_counter()
+    total = time.perf_counter() - t0
+    ttft = (first or t0) - t0
+    return ttft, (total - ttft) / max(output_len - 1, 1)
+
+
 def profile_decode(worker: TpModelWorker, bs: int, input_len: int, path: str) -> None:
     """Kernel-level profile of a short decode run (prefill included, 21 tokens)."""
     from torch.profiler import ProfilerActivity, profile
@@ -115,6 +138,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output-len", type=int, nargs="+", default=[16])
     parser.add_argument("--result-filename", type=str, default=None)
     parser.add_argument(
+        "--mode",
+        choices=["runner", "scheduler"],
+        default="runner",
+        help="runner: ScheduleBatch + ModelRunner only (SGLang's bench_one_batch); "
+        "scheduler: an in-process Scheduler with its real loop (overlap, streaming)",
+    )
+    parser.add_argument(
         "--profile",
         type=str,
         default=None,
@@ -123,6 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     server_args = ServerArgs.from_cli_args(args)
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
+    if args.mode == "scheduler":
+        return {"results": _main_scheduler(server_args, args)}
     worker = TpModelWorker(server_args)
     results = []
     run_once(worker, 1, 16, 4)  # warm-up
@@ -168,6 +200,42 @@ def main(argv: list[str] | None = None) -> dict:
             for r in results:
                 f.write(json.dumps(r) + "\n")
     return {"results": results, "server_args": dataclasses.asdict(server_args)}
+
+
+def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
+    from mini_sglang.managers.scheduler import Scheduler
+
+    outputs: list = []
+    scheduler = Scheduler(server_args, send_to_detokenizer=outputs.append)
+    scheduler.test_outputs = outputs
+    run_scheduler(scheduler, 1, 16, 8, seed=99)  # warm-up
+    results = []
+    for bs in args.batch_size:
+        for il in args.input_len:
+            for ol in args.output_len:
+                ttft, per_token = run_scheduler(scheduler, bs, il, ol)
+                print(
+                    f"Scheduler. bs={bs} in={il} out={ol} overlap={scheduler.overlap}: "
+                    f"TTFT {1000 * ttft:.2f} ms, decode {1000 * per_token:.4f} ms/token"
+                )
+                results.append(
+                    {
+                        "mode": "scheduler",
+                        "batch_size": bs,
+                        "input_len": il,
+                        "output_len": ol,
+                        "ttft_ms": 1000 * ttft,
+                        "decode_ms_per_token": 1000 * per_token,
+                        "overlap": scheduler.overlap,
+                        "model_path": server_args.model_path,
+                        "device": str(scheduler.device),
+                    }
+                )
+    if args.result_filename:
+        with open(args.result_filename, "a") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    return results
 
 
 if __name__ == "__main__":

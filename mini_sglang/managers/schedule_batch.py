@@ -11,6 +11,7 @@ decode step be prepared before the previous step's tokens reach the host (overla
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +24,19 @@ if TYPE_CHECKING:
     from mini_sglang.mem_cache.base_prefix_cache import BasePrefixCache
     from mini_sglang.mem_cache.memory_pool import ReqToTokenPool
 
-__all__ = ["Req", "ScheduleBatch", "OutOfKVMemoryError"]
+__all__ = ["BatchSnapshot", "Req", "ScheduleBatch", "OutOfKVMemoryError"]
+
+
+@dataclass
+class BatchSnapshot:
+    """A launched batch as result processing sees it (see ScheduleBatch.snapshot)."""
+
+    reqs: list[Req]
+    forward_mode: ForwardMode
+    return_logprob: bool
+    prefix_lens: list[int]
+    seq_lens: torch.Tensor  # KV length of each row after this step
+    out_cache_loc: torch.Tensor
 
 
 class OutOfKVMemoryError(RuntimeError):
@@ -183,6 +196,17 @@ class ScheduleBatch:
         self.req_pool_indices = torch.cat([self.req_pool_indices, other.req_pool_indices])
         self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
         self.output_ids = torch.cat([self.output_ids, other.output_ids])
+
+    def snapshot(self) -> BatchSnapshot:
+        """What result processing needs, frozen at launch (the live batch moves on)."""
+        return BatchSnapshot(
+            reqs=list(self.reqs),
+            forward_mode=self.forward_mode,
+            return_logprob=self.return_logprob,
+            prefix_lens=list(self.prefix_lens),
+            seq_lens=self.seq_lens.clone(),
+            out_cache_loc=self.out_cache_loc,
+        )
 
     def get_model_worker_batch(self) -> ModelWorkerBatch:
         extend = self.forward_mode.is_extend()

@@ -98,6 +98,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
         self.running_batch: ScheduleBatch | None = None
         self.last_batch: ScheduleBatch | None = None
         self.chunked_req: Req | None = None
+        self._pending = None  # (BatchSnapshot, result) launched but not yet processed
         self._send_to_detokenizer = send_to_detokenizer or (lambda out: None)
         self._send_to_tokenizer = send_to_tokenizer or (lambda out: None)
         self.init_metrics()
@@ -369,10 +370,15 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
 
     # ---- running -------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch):
-        return self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+        """Launch the forward; the decode input of the next step is this step's device
+        output, so the next step can be prepared before these tokens reach the host."""
+        result = self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+        batch.output_ids = result.next_token_ids
+        result.start_copy_to_host()
+        return result
 
     def step(self) -> bool:
-        """Run one scheduling iteration; False when there was nothing to run."""
+        """One iteration without overlap; False when there was nothing to run."""
         batch = self.get_next_batch_to_run()
         self.cur_batch = batch
         if batch is None:
@@ -380,12 +386,38 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
             self.on_idle()
             return False
         result = self.run_batch(batch)
-        self.process_batch_result(batch, result)
+        self.process_batch_result(batch.snapshot(), result)
         self.last_batch = batch
         return True
 
+    def step_overlap(self) -> bool:
+        """One overlapped iteration: launch step N+1, then process step N's results while
+        the device runs it. Retraction needs settled outputs, so it first drains step N."""
+        if self._pending is not None and self._needs_settled_outputs():
+            self.process_batch_result(*self._pending)
+            self._pending = None
+        batch = self.get_next_batch_to_run()
+        self.cur_batch = batch
+        launched = (batch.snapshot(), self.run_batch(batch)) if batch is not None else None
+        if self._pending is not None:
+            self.process_batch_result(*self._pending)
+        self._pending = launched
+        self.last_batch = batch
+        if batch is None:
+            self.on_idle()
+            return False
+        return True
+
+    def _needs_settled_outputs(self) -> bool:
+        rb = self.running_batch
+        return rb is not None and not rb.is_empty() and not rb.check_decode_mem()
+
+    @property
+    def overlap(self) -> bool:
+        return not self.server_args.disable_overlap_schedule
+
     def on_idle(self) -> None:
-        if not self.is_idle_checked:
+        if not self.is_idle_checked and self._pending is None:
             self.check_memory()
             self.is_idle_checked = True
             self.new_token_ratio = self.init_new_token_ratio
@@ -395,16 +427,20 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
             self.waiting_queue
             or self.chunked_req is not None
             or (self.running_batch is not None and not self.running_batch.is_empty())
-            or (self.last_batch is not None)
+            or self.last_batch is not None
+            or self._pending is not None
         )
 
     # ---- in-process driving (tests, tools) -----------------------------------------
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
         self.process_input_requests([recv])
 
+    def run_step(self) -> bool:
+        return self.step_overlap() if self.overlap else self.step()
+
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         for _ in range(max_steps):
-            if not self.step() and not self.has_work():
+            if not self.run_step() and not self.has_work():
                 return
         raise RuntimeError("run_until_idle: too many steps")
 
@@ -412,7 +448,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
         """The process loop: receive, schedule, run, stream; blocks while idle."""
         while True:
             self.process_input_requests(recv_requests())
-            if not self.step():
+            if not self.run_step():
                 if not self.has_work():
                     self.wait_for_requests()
             else:

@@ -16,7 +16,7 @@ from mini_sglang.managers.io_struct import BatchTokenIDOutput
 
 if TYPE_CHECKING:
     from mini_sglang.managers.req import Req
-    from mini_sglang.managers.schedule_batch import ScheduleBatch
+    from mini_sglang.managers.schedule_batch import BatchSnapshot
     from mini_sglang.managers.tp_worker import GenerationBatchResult
 
 # Prompt ids sent along with a request's first message, as decoding context.
@@ -24,9 +24,14 @@ DETOKENIZE_CONTEXT_TOKENS = 5
 
 
 class SchedulerOutputProcessorMixin:
-    def process_batch_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
-        next_ids = result.next_token_ids.tolist()
-        batch.output_ids = result.next_token_ids
+    def process_batch_result(self, batch: BatchSnapshot, result: GenerationBatchResult) -> None:
+        """Append each row's sampled token, finish requests, and stream.
+
+        With overlap scheduling the next step was launched before this runs, so a request
+        that finished in an earlier step may still sit in this batch: its token here is
+        surplus and the KV slot that step took for it is freed.
+        """
+        next_ids = result.token_list()
         is_decode = batch.forward_mode.is_decode()
         for i, req in enumerate(batch.reqs):
             if req.is_chunked > 0:
@@ -34,7 +39,8 @@ class SchedulerOutputProcessorMixin:
                 req.is_chunked -= 1
                 continue
             if req.finished():
-                # Aborted while this step ran (its KV was already released).
+                if is_decode:
+                    self.free_surplus_slot(batch, i)
                 continue
             req.output_ids.append(next_ids[i])
             if req.return_logprob and result.logprobs is not None:
@@ -54,6 +60,16 @@ class SchedulerOutputProcessorMixin:
             self.num_generated_tokens += len(batch.reqs)
         self.stream_output(batch.reqs)
 
+    def free_surplus_slot(self, batch: BatchSnapshot, i: int) -> None:
+        """Free the KV slot a finished request took in a step launched before its finish
+        was known. With pages, the slot's page is the request's own only when the slot
+        opened it (position % page_size == 0); otherwise the page went with the request's
+        tail when it finished. Example, page_size 4: the surplus token at position 8 opened
+        page [8..11] -> free it; at position 9 its page was freed with positions 8."""
+        position = int(batch.seq_lens[i]) - 1
+        if position % self.page_size == 0:
+            self.allocator.free(batch.out_cache_loc[i : i + 1])
+
     # ---- logprobs ------------------------------------------------------------------
     def add_output_logprobs(self, req: Req, logprobs: torch.Tensor, token_id: int) -> None:
         req.output_token_logprobs_val.append(float(logprobs[token_id]))
@@ -67,7 +83,7 @@ class SchedulerOutputProcessorMixin:
             req.output_token_ids_logprobs_val.append(logprobs[ids].tolist())
             req.output_token_ids_logprobs_idx.append(list(ids))
 
-    def add_input_logprobs(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
+    def add_input_logprobs(self, batch: BatchSnapshot, result: GenerationBatchResult) -> None:
         """Prompt logprobs: position k's value is log p(token k | tokens < k), from the
         logits row of position k - 1; the prompt's very first token gets None."""
         out = result.logits_output
@@ -92,11 +108,20 @@ class SchedulerOutputProcessorMixin:
                     req.input_token_ids_logprobs_val.append(None)
                     req.input_token_ids_logprobs_idx.append(None)
             prompt_len = len(req.origin_input_ids)
+            # Last prompt position whose logprob is already recorded: row s predicts s + 1,
+            # and position 0 (s == 0) holds a None. A retracted request re-prefills its
+            # prompt; those rows must not be appended a second time (SGLang skips them too).
+            s = req.logprob_start_len
+            done_until = s + len(req.input_token_logprobs_val) - (1 if s == 0 else 0)
             for j in range(n_rows):
                 pos = start + j + 1  # the token this row predicts
                 if pos >= prompt_len:
                     break
-                tok = req.fill_ids[pos]
+                if pos <= done_until:
+                    continue
+                # origin_input_ids, not fill_ids: a non-final prefill chunk's last row
+                # predicts the first token of the next chunk, beyond this chunk's fill_ids.
+                tok = req.origin_input_ids[pos]
                 req.input_token_logprobs_val.append(float(logprobs[j, tok]))
                 req.input_token_logprobs_idx.append(tok)
                 if req.top_logprobs_num > 0:

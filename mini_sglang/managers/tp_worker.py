@@ -17,6 +17,27 @@ class GenerationBatchResult:
     logits_output: LogitsProcessorOutput
     next_token_ids: torch.Tensor  # [B] on device
     logprobs: torch.Tensor | None = None  # [B, V] when the batch asked for logprobs
+    next_token_ids_host: torch.Tensor | None = None  # pinned copy, valid after copy_done
+    copy_done: torch.cuda.Event | None = None
+
+    def start_copy_to_host(self) -> None:
+        """Begin the device->host copy of the sampled tokens without blocking."""
+        ids = self.next_token_ids
+        if ids.is_cuda:
+            self.next_token_ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self.next_token_ids_host.copy_(ids, non_blocking=True)
+            self.copy_done = torch.cuda.Event()
+            self.copy_done.record()
+        else:
+            self.next_token_ids_host = ids
+
+    def token_list(self) -> list[int]:
+        """The sampled tokens on the host (waits for this step's copy only)."""
+        if self.next_token_ids_host is None:
+            self.start_copy_to_host()
+        if self.copy_done is not None:
+            self.copy_done.synchronize()
+        return self.next_token_ids_host.tolist()
 
 
 class TpModelWorker:
