@@ -71,7 +71,10 @@ class ClosingStreamingResponse(StreamingResponse):
         finally:
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
-                await aclose()
+                try:
+                    await aclose()
+                except RuntimeError:  # still running in a cancelled task: it ends itself
+                    pass
 
 
 # ---- conversions ---------------------------------------------------------------------------
