@@ -1,0 +1,136 @@
+"""The offline Engine API (`mini_sglang.Engine`): same subprocesses as the server, no HTTP.
+
+Outputs must equal the HTTP server's for the same greedy requests, and shutdown (explicit
+or through the context manager) must leave no child process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import psutil
+import pytest
+from conftest import EOS_PROMPT, ServerHandle, TinyModel
+
+import mini_sglang
+
+PROMPTS = ["Hello world, this is", "The weather today", EOS_PROMPT]
+GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+
+
+def _children() -> set[int]:
+    """This process's live descendants, except multiprocessing's resource tracker: that is
+    a process-wide singleton (started by the first spawn, shared with any other user code)
+    that exits with the interpreter, so an Engine must not kill it."""
+    pids = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.is_running() and "resource_tracker" not in " ".join(p.cmdline()):
+                pids.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return pids
+
+
+def _assert_gone(pids: set[int]) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"engine children still alive: {alive}"
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model: TinyModel) -> Iterator[mini_sglang.Engine]:
+    before = _children()
+    eng = mini_sglang.Engine(model_path=tiny_model.path, max_total_tokens=4096)
+    eng._test_child_pids = _children() - before  # type: ignore[attr-defined]
+    yield eng
+    eng.shutdown()
+
+
+def test_generate_single_matches_http(engine, server: ServerHandle):
+    out = engine.generate(EOS_PROMPT, GREEDY)
+    http = server.post("/generate", json={"text": EOS_PROMPT, "sampling_params": GREEDY}).json()
+    assert list(out) == ["text", "output_ids", "meta_info"]
+    assert out["text"] == http["text"]
+    assert out["output_ids"] == http["output_ids"]
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    assert list(out["meta_info"]) == list(http["meta_info"])
+
+
+def test_generate_batch_dict_and_list_params(engine, server: ServerHandle):
+    http = server.post("/generate", json={"text": PROMPTS, "sampling_params": GREEDY}).json()
+    outs = engine.generate(PROMPTS, GREEDY)
+    assert [o["output_ids"] for o in outs] == [h["output_ids"] for h in http]
+    assert [o["text"] for o in outs] == [h["text"] for h in http]
+    # Per-prompt sampling params as a list.
+    per = [{**GREEDY, "max_new_tokens": n} for n in (2, 3, 4)]
+    outs = engine.generate(PROMPTS, per)
+    assert [len(o["output_ids"]) for o in outs] == [2, 3, 4]
+    for o, h in zip(outs, http):
+        assert h["output_ids"][: len(o["output_ids"])] == o["output_ids"]
+
+
+def test_generate_input_ids_and_eos(engine, tiny_model: TinyModel):
+    out = engine.generate(
+        input_ids=tiny_model.eos_prompt_ids,
+        sampling_params={"temperature": 0, "max_new_tokens": 10},
+    )
+    assert out["output_ids"] == tiny_model.greedy_ids[: tiny_model.eos_index + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": tiny_model.eos_token_id}
+
+
+def test_generate_stream(engine):
+    whole = engine.generate(EOS_PROMPT, GREEDY)
+    chunks = list(engine.generate(EOS_PROMPT, GREEDY, stream=True))
+    assert len(chunks) >= 2
+    assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
+    assert chunks[-1]["text"] == whole["text"]
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+
+
+def test_async_generate(engine):
+    whole = engine.generate(PROMPTS[0], GREEDY)
+    loop = asyncio.get_event_loop()  # SGLang's documented pattern
+
+    async def run() -> tuple[dict, list[dict]]:
+        out = await engine.async_generate(PROMPTS[0], GREEDY)
+        stream = await engine.async_generate(PROMPTS[0], GREEDY, stream=True)
+        chunks = [c async for c in stream]
+        return out, chunks
+
+    out, chunks = loop.run_until_complete(run())
+    assert out["output_ids"] == whole["output_ids"] and out["text"] == whole["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"]
+
+
+def test_invalid_request_raises_value_error(engine):
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate("hi", {"temperature": -1})
+    # Still usable afterwards.
+    assert len(engine.generate("hi", {**GREEDY, "max_new_tokens": 2})["output_ids"]) == 2
+
+
+def test_shutdown_leaves_no_children(engine):
+    pids = engine._test_child_pids
+    assert len(pids) >= 2, pids  # scheduler + detokenizer
+    engine.shutdown()
+    engine.shutdown()  # idempotent
+    _assert_gone(pids)
+
+
+def test_context_manager(tiny_model: TinyModel):
+    before = _children()
+    with mini_sglang.Engine(model_path=tiny_model.path, max_total_tokens=2048) as eng:
+        pids = _children() - before
+        assert len(pids) >= 2
+        out = eng.generate(EOS_PROMPT, GREEDY)
+        assert len(out["output_ids"]) == 6
+    _assert_gone(pids)
