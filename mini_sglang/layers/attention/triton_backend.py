@@ -1,0 +1,159 @@
+"""triton: mini-sglang's own Triton attention kernels over the paged KV pool.
+
+Decode runs the two-stage split-KV kernel (triton_ops/decode_attention.py); extend runs one
+causal-with-prefix kernel (triton_ops/extend_attention.py). Both write the new tokens' K/V
+into the pool first and then read every key through req_to_token, so any page size works:
+the slots of a request are listed per token in req_to_token whatever the page size.
+
+Per-batch metadata is small and shared by all layers: for decode, the float32 split scratch
+(partial outputs and log-sum-exps); for extend, the longest extend length (a host int that
+sizes the grid). The kernels take seq_lens / req_pool_indices / extend_* as device tensors
+straight from the ForwardBatch, so nothing is read back to the host in forward.
+
+CUDA graphs (decode): the split count is a per-backend constant, the grid depends only on
+(batch, heads, splits), and the scratch is preallocated in init_cuda_graph_state. The
+captured kernels read the graph runner's static req_pool_indices / seq_lens buffers, which
+the runner refills before replay, so replay has nothing else to plan.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
+from mini_sglang.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd
+
+if TYPE_CHECKING:
+    from mini_sglang.layers.radix_attention import RadixAttention
+    from mini_sglang.model_executor.forward_batch_info import ForwardBatch
+    from mini_sglang.model_executor.model_runner import ModelRunner
+
+DEFAULT_NUM_KV_SPLITS = 8
+
+
+class TritonAttnBackend(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, runner: ModelRunner, num_kv_splits: int = DEFAULT_NUM_KV_SPLITS) -> None:
+        from mini_sglang.distributed.parallel_state import get_tp_size
+
+        cfg = runner.model_config
+        tp = get_tp_size()
+        self.num_q_heads = cfg.num_attention_heads // tp
+        self.num_kv_heads = cfg.num_kv_heads_per_rank(tp)
+        self.head_dim = cfg.head_dim
+        self.device = runner.device
+        self.num_kv_splits = num_kv_splits
+        self.req_to_token = runner.req_to_token_pool.req_to_token
+        # Decode scratch for the current batch: ([bs, H, S, D], [bs, H, S]) float32.
+        self.mid: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.graph_mid: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.max_extend_len = 0
+
+    # ---- planning ------------------------------------------------------------------
+    def _alloc_mid(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        h, s = self.num_q_heads, self.num_kv_splits
+        f32 = torch.float32
+        return (
+            torch.empty((bs, h, s, self.head_dim), dtype=f32, device=self.device),
+            torch.empty((bs, h, s), dtype=f32, device=self.device),
+        )
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        if fb.forward_mode.is_decode():
+            self.mid = self._alloc_mid(fb.batch_size)
+            return
+        self.max_extend_len = max(fb.extend_seq_lens_cpu or [0])
+
+    # ---- kernels -------------------------------------------------------------------
+    @staticmethod
+    def _save(
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: RadixAttention,
+        fb: ForwardBatch,
+        save: bool,
+    ) -> None:
+        if save and k is not None:
+            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+
+    @staticmethod
+    def _heads(q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
+        q = q.view(-1, layer.tp_q_head_num, layer.head_dim)
+        return q if q.stride(-1) == 1 else q.contiguous()
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        fb: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        self._save(k, v, layer, fb, save_kv_cache)
+        k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        q = self._heads(q, layer)
+        o = torch.empty_like(q)
+        extend_attention_fwd(
+            q,
+            o,
+            k_buf,
+            v_buf,
+            self.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            fb.extend_seq_lens,
+            fb.extend_start_loc,
+            self.max_extend_len,
+            layer.scaling,
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        fb: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        self._save(k, v, layer, fb, save_kv_cache)
+        k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        q = self._heads(q, layer)
+        bs = q.shape[0]
+        o = torch.empty_like(q)
+        assert self.mid is not None and self.mid[0].shape[0] >= bs, "decode metadata not set"
+        mid_o, mid_lse = self.mid
+        decode_attention_fwd(
+            q,
+            k_buf,
+            v_buf,
+            o,
+            self.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            mid_o,
+            mid_lse,
+            layer.scaling,
+        )
+        return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    # ---- CUDA graphs (decode) ------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.graph_mid = self._alloc_mid(max_bs)
+
+    def _use_graph_mid(self, bs: int) -> None:
+        assert self.graph_mid is not None, "init_cuda_graph_state was not called"
+        self.mid = (self.graph_mid[0][:bs], self.graph_mid[1][:bs])
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
+        self._use_graph_mid(bs)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
+        # The captured kernels read fb.req_pool_indices / fb.seq_lens (the runner's static
+        # buffers, already refilled) and the preallocated scratch: nothing to recompute.
+        self._use_graph_mid(bs)
