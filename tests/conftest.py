@@ -10,15 +10,17 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-# Two shared CPU cores: more intra-op threads than cores only adds contention.
-torch.set_num_threads(min(torch.get_num_threads(), 2))
+# The test machine has 2 CPU cores shared by several concurrent test runs; with 2 intra-op
+# threads each, OpenMP threads spin against each other and runs get several times slower.
+# The models in these tests are small enough that one thread loses little when idle.
+torch.set_num_threads(1)
 
 
 # ---- tokenizers -------------------------------------------------------------------------
@@ -141,6 +143,9 @@ def hf_greedy(model, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: 
 class ReqResult:
     output_ids: list[int]
     finish_reason: dict | None
+    # Filled only for requests sent with return_logprob.
+    input_logprobs: list[float | None] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
 
 
 def make_req(rid: str, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool, **kw):
@@ -157,14 +162,19 @@ def make_req(rid: str, input_ids: Sequence[int], max_new_tokens: int, ignore_eos
 
 
 def collect_outputs(messages: list[Any]) -> dict[str, ReqResult]:
-    """Concatenate the per-request delta output_ids of BatchTokenIDOutput messages."""
+    """Concatenate the per-request deltas (output ids, token logprobs) of BatchTokenIDOutput
+    messages."""
     results: dict[str, ReqResult] = {}
     for msg in messages:
-        for rid, ids, reason in zip(msg.rids, msg.output_ids, msg.finished_reasons):
+        has_logprobs = getattr(msg, "input_token_logprobs_val", None) is not None
+        for j, (rid, ids, reason) in enumerate(zip(msg.rids, msg.output_ids, msg.finished_reasons)):
             res = results.setdefault(rid, ReqResult([], None))
             assert res.finish_reason is None, f"{rid} got output after it finished"
             res.output_ids.extend(ids)
             res.finish_reason = reason
+            if has_logprobs:
+                res.input_logprobs.extend(msg.input_token_logprobs_val[j])
+                res.output_logprobs.extend(msg.output_token_logprobs_val[j])
     return results
 
 
@@ -192,20 +202,24 @@ def run_prompts(
     ignore_eos: bool = True,
     stagger: Callable[[int], int] | None = None,
     rid_prefix: str = "r",
+    **req_kw: Any,
 ) -> list[ReqResult]:
     """Run prompts through `scheduler` and return each one's output ids and finish reason.
 
     Without `stagger` all requests are added at once. With it, request i is added after
     `stagger(i)` scheduler steps have run since the previous add, so later requests join
-    while earlier ones are already decoding (continuous batching).
+    while earlier ones are already decoding (continuous batching). `req_kw` goes to every
+    TokenizedGenerateReqInput (e.g. return_logprob=True, logprob_start_len=0).
     """
     start = len(scheduler.test_outputs)
     rids = [f"{rid_prefix}{i}" for i in range(len(prompts))]
+    # run_step is what the scheduler's own loop runs (overlapped unless disabled).
+    step = getattr(scheduler, "run_step", scheduler.step)
     for i, (rid, ids) in enumerate(zip(rids, prompts)):
         if stagger is not None:
             for _ in range(stagger(i)):
-                scheduler.step()
-        scheduler.add_request(make_req(rid, ids, max_new_tokens, ignore_eos))
+                step()
+        scheduler.add_request(make_req(rid, ids, max_new_tokens, ignore_eos, **req_kw))
     scheduler.run_until_idle()
     results = collect_outputs(scheduler.test_outputs[start:])
     assert set(results) == set(rids), f"missing outputs for {set(rids) - set(results)}"

@@ -137,22 +137,25 @@ def test_qwen3_0_6b_dummy_prefill_and_decode_are_finite(tmp_path: Path) -> None:
     prompts = [sched.tokenizer.encode("Hello, my name is"), sched.tokenizer.encode("1 2 3")]
     for i, ids in enumerate(prompts):
         sched.add_request(make_req(f"q{i}", ids, max_new_tokens=5, ignore_eos=True))
-    modes = []
-    # Scheduler.step, unrolled to look at each forward's logits.
-    while True:
-        batch = sched.get_next_batch_to_run()
-        if batch is None:
-            break
-        result = sched.run_batch(batch)
-        logits = result.logits_output.next_token_logits
-        assert logits.shape == (len(batch.reqs), 151936)
-        assert torch.isfinite(logits).all(), f"non-finite logits in a {batch.forward_mode.name}"
-        modes.append(batch.forward_mode.name)
-        sched.process_batch_result(batch, result)
-        sched.last_batch = batch
-    assert modes == ["EXTEND"] + ["DECODE"] * 4
+    # Watch each forward's logits on their way from the worker to the scheduler.
+    seen: list[tuple[str, torch.Tensor]] = []
+    forward = sched.tp_worker.forward_batch_generation
+
+    def recording_forward(batch):
+        result = forward(batch)
+        seen.append((batch.forward_mode.name, result.logits_output.next_token_logits.clone()))
+        return result
+
+    sched.tp_worker.forward_batch_generation = recording_forward
+    sched.run_until_idle()
+    for mode, logits in seen:
+        assert logits.shape[1] == 151936
+        assert torch.isfinite(logits).all(), f"non-finite logits in a {mode} step"
+    modes = [mode for mode, _ in seen]
+    # One prefill, then >= 4 decodes (with overlap scheduling one more decode is launched
+    # before the step that finished the requests has been processed).
+    assert modes[0] == "EXTEND" and set(modes[1:]) == {"DECODE"} and len(modes) >= 5, modes
     for i in range(2):
         req_outputs = [o for o in sched.test_outputs if f"q{i}" in o.rids]
         assert req_outputs[-1].finished_reasons[-1] == {"type": "length", "length": 5}
-    sched.last_batch = None
     assert_memory_all_free(sched)

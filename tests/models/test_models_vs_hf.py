@@ -187,6 +187,7 @@ def test_greedy_staggered_arrivals_match_hf(tiny: TinyModel, scheduler) -> None:
 
 
 VARIANTS = {
+    "no_overlap": dict(disable_overlap_schedule=True),
     "no_radix_cache": dict(disable_radix_cache=True),
     "page_size_4": dict(page_size=4),
     # 160 KV slots for ~330 tokens of work and 16-token chunks: prompts are prefilled in
@@ -219,3 +220,29 @@ def test_tiny_model_files_are_safetensors(tiny: TinyModel) -> None:
     """The models under test were really loaded from safetensors (the format in question)."""
     assert list(Path(tiny.path).glob("*.safetensors"))
     assert not list(Path(tiny.path).glob("*.bin"))
+
+
+# ---- logprobs through the scheduler --------------------------------------------------------
+@pytest.mark.parametrize("variant", ["default", "tiny_pool_chunked"])
+def test_prompt_and_output_logprobs_match_hf(tiny: TinyModel, variant: str) -> None:
+    """return_logprob with logprob_start_len=0: every prompt token's logprob (the first is
+    None) and every output token's logprob equal transformers' log_softmax, also when the
+    prompt is prefilled in chunks and when requests are retracted and re-prefilled."""
+    sched = make_scheduler(tiny.path, **VARIANTS.get(variant, {}))
+    results = run_prompts(
+        sched, tiny.prompts, MAX_NEW_TOKENS, return_logprob=True, logprob_start_len=0
+    )
+    _assert_same_as_hf(tiny, results)
+    if variant != "default":
+        assert sched.num_retracted_reqs > 0
+    for i, (res, prompt, out) in enumerate(zip(results, tiny.prompts, tiny.hf_outputs)):
+        full = prompt + out
+        ref = torch.log_softmax(_hf_logits(tiny.hf_model, full), dim=-1)
+        # Position k's logprob comes from the logits row k - 1.
+        ref_in = [ref[k - 1, prompt[k]].item() for k in range(1, len(prompt))]
+        ref_out = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(out)]
+        assert len(res.input_logprobs) == len(prompt), (i, len(res.input_logprobs))
+        assert res.input_logprobs[0] is None
+        assert res.input_logprobs[1:] == pytest.approx(ref_in, abs=LOGITS_ATOL), i
+        assert res.output_logprobs == pytest.approx(ref_out, abs=LOGITS_ATOL), i
+    assert_memory_all_free(sched)
