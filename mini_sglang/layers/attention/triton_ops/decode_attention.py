@@ -191,6 +191,8 @@ def decode_attention_fwd(
     Every seq_len must be >= 1. Nothing is read back to the host.
     """
     bs, q_heads, head_dim = q.shape
+    if bs == 0:
+        return
     kv_heads = k_buffer.shape[1]
     group = q_heads // kv_heads
     num_splits = mid_lse.shape[2]
