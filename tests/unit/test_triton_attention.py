@@ -2,8 +2,8 @@
 
 Kernels (decode split-KV + reduce, extend with a cached prefix) are checked in float32
 against plain softmax attention over K/V gathered from a pool whose slots are scattered
-(random permutation, page_size 1, or random whole pages of 16), with GQA ratios 1/2/4 and
-head_dim 64/80/96/128. The backend is checked through ForwardBatch against torch_native,
+(random permutation, page_size 1, or random whole pages of 16), with GQA ratios 1/2/4/20 and
+head_dim 32/64/80/96/128. The backend is checked through ForwardBatch against torch_native,
 and end to end: a tiny Qwen3 model generates the same tokens and logprobs with either.
 
 Without CUDA everything runs on CPU tensors in Triton's interpreter (TRITON_INTERPRET=1 is
@@ -104,10 +104,11 @@ def _tol(dtype: torch.dtype) -> dict:
 
 
 # ---- kernels ---------------------------------------------------------------------------
+# group 20: two blocks of 16 q heads per kv head, the second one partly masked.
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "group,head_dim,num_splits,page_size",
-    [(1, 64, 8, 1), (4, 128, 3, 16), (4, 64, 1, 1), (2, 80, 8, 16)],
+    [(1, 64, 8, 1), (4, 128, 3, 16), (4, 64, 1, 1), (2, 80, 8, 16), (20, 32, 2, 1)],
 )
 def test_decode_kernel_matches_reference(group, head_dim, num_splits, page_size, dtype):
     lens = [1, 7, 130, 513]

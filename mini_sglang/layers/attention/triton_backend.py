@@ -96,7 +96,7 @@ class TritonAttnBackend(AttentionBackend):
         self._save(k, v, layer, fb, save_kv_cache)
         k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         q = self._heads(q, layer)
-        o = torch.empty_like(q)
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         extend_attention_fwd(
             q,
             o,
@@ -125,7 +125,7 @@ class TritonAttnBackend(AttentionBackend):
         k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         q = self._heads(q, layer)
         bs = q.shape[0]
-        o = torch.empty_like(q)
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         assert self.mid is not None and self.mid[0].shape[0] >= bs, "decode metadata not set"
         mid_o, mid_lse = self.mid
         decode_attention_fwd(
