@@ -19,11 +19,14 @@ import torch
 from conftest import (
     assert_memory_all_free,
     build_tiny_model,
+    collect_outputs,
     hf_greedy,
+    make_req,
     make_scheduler,
     run_prompts,
 )
 
+from mini_sglang.managers.io_struct import AbortReq
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.sampling.sampling_params import SamplingParams
@@ -245,4 +248,47 @@ def test_prompt_and_output_logprobs_match_hf(tiny: TinyModel, variant: str) -> N
         assert res.input_logprobs[0] is None
         assert res.input_logprobs[1:] == pytest.approx(ref_in, abs=LOGITS_ATOL), i
         assert res.output_logprobs == pytest.approx(ref_out, abs=LOGITS_ATOL), i
+    assert_memory_all_free(sched)
+
+
+# ---- early finishes: lengths, stop tokens, abort ------------------------------------------
+@pytest.mark.parametrize("variant", ["page_size_4", "tiny_pool_chunked_page_size_4"])
+def test_early_finishes_match_hf_and_free_memory(tiny: TinyModel, variant: str) -> None:
+    """Requests that end at different steps (max_new_tokens 1..32, a stop token, an abort
+    mid-decode) return HF's greedy prefix and leave no KV or request slot behind; with
+    overlap scheduling these are the steps that launch surplus decode slots."""
+
+    sched = make_scheduler(tiny.path, **VARIANTS[variant])
+    lengths = [1, 2, 3, 7, MAX_NEW_TOKENS, MAX_NEW_TOKENS]
+    stop_req, abort_req = 4, 5
+    # A token that first appears mid-way through HF's output of request stop_req.
+    ref_stop = tiny.hf_outputs[stop_req]
+    stop_token = ref_stop[5]
+    expected_stop = ref_stop[: ref_stop.index(stop_token) + 1]
+    for i, ids in enumerate(tiny.prompts):
+        req = make_req(f"e{i}", ids, lengths[i], ignore_eos=True)
+        if i == stop_req:
+            sp = SamplingParams(
+                max_new_tokens=MAX_NEW_TOKENS, temperature=0.0, stop_token_ids=[stop_token]
+            )
+            sp.normalize(None)
+            req.sampling_params = sp
+        sched.add_request(req)
+    for _ in range(8):
+        sched.run_step()
+    sched.add_request(AbortReq(rid=f"e{abort_req}"))
+    sched.run_until_idle()
+    results = collect_outputs(sched.test_outputs)
+    for i in range(len(tiny.prompts)):
+        res, ref = results[f"e{i}"], tiny.hf_outputs[i]
+        if i == stop_req:
+            assert res.output_ids == expected_stop
+            assert res.finish_reason == {"type": "stop", "matched": stop_token}
+        elif i == abort_req:
+            assert res.finish_reason["type"] == "abort"
+            assert 0 < len(res.output_ids) < MAX_NEW_TOKENS
+            assert res.output_ids == ref[: len(res.output_ids)]
+        else:
+            assert res.output_ids == ref[: lengths[i]], i
+            assert res.finish_reason == {"type": "length", "length": lengths[i]}
     assert_memory_all_free(sched)
