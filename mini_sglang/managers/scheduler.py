@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from mini_sglang.managers.finish_reason import FINISH_ABORT
 from mini_sglang.managers.io_struct import (
     AbortReq,
@@ -31,6 +29,7 @@ from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
 from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
 from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
+from mini_sglang.managers.scheduler_retraction import SchedulerRetractionMixin
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
@@ -41,10 +40,9 @@ logger = logging.getLogger("mini_sglang")
 INIT_NEW_TOKEN_RATIO = float(os.environ.get("SGLANG_INIT_NEW_TOKEN_RATIO", "0.7"))
 MIN_NEW_TOKEN_RATIO_FACTOR = float(os.environ.get("SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", "0.14"))
 NEW_TOKEN_RATIO_DECAY_STEPS = int(os.environ.get("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", "600"))
-RETRACT_DECODE_STEPS = int(os.environ.get("SGLANG_RETRACT_DECODE_STEPS", "20"))
 
 
-class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
+class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin, SchedulerRetractionMixin):
     def __init__(
         self,
         server_args,
@@ -305,68 +303,6 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin):
         batch.prepare_for_extend()
         self.log_prefill_stats(adder, running_bs)
         return batch
-
-    def update_running_batch(self, batch: ScheduleBatch) -> None:
-        """Make room for one more token per request (retracting if needed), then prepare."""
-        if not batch.check_decode_mem():
-            retracted, self.new_token_ratio = self.retract_decode(batch)
-            self.num_retracted_reqs += len(retracted)
-            logger.warning(
-                "KV cache pool is full. Retract requests. #retracted_reqs: %d, "
-                "#new_token_ratio: %.4f -> %.4f",
-                len(retracted),
-                self.init_new_token_ratio,
-                self.new_token_ratio,
-            )
-            self.waiting_queue = retracted + self.waiting_queue
-            if batch.is_empty():
-                return
-        batch.prepare_for_decode()
-
-    def retract_decode(self, batch: ScheduleBatch) -> tuple[list[Req], float]:
-        """SGLang's retraction: drop requests with the fewest output tokens (the longest
-        prompt first among equals) until the next decode step fits; at least one goes.
-        Returns the retracted requests and the new new_token_ratio estimate."""
-        reqs = batch.reqs
-        order = sorted(
-            range(len(reqs)),
-            key=lambda i: (len(reqs[i].output_ids), -len(reqs[i].origin_input_ids)),
-            reverse=True,
-        )
-        retracted: list[Req] = []
-        first = True
-        while first or not self._decode_fits(len(order)):
-            if len(order) == 1:
-                break
-            first = False
-            idx = order.pop()
-            req = reqs[idx]
-            self.release_req_kv(req, int(batch.seq_lens[idx]))
-            # Use what the release made evictable right away.
-            self.tree_cache.evict(len(order) * RETRACT_DECODE_STEPS)
-            req.reset_for_retract()
-            retracted.append(req)
-        batch.filter_batch(sorted(order))
-        total_decoded = sum(len(r.output_ids) for r in batch.reqs)
-        total_max_new = sum(r.sampling_params.max_new_tokens for r in batch.reqs)
-        ratio = (total_decoded + RETRACT_DECODE_STEPS * len(batch.reqs)) / max(total_max_new, 1)
-        return retracted, min(1.0, ratio)
-
-    def _decode_fits(self, num_reqs: int) -> bool:
-        need = num_reqs * self.page_size
-        if self.allocator.available_size() < need:
-            self.tree_cache.evict(need)
-        return self.allocator.available_size() >= need
-
-    def release_req_kv(self, req: Req, kv_len: int) -> None:
-        """Free a running request's own KV (beyond its cached prefix) and its slot."""
-        table = self.req_to_token_pool.req_to_token
-        start = len(req.prefix_indices) // self.page_size * self.page_size
-        if isinstance(self.tree_cache, ChunkCache):
-            start = 0
-        self.allocator.free(table[req.req_pool_idx, start:kv_len].to(torch.int64))
-        self.req_to_token_pool.free(req.req_pool_idx)
-        self.tree_cache.dec_lock_ref(req.last_node)
 
     # ---- running -------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch):
