@@ -215,6 +215,13 @@ class Engine:
         if getattr(self, "_closed", True):
             return
         self._closed = True
+        task = self.tokenizer_manager.handle_loop_task
+        if task is not None and not task.done() and not self.loop.is_running():
+            task.cancel()
+            try:
+                self.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+            except RuntimeError:
+                pass
         self._children.stop()
 
     def __enter__(self) -> Engine:

@@ -81,19 +81,35 @@ async def validation_exception_handler(request: Request, exc: RequestValidationE
     )
 
 
-@app.middleware("http")
-async def api_key_middleware(request: Request, call_next):
-    key = _state.server_args.api_key if _state is not None else None
-    path = request.url.path
-    if (
-        key
-        and request.method != "OPTIONS"
-        and not path.startswith("/health")
-        and not path.startswith("/metrics")
-        and request.headers.get("Authorization") != f"Bearer {key}"
-    ):
-        return orjson_response({"error": "Unauthorized"}, 401)
-    return await call_next(request)
+class APIKeyMiddleware:
+    """`--api-key`: every path but /health*, /metrics* and OPTIONS needs
+    `Authorization: Bearer <key>`; otherwise 401 {"error": "Unauthorized"}.
+
+    A plain ASGI middleware on purpose: Starlette's BaseHTTPMiddleware (what
+    @app.middleware("http") builds) hides client disconnects from Request.is_disconnected(),
+    and the TokenizerManager relies on that to abort non-streaming requests.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        key = _state.server_args.api_key if _state is not None else None
+        if key and scope["type"] == "http" and scope.get("method") != "OPTIONS":
+            path = scope.get("path", "")
+            headers = dict(scope.get("headers") or [])
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            if (
+                not path.startswith("/health")
+                and not path.startswith("/metrics")
+                and auth != f"Bearer {key}"
+            ):
+                await orjson_response({"error": "Unauthorized"}, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+app.add_middleware(APIKeyMiddleware)
 
 
 # ---- health and info --------------------------------------------------------------------

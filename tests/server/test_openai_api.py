@@ -532,11 +532,6 @@ def test_stream_disconnect_frees_kv(server: Server, endpoint: str) -> None:
     assert time.time() - t0 < 30
 
 
-@pytest.mark.xfail(
-    reason="http_server's api-key middleware is a BaseHTTPMiddleware, which hides the "
-    "client's disconnect from Request.is_disconnected() for non-streaming requests",
-    strict=False,
-)
 def test_non_stream_disconnect_frees_kv(server: Server) -> None:
     body = {"prompt": "Hi", "max_tokens": 450, "ignore_eos": True, **GREEDY}
     with pytest.raises(httpx.TimeoutException):
