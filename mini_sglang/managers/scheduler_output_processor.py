@@ -95,8 +95,9 @@ class SchedulerOutputProcessorMixin:
             offset += n_rows
             if not req.return_logprob or n_rows == 0:
                 continue
-            temperature = req.sampling_params.temperature
-            logprobs = torch.log_softmax(rows / temperature, dim=-1)
+            # Raw logits, no temperature: SGLang 0.5.4 never sets temp_scaled_logprobs for
+            # prompt positions (only output logprobs are taken after temperature).
+            logprobs = torch.log_softmax(rows, dim=-1)
             start = prefix + req.extend_logprob_start_len  # absolute position of first row
             if start == 0 and not req.input_token_logprobs_val:
                 req.input_token_logprobs_val.append(None)
