@@ -2,8 +2,10 @@
 
 Order of operations (SGLang's): penalties and logit_bias on raw logits; greedy rows take the
 argmax; other rows divide by temperature, softmax, then top-k, top-p and min-p filtering
-(renormalised), then draw. Reported logprobs are log_softmax(logits / temperature), taken
-before the top-k/p/min-p filtering, as SGLang computes them.
+(renormalised), then draw. Reported output logprobs are log_softmax(penalised logits /
+temperature), taken before the top-k/p/min-p filtering, as SGLang 0.5.4 computes them
+(greedy rows have temperature 1). Prompt logprobs are not made here: they are
+log_softmax(raw logits), without temperature or penalties (scheduler_output_processor).
 
 Seeded draws: a request with a sampling_seed draws with the Gumbel-max trick from noise that
 is a pure hash of (seed, position, token id), so its tokens do not depend on which other
@@ -28,26 +30,41 @@ class SamplerOutput:
     logprobs: torch.Tensor | None = None  # [B, V] log_softmax(logits / T) when requested
 
 
+def _i64(c: int) -> int:
+    """A 64-bit constant as the signed int64 with the same bits (torch has no uint64 ops)."""
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift on int64 (torch's >> is arithmetic: it copies the sign bit)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+_M1, _M2 = _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+_G1, _G2 = _i64(0x9E3779B97F4A7C15), _i64(0x632BE59BD9B4E019)
+
+
 def _mix64(x: torch.Tensor) -> torch.Tensor:
-    """A splitmix64-style integer hash on int64 tensors (wrap-around arithmetic).
+    """splitmix64's finaliser on int64 tensors (wrap-around multiplication, logical shifts).
 
     Why hand-written: torch has no counter-based RNG whose stream depends only on a
-    per-row key, and that is exactly what batch-independent seeded sampling needs.
+    per-row key, and that is exactly what batch-independent seeded sampling needs. The
+    shifts must be logical: with arithmetic ones the top bit of ``x ^ (x >> k)`` is always 0,
+    which once halved the uniforms' range and starved low-probability tokens.
     """
-    x = x ^ (x >> 31)
-    x = x * 0x7FB5D329728EA185
-    x = x ^ (x >> 27)
-    x = x * 0x81DADEF4BC2DD44D
-    return x ^ (x >> 33)
+    x = (x ^ _shr(x, 30)) * _M1
+    x = (x ^ _shr(x, 27)) * _M2
+    return x ^ _shr(x, 31)
 
 
 def hashed_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """[B, vocab] uniforms in (0, 1) that depend only on (seed, position, token id)."""
     cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    key = _mix64(seeds * 0x9E3779B97F4A7C15 + positions * 0x632BE59BD9B4E019)
-    bits = _mix64(key[:, None] + cols[None, :] * 0x9E3779B97F4A7C15)
-    # 24 random bits -> uniform strictly inside (0, 1).
-    return ((bits >> 40) & 0xFFFFFF).float().add_(0.5).div_(1 << 24)
+    key = _mix64(seeds * _G1 + positions * _G2)
+    bits = _mix64(key[:, None] + cols[None, :] * _G1)
+    # The top 23 random bits -> uniform strictly inside (0, 1); 23, not 24, so that
+    # k + 0.5 stays exact in float32 and the largest value is below 1.0.
+    return _shr(bits, 41).float().add_(0.5).div_(1 << 23)
 
 
 def filter_probs(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
@@ -86,7 +103,9 @@ class Sampler(nn.Module):
         scaled = logits / info.temperatures
         probs = torch.softmax(scaled, dim=-1)
         if return_logprob:
-            logprobs = torch.log_softmax(scaled, dim=-1)
+            # SGLang takes log(probs) clamped to the dtype's min, so a banned token (-inf
+            # logit) reports a finite -3.4e38 here, but -inf (null in JSON) when all greedy.
+            logprobs = torch.log_softmax(scaled, dim=-1).clamp_(min=torch.finfo(scaled.dtype).min)
         greedy_rows = info.top_ks <= 1
         fi = flashinfer_sampling() if logits.is_cuda and not info.has_seeds else None
         if fi is not None:

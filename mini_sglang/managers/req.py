@@ -142,6 +142,10 @@ class Req:
         sp = self.sampling_params
         if sp.max_new_tokens is not None and len(self.output_ids) >= sp.max_new_tokens:
             self.finished_reason = FINISH_LENGTH(length=sp.max_new_tokens)
+            if sp.max_new_tokens == 0:
+                # Prefill only: the token sampled from the prompt is not an output (SGLang
+                # reports output_ids_through_stop == [] and completion_tokens 0).
+                self._drop_output_tokens()
             return
         if not self.output_ids:
             return
@@ -160,6 +164,18 @@ class Req:
                 if stop in tail:
                     self.finished_reason = FINISH_MATCHED_STR(matched=stop)
                     return
+
+    def _drop_output_tokens(self) -> None:
+        del self.output_ids[:]
+        for name in (
+            "output_token_logprobs_val",
+            "output_token_logprobs_idx",
+            "output_top_logprobs_val",
+            "output_top_logprobs_idx",
+            "output_token_ids_logprobs_val",
+            "output_token_ids_logprobs_idx",
+        ):
+            del getattr(self, name)[:]
 
     def abort(self, message: str) -> None:
         self.to_abort = True

@@ -102,13 +102,17 @@ class SamplingBatchInfo:
                 other.logit_bias if other.logit_bias is not None else self._zeros(len(other.top_ps))
             )
             self.logit_bias = torch.cat([mine, theirs])
-        if self.penalizer is not None and other.penalizer is not None:
-            self.penalizer = self.penalizer.concat(other.penalizer)
-        elif self.penalizer is not None or other.penalizer is not None:
-            # Only one side tracks penalties: rebuild from the requests' own token lists.
-            self.penalizer = PenalizerOrchestrator.from_reqs(
-                merged_reqs, self.vocab_size, self.device
+        if self.penalizer is not None or other.penalizer is not None:
+            # A side that tracks no penalties gets neutral rows (see PenalizerOrchestrator.
+            # neutral for why the tensors are not rebuilt from the requests).
+            n_self = len(merged_reqs) - len(other.top_ps)
+            mine = self.penalizer or PenalizerOrchestrator.neutral(
+                n_self, self.vocab_size, self.device
             )
+            theirs = other.penalizer or PenalizerOrchestrator.neutral(
+                len(other.top_ps), self.vocab_size, self.device
+            )
+            self.penalizer = mine.concat(theirs)
         self._flags_from_tensors()
 
     def _zeros(self, rows: int) -> torch.Tensor:

@@ -77,9 +77,33 @@ class PenalizerOrchestrator:
             repetition=col([sp.repetition_penalty for sp in sps]),
             output_counts=counts.to(device),
             seen=seen.to(device),
-            min_new_tokens=torch.tensor([sp.min_new_tokens for sp in sps]).to(device),
-            generated=torch.tensor([len(r.output_ids) for r in reqs]).to(device),
+            min_new_tokens=torch.tensor([sp.min_new_tokens for sp in sps], dtype=torch.int64).to(
+                device
+            ),
+            generated=torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64).to(device),
             stop_mask=stop_mask.to(device),
+        )
+
+    @classmethod
+    def neutral(cls, rows: int, vocab_size: int, device) -> PenalizerOrchestrator:
+        """`rows` rows that change nothing (no penalty, no min_new_tokens).
+
+        Used to pad the side of a merge that tracks no penalties: rebuilding from the
+        requests instead would lose tokens sampled in a step whose results the overlap
+        scheduler has not processed yet (their counts live only in these tensors).
+        """
+        zeros = torch.zeros(rows, 1, dtype=torch.float32, device=device)
+        return cls(
+            vocab_size=vocab_size,
+            device=device,
+            frequency=zeros,
+            presence=zeros.clone(),
+            repetition=torch.ones_like(zeros),
+            output_counts=torch.zeros(rows, vocab_size, dtype=torch.float32, device=device),
+            seen=torch.zeros(rows, vocab_size, dtype=torch.bool, device=device),
+            min_new_tokens=torch.zeros(rows, dtype=torch.int64, device=device),
+            generated=torch.zeros(rows, dtype=torch.int64, device=device),
+            stop_mask=torch.zeros(rows, vocab_size, dtype=torch.bool, device=device),
         )
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
