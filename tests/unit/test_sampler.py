@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from mini_sglang.layers.sampler import Sampler, filter_probs
+from mini_sglang.layers.sampler import Sampler
 from mini_sglang.managers.req import Req
 from mini_sglang.sampling.penaltylib.orchestrator import PenalizerOrchestrator
 from mini_sglang.sampling.sampling_batch_info import NO_SEED, SamplingBatchInfo
