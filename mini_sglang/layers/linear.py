@@ -14,7 +14,6 @@ holds 4 q heads and 1 kv head; its fused weight is [(4 + 1 + 1) * 64, hidden] la
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import (
@@ -24,6 +23,7 @@ from mini_sglang.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from mini_sglang.layers.small_m_gemm import linear
 
 
 def _make_param(shape: tuple[int, ...], loader) -> nn.Parameter:
@@ -44,7 +44,7 @@ class ReplicatedLinear(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -72,7 +72,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
+        out = linear(x, self.weight, self.bias)
         return tensor_model_parallel_all_gather(out) if self.gather_output else out
 
 
@@ -152,7 +152,7 @@ class RowParallelLinear(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
+        out = linear(x, self.weight)
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         # The bias is added once, after the reduction, so it is not counted tp_size times.

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import tensor_model_parallel_all_gather
+from mini_sglang.layers.small_m_gemm import linear
 
 if TYPE_CHECKING:
     from mini_sglang.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -38,7 +39,7 @@ class LogitsProcessor(nn.Module):
         self.vocab_size = vocab_size
 
     def _logits(self, hidden: torch.Tensor, lm_head: VocabParallelEmbedding) -> torch.Tensor:
-        logits = torch.matmul(hidden.to(lm_head.weight.dtype), lm_head.weight.T)
+        logits = linear(hidden.to(lm_head.weight.dtype), lm_head.weight)
         logits = tensor_model_parallel_all_gather(logits)
         return logits[:, : self.vocab_size].float()
 

@@ -28,8 +28,16 @@ class RadixAttention(nn.Module):
         self.layer_id = layer_id
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        k = k.view(-1, self.tp_k_head_num, self.head_dim)
-        v = v.view(-1, self.tp_v_head_num, self.head_dim)
-        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)
+        """k/v may be None with save_kv_cache=False when a fused kernel already wrote them
+        into the KV pool."""
+        if k is not None:
+            k = k.view(-1, self.tp_k_head_num, self.head_dim)
+            v = v.view(-1, self.tp_v_head_num, self.head_dim)
+        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)

@@ -20,9 +20,7 @@ class ReqToTokenPool:
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
-        self.req_to_token = torch.zeros(
-            (size, max_context_len), dtype=torch.int32, device=device
-        )
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
         self.free_slots: list[int] = list(range(size))
 
     def available_size(self) -> int:
@@ -78,7 +76,11 @@ class MHATokenToKVPool:
 
     @staticmethod
     def bytes_per_token(
-        head_num: int, head_dim: int, layer_num: int, dtype: torch.dtype, v_head_dim: int | None = None
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        dtype: torch.dtype,
+        v_head_dim: int | None = None,
     ) -> int:
         elem = torch.tensor([], dtype=dtype).element_size()
         return head_num * (head_dim + (v_head_dim or head_dim)) * layer_num * elem
@@ -100,5 +102,11 @@ class MHATokenToKVPool:
     ) -> None:
         if cache_k.dtype != self.dtype:
             cache_k, cache_v = cache_k.to(self.dtype), cache_v.to(self.dtype)
+        if cache_k.is_cuda:
+            from mini_sglang.layers.fused_kernels import store_kv, triton
+
+            if triton is not None:
+                store_kv(cache_k, cache_v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])
+                return
         self.k_buffer[layer_id][loc] = cache_k
         self.v_buffer[layer_id][loc] = cache_v

@@ -7,6 +7,7 @@ before RoPE. Everything else (RMSNorm, SwiGLU MLP, RoPE, tied embeddings) is sha
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.layers.activation import SiluAndMul
+from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
 from mini_sglang.layers.layernorm import RMSNorm
 from mini_sglang.layers.linear import (
     MergedColumnParallelLinear,
@@ -60,10 +62,13 @@ class LlamaAttention(nn.Module):
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, config.hidden_size)
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim, config.hidden_size
+        )
         assert self.num_heads * tp == config.num_attention_heads
         self.rotary_emb = rotary_emb
         self.qk_norm = qk_norm
+        self.use_fused = os.environ.get("MINI_SGLANG_DISABLE_FUSED_QK_ROPE") != "1"
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
@@ -75,6 +80,24 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        if self.use_fused and fused_ops_available(qkv, self.head_dim):
+            # q/k norm + RoPE + K/V store in one kernel (see layers/fused_kernels.py).
+            k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(self.attn.layer_id)
+            q = qk_norm_rope_store(
+                qkv,
+                positions,
+                self.rotary_emb.cos_sin_cache,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.q_norm.weight if self.qk_norm else None,
+                self.k_norm.weight if self.qk_norm else None,
+                self.q_norm.variance_epsilon if self.qk_norm else 0.0,
+                fb.out_cache_loc,
+                k_buf,
+                v_buf,
+            )
+            return self.o_proj(self.attn(q, None, None, fb, save_kv_cache=False))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
@@ -194,7 +217,9 @@ class LlamaForCausalLM(nn.Module):
         missing = sorted(set(params) - loaded)
         if missing:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters: {shown}")
+            raise ValueError(
+                f"The checkpoint has no weights for {len(missing)} parameters: {shown}"
+            )
 
 
 EntryClass = LlamaForCausalLM

@@ -1,0 +1,178 @@
+"""Triton kernels that fuse the small per-layer ops of decode (CUDA only).
+
+`qk_norm_rope_store`: from the fused qkv projection output, one launch per layer
+  (a) RMS-normalises each q and k head when the model has q/k norms (Qwen3),
+  (b) applies neox RoPE to q and k from the float32 cos/sin cache,
+  (c) writes k and v straight into the KV pool at out_cache_loc,
+  and returns q. Unfused, this is 2 RMSNorm + 1 RoPE + 2 index_put kernels plus copies.
+`store_kv`: k and v into the pool in one launch (instead of two index_put kernels).
+
+Layout example (Qwen3-0.6B, one token): qkv row = [q0..q15 | k0..k7 | v0..v7], 128 each;
+program (t, h) for h < 16 handles q head h; for 16 <= h < 24 it handles k head h - 16 and
+copies v head h - 16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs
+    triton = None
+
+
+def fused_ops_available(x: torch.Tensor, head_dim: int) -> bool:
+    return triton is not None and x.is_cuda and head_dim in (64, 128, 256)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _qk_norm_rope_store_kernel(
+        qkv,
+        q_out,
+        positions,
+        cos_sin,
+        q_w,
+        k_w,
+        loc,
+        k_buf,
+        v_buf,
+        stride_qkv,
+        stride_q,
+        stride_kb,
+        stride_vb,
+        eps,
+        NUM_Q: tl.constexpr,
+        NUM_KV: tl.constexpr,
+        D: tl.constexpr,
+        HAS_NORM: tl.constexpr,
+    ):
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        half = tl.arange(0, D // 2)
+        pos = tl.load(positions + t)
+        cos = tl.load(cos_sin + pos * D + half)
+        sin = tl.load(cos_sin + pos * D + D // 2 + half)
+        is_q = h < NUM_Q
+        col = h * D  # q heads then k heads are contiguous in the qkv row
+        x1 = tl.load(qkv + t * stride_qkv + col + half).to(tl.float32)
+        x2 = tl.load(qkv + t * stride_qkv + col + D // 2 + half).to(tl.float32)
+        if HAS_NORM:
+            var = (tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D
+            r = 1.0 / tl.sqrt(var + eps)
+            if is_q:
+                w1 = tl.load(q_w + half).to(tl.float32)
+                w2 = tl.load(q_w + D // 2 + half).to(tl.float32)
+            else:
+                w1 = tl.load(k_w + half).to(tl.float32)
+                w2 = tl.load(k_w + D // 2 + half).to(tl.float32)
+            x1 = x1 * r * w1
+            x2 = x2 * r * w2
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        if is_q:
+            dst = q_out + t * stride_q + h * D
+            tl.store(dst + half, o1.to(q_out.dtype.element_ty))
+            tl.store(dst + D // 2 + half, o2.to(q_out.dtype.element_ty))
+        else:
+            kh = h - NUM_Q
+            slot = tl.load(loc + t).to(tl.int64)
+            kdst = k_buf + slot * stride_kb + kh * D
+            tl.store(kdst + half, o1.to(k_buf.dtype.element_ty))
+            tl.store(kdst + D // 2 + half, o2.to(k_buf.dtype.element_ty))
+            full = tl.arange(0, D)
+            v = tl.load(qkv + t * stride_qkv + (NUM_Q + NUM_KV) * D + kh * D + full)
+            tl.store(v_buf + slot * stride_vb + kh * D + full, v.to(v_buf.dtype.element_ty))
+
+    @triton.jit
+    def _store_kv_kernel(
+        k,
+        v,
+        loc,
+        k_buf,
+        v_buf,
+        stride_k,
+        stride_v,
+        stride_kb,
+        stride_vb,
+        ROW: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        t = tl.program_id(0)
+        slot = tl.load(loc + t).to(tl.int64)
+        for off in range(0, ROW, BLOCK):
+            i = off + tl.arange(0, BLOCK)
+            m = i < ROW
+            tl.store(k_buf + slot * stride_kb + i, tl.load(k + t * stride_k + i, mask=m), mask=m)
+            tl.store(v_buf + slot * stride_vb + i, tl.load(v + t * stride_v + i, mask=m), mask=m)
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    out_cache_loc: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+) -> torch.Tensor:
+    """Returns q [T, num_q_heads * head_dim]; K/V of the T tokens land in the pool."""
+    t = qkv.shape[0]
+    q = torch.empty((t, num_q_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
+    if t == 0:
+        return q
+    has_norm = q_norm_weight is not None
+    dummy = q if not has_norm else None
+    _qk_norm_rope_store_kernel[(t, num_q_heads + num_kv_heads)](
+        qkv,
+        q,
+        positions,
+        cos_sin_cache,
+        q_norm_weight if has_norm else dummy,
+        k_norm_weight if has_norm else dummy,
+        out_cache_loc,
+        k_buf,
+        v_buf,
+        qkv.stride(0),
+        q.stride(0),
+        k_buf.stride(0),
+        v_buf.stride(0),
+        eps,
+        NUM_Q=num_q_heads,
+        NUM_KV=num_kv_heads,
+        D=head_dim,
+        HAS_NORM=has_norm,
+    )
+    return q
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor
+) -> None:
+    """k_buf[loc] = k and v_buf[loc] = v for k, v of shape [T, heads, head_dim]."""
+    t = k.shape[0]
+    if t == 0:
+        return
+    k2, v2 = k.reshape(t, -1), v.reshape(t, -1)
+    row = k2.shape[1]
+    _store_kv_kernel[(t,)](
+        k2,
+        v2,
+        loc,
+        k_buf,
+        v_buf,
+        k2.stride(0),
+        v2.stride(0),
+        k_buf.stride(0),
+        v_buf.stride(0),
+        ROW=row,
+        BLOCK=min(1024, triton.next_power_of_2(row)),
+    )

@@ -1,0 +1,130 @@
+"""Linear layers for small batches (decode at batch 1..8) on CUDA.
+
+At batch 1 a linear layer is a memory-bound GEMV; cuBLAS does not always pick a kernel that
+streams the weight at full bandwidth for these skinny shapes. `linear` times cuBLAS against
+a simple Triton GEMV once per (M, N, K, dtype) — outside CUDA-graph capture, during the
+warm-up runs that precede it — and then always uses the faster one. Larger M, CPU and
+float32 go straight to F.linear.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+MAX_M = 8
+_ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
+# (M, N, K, dtype) -> None (cuBLAS) or the Triton config (BLOCK_N, BLOCK_K, num_warps)
+_choice: dict[tuple, tuple | None] = {}
+_CONFIGS = [(16, 256, 4), (32, 128, 4), (8, 512, 4), (64, 64, 4)]
+
+
+if triton is not None:
+
+    @triton.jit
+    def _gemv_kernel(
+        x, w, out, M, N, K, sxm, swn, som, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
+    ):
+        pid = tl.program_id(0)
+        rn = pid * BN + tl.arange(0, BN)
+        rm = tl.arange(0, BM)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            wt = tl.load(
+                w + rn[:, None] * swn + rk[None, :],
+                mask=(rn[:, None] < N) & (rk[None, :] < K),
+                other=0.0,
+            ).to(tl.float32)
+            xt = tl.load(
+                x + rm[:, None] * sxm + rk[None, :],
+                mask=(rm[:, None] < M) & (rk[None, :] < K),
+                other=0.0,
+            ).to(tl.float32)
+            acc += tl.sum(xt[:, None, :] * wt[None, :, :], axis=2)
+        tl.store(
+            out + rm[:, None] * som + rn[None, :],
+            acc.to(out.dtype.element_ty),
+            mask=(rm[:, None] < M) & (rn[None, :] < N),
+        )
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple) -> torch.Tensor:
+    """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps)."""
+    m, k = x.shape
+    n = w.shape[0]
+    bn, bk, warps = cfg
+    bm = max(1, triton.next_power_of_2(m))
+    if bm > 1:
+        bk = max(32, bk // bm)  # keep the per-thread register tile bounded
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(n, bn),)](
+        x,
+        w,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        out.stride(0),
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        num_warps=warps,
+    )
+    return out
+
+
+def _time(fn, iters: int = 20) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _pick(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
+    best, best_t = None, _time(lambda: F.linear(x, w))
+    for cfg in _CONFIGS:
+        try:
+            t = _time(lambda cfg=cfg: gemv(x, w, cfg))
+        except Exception:  # a config the compiler rejects on this card
+            continue
+        if t < best_t * 0.95:
+            best, best_t = cfg, t
+    return best
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if (
+        not _ENABLED
+        or triton is None
+        or not x.is_cuda
+        or x.dim() != 2
+        or x.shape[0] > MAX_M
+        or x.dtype not in (torch.bfloat16, torch.float16)
+        or not x.is_contiguous()
+    ):
+        return F.linear(x, w, bias)
+    key = (x.shape[0], w.shape[0], w.shape[1], x.dtype)
+    if key not in _choice:
+        if torch.cuda.is_current_stream_capturing():
+            return F.linear(x, w, bias)
+        _choice[key] = _pick(x, w)
+    cfg = _choice[key]
+    if cfg is None:
+        return F.linear(x, w, bias)
+    out = gemv(x, w, cfg)
+    return out + bias if bias is not None else out
