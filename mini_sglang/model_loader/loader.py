@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp
 from mini_sglang.model_loader.gguf_loader import is_gguf_path, iterate_gguf_weights
 from mini_sglang.models.registry import resolve_model_class
 
@@ -82,7 +84,10 @@ def get_model(model_config, load_format: str, device: str | torch.device) -> nn.
     finally:
         torch.set_default_dtype(old_dtype)
     if load_format == "dummy":
-        fill_dummy_weights(model)
+        if get_tp_size() > 1:  # shard the tp=1 dummy model (see dummy_tp)
+            fill_dummy_weights_tp(model, DUMMY_SEED)
+        else:
+            fill_dummy_weights(model)
     else:
         model.load_weights(weight_iterator(model_config.model_path, load_format))
     # RoPE caches are buffers computed in float32; keep them so (the dtype switch above

@@ -1,0 +1,84 @@
+"""`--load-format dummy` under tensor parallelism: every rank holds its shard of the very
+tensors a tp=1 run would hold.
+
+SGLang's dummy format fills each parameter uniformly in [-1e-3, 1e-3] from seed 1234. Filling
+each rank's *shard* that way would give every rank the same values (the first rows of the
+stream), i.e. a different model for every TP degree. Instead each sharded parameter's full
+(tp=1) tensor is generated with the same seed and routed through the parameter's own
+`weight_loader`, exactly as a checkpoint tensor would be, so tp=2 serves the tp=1 model.
+
+Worked example (QKV, 4 q heads, 2 kv heads, head_dim 16, tp=2): the full fused tensor is
+[(4 + 2 + 2) * 16, hidden] = [128, hidden]; it is split into q rows 0..63, k rows 64..95 and
+v rows 96..127 and loaded with shard ids "q", "k", "v"; rank 1 keeps q rows 32..63, k rows
+80..95, v rows 112..127.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mini_sglang.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from mini_sglang.layers.vocab_parallel_embedding import VocabParallelEmbedding, pad_vocab_size
+
+
+def _full_dummy(shape: tuple[int, ...], seed: int, low: float, high: float) -> torch.Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.empty(shape, dtype=torch.float32).uniform_(low, high, generator=gen)
+
+
+def _shards(module: nn.Module, pname: str, param: nn.Parameter) -> list[tuple[tuple, object]]:
+    """[(full tp=1 shape of the piece, shard_id)] that make up `param`, or [] if the
+    parameter is replicated (then it is filled like tp=1 directly)."""
+    rest = tuple(param.shape[1:])
+    if isinstance(module, QKVParallelLinear):
+        d = module.head_size
+        q, kv = module.total_num_heads * d, module.total_num_kv_heads * d
+        return [((q, *rest), "q"), ((kv, *rest), "k"), ((kv, *rest), "v")]
+    if isinstance(module, MergedColumnParallelLinear):
+        return [((size, *rest), i) for i, size in enumerate(module.output_sizes)]
+    if isinstance(module, ColumnParallelLinear):
+        return [((param.shape[0] * module.tp_size, *rest), None)]
+    if isinstance(module, RowParallelLinear) and pname == "weight":
+        return [((param.shape[0], param.shape[1] * module.tp_size), None)]
+    if isinstance(module, VocabParallelEmbedding):
+        return [((pad_vocab_size(module.num_embeddings, 1), param.shape[1]), None)]
+    return []
+
+
+@torch.no_grad()
+def fill_dummy_weights_tp(
+    model: nn.Module, seed: int, low: float = -1e-3, high: float = 1e-3
+) -> None:
+    """Fill `model` (built at tp > 1) so each rank holds its shard of the tp=1 dummy model.
+
+    Contract: for every parameter, the values equal what `fill_dummy_weights` gives the
+    same parameter at tp=1, restricted to this rank's shard.
+    """
+    done: set[int] = set()
+    for module in model.modules():
+        for pname, param in module.named_parameters(recurse=False):
+            if id(param) in done or not torch.is_floating_point(param):
+                continue
+            done.add(id(param))
+            pieces = _shards(module, pname, param)
+            if not pieces:
+                param.data.copy_(_full_dummy(tuple(param.shape), seed, low, high))
+                continue
+            # A tp=1 fused parameter is one tensor drawn from the seed; its pieces are
+            # consecutive row blocks of it.
+            rows = sum(shape[0] for shape, _ in pieces)
+            full = _full_dummy((rows, *pieces[0][0][1:]), seed, low, high).to(param.dtype)
+            offset = 0
+            for shape, shard_id in pieces:
+                piece = full.narrow(0, offset, shape[0])
+                offset += shape[0]
+                if shard_id is None:
+                    param.weight_loader(param, piece)
+                else:
+                    param.weight_loader(param, piece, shard_id)
