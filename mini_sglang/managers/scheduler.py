@@ -200,10 +200,10 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin, SchedulerR
                 req.abort(recv.abort_reason or "Abort in the middle of a request")
 
     def flush_cache(self) -> bool:
-        if self.waiting_queue or (self.running_batch and not self.running_batch.is_empty()):
+        # has_work() also covers a prefill whose requests are not yet in running_batch
+        # (last_batch) and a batch still in flight under overlap (_pending): both hold KV.
+        if self.has_work():
             logger.warning("Cache not flushed because there are pending requests.")
-            return False
-        if self.chunked_req is not None:
             return False
         self.tree_cache.reset()
         self.req_to_token_pool.clear()
