@@ -47,7 +47,7 @@ SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRA
 
 # What mini-sglang implements; other values in SGLang's choices are reset with a warning.
 SUPPORTED_ATTENTION_BACKENDS = ("torch_native", "flashinfer", "triton")
-SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "dummy", "gguf")
+SUPPORTED_LOAD_FORMATS = ("auto", "pt", "safetensors", "dummy", "gguf")
 
 
 def _unsupported_backend(v: Any) -> bool:
@@ -86,7 +86,6 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "decode_attention_backend": _unsupported_backend,
     "grammar_backend": lambda v: v not in (None, "xgrammar", "none"),
     "schedule_policy": lambda v: v == "priority",
-    "radix_eviction_policy": lambda v: v != "lru",
     "device": lambda v: v is not None and v.split(":")[0] not in ("cuda", "cpu"),
 }
 

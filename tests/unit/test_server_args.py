@@ -207,7 +207,6 @@ def test_check_server_args_revalidates():
         (["--speculative-draft-model", "/d"], "speculative_draft_model_path", None),
         (["--load-format", "bitsandbytes"], "load_format", "auto"),
         (["--schedule-policy", "priority"], "schedule_policy", "fcfs"),
-        (["--radix-eviction-policy", "lfu"], "radix_eviction_policy", "lru"),
         (["--grammar-backend", "outlines"], "grammar_backend", "xgrammar"),
         (["--attention-backend", "fa3"], "attention_backend", "torch_native"),
         (["--device", "xpu"], "device", "cpu"),
