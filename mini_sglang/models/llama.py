@@ -185,10 +185,13 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model(input_ids, positions, fb)
         return self.logits_processor(hidden, self.lm_head, fb)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True
+    ) -> None:
         """Copy checkpoint tensors (HF names) into the fused, sharded parameters.
 
-        Raises ValueError naming the parameters that no checkpoint tensor filled.
+        Raises ValueError naming the parameters that no checkpoint tensor filled, unless
+        strict is False (online weight updates send a subset).
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
@@ -215,7 +218,7 @@ class LlamaForCausalLM(nn.Module):
                         loader(param, tensor)
                     loaded.add(name)
         missing = sorted(set(params) - loaded)
-        if missing:
+        if missing and strict:
             shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
             raise ValueError(
                 f"The checkpoint has no weights for {len(missing)} parameters: {shown}"
