@@ -85,7 +85,8 @@ class SchedulerOutputProcessorMixin:
 
     def add_input_logprobs(self, batch: BatchSnapshot, result: GenerationBatchResult) -> None:
         """Prompt logprobs: position k's value is log p(token k | tokens < k), from the
-        logits row of position k - 1; the prompt's very first token gets None."""
+        logits row of position k - 1; the first reported position (logprob_start_len) gets
+        None, as in SGLang 0.5.4 even when it is not 0 (its row k - 1 is not computed)."""
         out = result.logits_output
         if out.input_logits is None:
             return
@@ -99,9 +100,9 @@ class SchedulerOutputProcessorMixin:
             # prompt positions (only output logprobs are taken after temperature).
             logprobs = torch.log_softmax(rows, dim=-1)
             start = prefix + req.extend_logprob_start_len  # absolute position of first row
-            if start == 0 and not req.input_token_logprobs_val:
+            if start == req.logprob_start_len and not req.input_token_logprobs_val:
                 req.input_token_logprobs_val.append(None)
-                req.input_token_logprobs_idx.append(req.fill_ids[0])
+                req.input_token_logprobs_idx.append(req.origin_input_ids[start])
                 if req.top_logprobs_num > 0:
                     req.input_top_logprobs_val.append(None)
                     req.input_top_logprobs_idx.append(None)
@@ -110,10 +111,10 @@ class SchedulerOutputProcessorMixin:
                     req.input_token_ids_logprobs_idx.append(None)
             prompt_len = len(req.origin_input_ids)
             # Last prompt position whose logprob is already recorded: row s predicts s + 1,
-            # and position 0 (s == 0) holds a None. A retracted request re-prefills its
+            # and position s holds a None. A retracted request re-prefills its
             # prompt; those rows must not be appended a second time (SGLang skips them too).
             s = req.logprob_start_len
-            done_until = s + len(req.input_token_logprobs_val) - (1 if s == 0 else 0)
+            done_until = s + len(req.input_token_logprobs_val) - 1
             for j in range(n_rows):
                 pos = start + j + 1  # the token this row predicts
                 if pos >= prompt_len:
