@@ -17,6 +17,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from mini_sglang.entrypoints.engine_weights import EngineWeightsMixin
+from mini_sglang.entrypoints.parallel_launch import (
+    plan_schedulers,
+    serve_non_zero_node,
+    start_dp_controller,
+)
 from mini_sglang.managers.io_struct import GenerateReqInput
 from mini_sglang.server_args import PortArgs, ServerArgs
 from mini_sglang.utils.process import kill_process_tree
@@ -76,18 +82,25 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesse
     ctx = mp.get_context("spawn")
     procs: list[mp.Process] = []
     readers = []
-    for tp_rank in range(server_args.tp_size):
+    # One scheduler per (DP replica, TP rank) on this node; see parallel_launch.
+    specs = plan_schedulers(server_args, port_args)
+    for spec in specs:
         reader, writer = ctx.Pipe(duplex=False)
-        gpu_id = server_args.base_gpu_id + tp_rank * server_args.gpu_id_step
         proc = ctx.Process(
             target=run_scheduler_process,
-            args=(server_args, port_args, gpu_id, tp_rank, writer),
-            name=f"scheduler_TP{tp_rank}",
+            args=(server_args, spec.port_args, spec.gpu_id, spec.tp_rank, writer, spec.dp_rank),
+            name=spec.name if server_args.dp_size > 1 else f"scheduler_TP{spec.tp_rank}",
             daemon=True,
         )
         proc.start()
         procs.append(proc)
         readers.append(reader)
+    if server_args.node_rank >= 1:  # schedulers only, serving through node 0: never returns
+        serve_non_zero_node(server_args, procs, readers)
+    controller = start_dp_controller(ctx, server_args, port_args, specs)
+    if controller is not None:
+        procs.append(controller[0])
+        readers.append(controller[1])
     detok = ctx.Process(
         target=run_detokenizer_process,
         args=(server_args, port_args),
@@ -120,7 +133,7 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesse
     return tokenizer_manager, infos[0], Subprocesses(procs, stop)
 
 
-class Engine:
+class Engine(EngineWeightsMixin):
     """The offline engine. Use as a context manager or call shutdown()."""
 
     def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:

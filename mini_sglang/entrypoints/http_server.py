@@ -313,12 +313,14 @@ def launch_server(server_args) -> None:
 
     from mini_sglang.entrypoints.engine import launch_subprocesses
     from mini_sglang.entrypoints.openai.routes import mount_openai_routes
+    from mini_sglang.entrypoints.weight_routes import mount_weight_routes
     from mini_sglang.utils.process import configure_logger, kill_process_tree
 
     configure_logger(server_args)
     tm, info, children = launch_subprocesses(server_args)
     set_global_state(GlobalState(tm, info, server_args))
     mount_openai_routes(app)
+    mount_weight_routes(app)
 
     def on_term(signum, frame) -> None:
         logger.info("Received signal %d; shutting down.", signum)

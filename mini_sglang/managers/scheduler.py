@@ -30,6 +30,7 @@ from mini_sglang.managers.schedule_policy import AddReqResult, PrefillAdder, Sch
 from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
 from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
 from mini_sglang.managers.scheduler_retraction import SchedulerRetractionMixin
+from mini_sglang.managers.scheduler_update_weights import SchedulerUpdateWeightsMixin
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
@@ -42,7 +43,12 @@ MIN_NEW_TOKEN_RATIO_FACTOR = float(os.environ.get("SGLANG_MIN_NEW_TOKEN_RATIO_FA
 NEW_TOKEN_RATIO_DECAY_STEPS = int(os.environ.get("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", "600"))
 
 
-class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin, SchedulerRetractionMixin):
+class Scheduler(
+    SchedulerOutputProcessorMixin,
+    SchedulerMetricsMixin,
+    SchedulerRetractionMixin,
+    SchedulerUpdateWeightsMixin,
+):
     def __init__(
         self,
         server_args,
@@ -107,6 +113,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerMetricsMixin, SchedulerR
             FlushCacheReqInput: self.flush_cache_wrapped,
             GetInternalStateReq: self.get_internal_state,
         }
+        self._dispatch.update(self.update_weights_dispatch())
         logger.info(
             "max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%d, "
             "max_running_requests=%d, context_len=%d, available_gpu_mem=%s",

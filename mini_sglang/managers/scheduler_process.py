@@ -17,7 +17,8 @@ from typing import Any
 
 import zmq
 
-from mini_sglang.distributed.parallel_state import broadcast_pyobj, init_distributed_environment
+from mini_sglang.distributed.parallel_state import broadcast_pyobj
+from mini_sglang.entrypoints.parallel_launch import configure_cpu_threads, init_scheduler_tp_group
 from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
 
 logger = logging.getLogger("mini_sglang")
@@ -66,27 +67,21 @@ class SchedulerIO:
             self.send_to_tokenizer_sock.send_pyobj(out)
 
 
-def run_scheduler_process(server_args, port_args, gpu_id: int, tp_rank: int, pipe_writer) -> None:
+def run_scheduler_process(
+    server_args, port_args, gpu_id: int, tp_rank: int, pipe_writer, dp_rank: int | None = None
+) -> None:
     """Process entry. Reports readiness (or the startup error) through pipe_writer; on a
     crash it logs the traceback and signals the parent, which tears the server down."""
     set_parent_death_signal()
     faulthandler.enable()
     prefix = f" TP{tp_rank}" if server_args.tp_size > 1 else ""
+    prefix = f" DP{dp_rank}{prefix}" if server_args.dp_size > 1 else prefix
     configure_logger(server_args, prefix=prefix)
     parent = os.getppid()
     try:
+        configure_cpu_threads(server_args)
         if server_args.tp_size > 1:
-            host = "127.0.0.1"
-            if server_args.dist_init_addr:
-                host = server_args.dist_init_addr.rsplit(":", 1)[0]
-            backend = "nccl" if server_args.device == "cuda" else "gloo"
-            init_distributed_environment(
-                tp_rank,
-                server_args.tp_size,
-                backend,
-                f"tcp://{host}:{port_args.nccl_port}",
-                server_args.dist_timeout,
-            )
+            init_scheduler_tp_group(server_args, port_args, tp_rank)
         from mini_sglang.managers.scheduler import Scheduler
 
         io = SchedulerIO(port_args, tp_rank, server_args.tp_size)
@@ -97,6 +92,7 @@ def run_scheduler_process(server_args, port_args, gpu_id: int, tp_rank: int, pip
             send_to_detokenizer=io.send_to_detokenizer,
             send_to_tokenizer=io.send_to_tokenizer,
         )
+        scheduler.dp_rank = dp_rank
         scheduler.wait_for_requests = lambda: scheduler.process_input_requests(
             io.recv_requests(block_ms=50)
         )

@@ -31,6 +31,7 @@ from mini_sglang.managers.io_struct import (
     GetInternalStateReqOutput,
     TokenizedGenerateReqInput,
 )
+from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
 from mini_sglang.managers.tokenizer_manager_output import build_meta_info
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.sampling.sampling_params import SamplingParams
@@ -228,6 +229,8 @@ class TokenizerManager:
         subs = [obj] if obj.is_single else [obj[i] for i in range(len(obj))]
         # Validate everything before sending anything: a bad sub-request fails the batch.
         tokenized = [self._tokenize_one(sub) for sub in subs]
+        if obj.parallel_sample_num > 1:  # n > 1: cache each prompt first (SGLang)
+            await prefill_shared_prompts(self, subs, tokenized, obj.parallel_sample_num, request)
         states = []
         for sub in subs:
             if sub.rid in self.rid_to_state:

@@ -1,0 +1,117 @@
+"""HTTP routes for online weight updates (SGLang 0.5.4's paths, bodies and replies).
+
+`{"success", "message"}` (plus `num_paused_requests` from disk) with 200 on success and 400
+on failure; /get_weights_by_name returns the (truncated) nested list, or 400
+{"error": {"message"}}. A body that does not fit the request dataclass is a 400.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from mini_sglang.entrypoints.http_server import error_response, get_state, orjson_response
+from mini_sglang.managers import tokenizer_manager_parallel as tmp
+from mini_sglang.managers.io_struct import (
+    DestroyWeightsUpdateGroupReqInput,
+    GetWeightsByNameReqInput,
+    InitWeightsUpdateGroupReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightVersionReqInput,
+)
+
+
+async def _parse(request: Request, cls: type) -> Any:
+    """The request dataclass from the JSON body (unknown keys ignored); ValueError if bad."""
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"Invalid JSON in the request body: {e}") from None
+    if not isinstance(body, dict):
+        raise ValueError("The request body must be a JSON object.")
+    if request.method == "GET" and not body:
+        body = dict(request.query_params)
+    names = {f.name for f in dataclasses.fields(cls)} - {"rid", "http_worker_ipc"}
+    try:
+        return cls(**{k: v for k, v in body.items() if k in names})
+    except TypeError as e:
+        raise ValueError(str(e)) from None
+
+
+def _reply(out: Any, **extra: Any) -> Response:
+    content = {"success": out.success, "message": out.message, **extra}
+    return orjson_response(content, 200 if out.success else 400)
+
+
+def mount_weight_routes(app: FastAPI) -> None:
+    """Add the weight-update routes to `app` (called once by launch_server)."""
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Response:
+        try:
+            obj = await _parse(request, UpdateWeightFromDiskReqInput)
+        except ValueError as e:
+            return error_response(str(e))
+        out = await tmp.update_weights_from_disk(get_state().tokenizer_manager, obj)
+        return _reply(out, num_paused_requests=out.num_paused_requests)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request) -> Response:
+        try:
+            obj = await _parse(request, InitWeightsUpdateGroupReqInput)
+        except ValueError as e:
+            return error_response(str(e))
+        return _reply(await tmp.init_weights_update_group(get_state().tokenizer_manager, obj))
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request) -> Response:
+        try:
+            obj = await _parse(request, DestroyWeightsUpdateGroupReqInput)
+        except ValueError as e:
+            return error_response(str(e))
+        return _reply(await tmp.destroy_weights_update_group(get_state().tokenizer_manager, obj))
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request) -> Response:
+        try:
+            obj = await _parse(request, UpdateWeightsFromDistributedReqInput)
+        except ValueError as e:
+            return error_response(str(e))
+        tm = get_state().tokenizer_manager
+        return _reply(await tmp.update_weights_from_distributed(tm, obj))
+
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(request: Request) -> Response:
+        try:
+            obj = await _parse(request, GetWeightsByNameReqInput)
+            obj.truncate_size = int(obj.truncate_size)
+        except ValueError as e:
+            return error_response(str(e))
+        ret = await tmp.get_weights_by_name(get_state().tokenizer_manager, obj)
+        if ret is None:
+            return error_response("Get parameter by name failed")
+        return orjson_response(ret)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        try:
+            obj = await _parse(request, UpdateWeightVersionReqInput)
+        except ValueError as e:
+            return error_response(str(e))
+        tm = get_state().tokenizer_manager
+        if obj.abort_all_requests:
+            tm.abort_request(abort_all=True)
+        tm.server_args.weight_version = obj.new_version
+        return orjson_response(
+            {
+                "success": True,
+                "message": f"Weight version updated to {obj.new_version}",
+                "new_version": obj.new_version,
+            }
+        )

@@ -1,0 +1,148 @@
+"""Scheduler handlers for online weight updates and load reports (SGLang 0.5.4's
+SchedulerUpdateWeightsMixin), registered in the scheduler's dispatch table.
+
+In-flight requests: SGLang's TokenizerManager holds a writer lock, so an update runs only
+after every in-flight request has finished, and requests sent later see the new weights.
+Here the scheduler gives the same guarantee itself: an update first runs the scheduler until
+idle (finishing, and streaming, everything it already holds; with `abort_all_requests` the
+TokenizerManager aborts those first), then swaps the weights and flushes the prefix cache,
+whose KV was computed with the old weights. Messages that arrive meanwhile wait in the
+socket and are handled afterwards, with the new weights. Every TP rank runs the same
+handler on the same broadcast message; only rank 0's reply is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from mini_sglang.managers.io_struct import (
+    DestroyWeightsUpdateGroupReqInput,
+    DestroyWeightsUpdateGroupReqOutput,
+    GetLoadReqInput,
+    GetLoadReqOutput,
+    GetWeightsByNameReqInput,
+    GetWeightsByNameReqOutput,
+    InitWeightsUpdateGroupReqInput,
+    InitWeightsUpdateGroupReqOutput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightFromDiskReqOutput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromDistributedReqOutput,
+)
+from mini_sglang.managers.io_struct_parallel import (
+    UpdateWeightsFromTensorReqInput,
+    UpdateWeightsFromTensorReqOutput,
+)
+from mini_sglang.model_executor import weight_updates as wu
+
+logger = logging.getLogger("mini_sglang")
+
+
+class SchedulerUpdateWeightsMixin:
+    def update_weights_dispatch(self) -> dict[type, Callable[[Any], Any]]:
+        """Entries for the scheduler's type -> handler table."""
+        return {
+            UpdateWeightFromDiskReqInput: self.update_weights_from_disk,
+            InitWeightsUpdateGroupReqInput: self.init_weights_update_group,
+            DestroyWeightsUpdateGroupReqInput: self.destroy_weights_update_group,
+            UpdateWeightsFromDistributedReqInput: self.update_weights_from_distributed,
+            UpdateWeightsFromTensorReqInput: self.update_weights_from_tensor,
+            GetWeightsByNameReqInput: self.get_weights_by_name,
+            GetLoadReqInput: self.get_load,
+        }
+
+    @property
+    def _runner(self):
+        return self.tp_worker.model_runner
+
+    def _finish_in_flight(self) -> None:
+        """Run until idle: in-flight requests complete with the weights they started with."""
+        if self.has_work():
+            logger.info("Weight update: finishing in-flight requests first.")
+            self.run_until_idle()
+
+    def _flush_after_update(self) -> None:
+        ok = self.flush_cache()
+        assert ok, "Cache flush failed after updating weights"
+
+    def update_weights_from_disk(self, recv: UpdateWeightFromDiskReqInput):
+        self._finish_in_flight()
+        success, message = wu.update_weights_from_disk(
+            self._runner, recv.model_path, recv.load_format
+        )
+        if success:
+            self._flush_after_update()
+        else:
+            logger.error(message)
+        return UpdateWeightFromDiskReqOutput(success, message, 0)
+
+    def init_weights_update_group(self, recv: InitWeightsUpdateGroupReqInput):
+        success, message = wu.init_weights_update_group(
+            self._runner,
+            recv.master_address,
+            recv.master_port,
+            recv.rank_offset,
+            recv.world_size,
+            recv.group_name,
+            recv.backend,
+            dp_rank=getattr(self, "dp_rank", None) or 0,
+        )
+        return InitWeightsUpdateGroupReqOutput(success, message)
+
+    def destroy_weights_update_group(self, recv: DestroyWeightsUpdateGroupReqInput):
+        success, message = wu.destroy_weights_update_group(self._runner, recv.group_name)
+        return DestroyWeightsUpdateGroupReqOutput(success, message)
+
+    def update_weights_from_distributed(self, recv: UpdateWeightsFromDistributedReqInput):
+        self._finish_in_flight()
+        success, message = wu.update_weights_from_distributed(
+            self._runner, recv.names, recv.dtypes, recv.shapes, recv.group_name
+        )
+        if success and recv.flush_cache:
+            self._flush_after_update()
+        elif not success:
+            logger.error(message)
+        return UpdateWeightsFromDistributedReqOutput(success, message)
+
+    def update_weights_from_tensor(self, recv: UpdateWeightsFromTensorReqInput):
+        self._finish_in_flight()
+        success, message = wu.update_weights_from_tensor(
+            self._runner, recv.serialized_named_tensors
+        )
+        if success and recv.flush_cache:
+            self._flush_after_update()
+        elif not success:
+            logger.error(message)
+        return UpdateWeightsFromTensorReqOutput(success, message)
+
+    def get_weights_by_name(self, recv: GetWeightsByNameReqInput):
+        parameter = wu.get_weights_by_name(self._runner, recv.name, recv.truncate_size)
+        return GetWeightsByNameReqOutput(parameter)
+
+    def get_load(self, recv: GetLoadReqInput) -> GetLoadReqOutput | None:
+        """This replica's load. A request carrying `http_worker_ipc` (the DP controller's
+        load-report socket) is answered there instead of to the TokenizerManager."""
+        running = len(self.running_batch.reqs) if self.running_batch is not None else 0
+        num_tokens = self.max_total_num_tokens - self.allocator.available_size()
+        num_tokens -= self.tree_cache.evictable_size()
+        out = GetLoadReqOutput(
+            dp_rank=getattr(self, "dp_rank", None) or 0,
+            num_reqs=running + len(self.waiting_queue),
+            num_waiting_reqs=len(self.waiting_queue),
+            num_tokens=num_tokens,
+        )
+        if recv.http_worker_ipc is None:
+            return out
+        if self.tp_rank == 0:
+            if getattr(self, "_load_report_sock", None) is None:
+                import zmq
+
+                from mini_sglang.utils.process import get_zmq_socket
+
+                self._load_report_sock = get_zmq_socket(
+                    zmq.Context.instance(), zmq.PUSH, recv.http_worker_ipc, bind=False
+                )
+            self._load_report_sock.send_pyobj(out)
+        return None
