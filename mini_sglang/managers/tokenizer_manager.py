@@ -33,6 +33,7 @@ from mini_sglang.managers.io_struct import (
 )
 from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
 from mini_sglang.managers.tokenizer_manager_output import build_meta_info
+from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.process import get_zmq_socket
@@ -130,7 +131,9 @@ class TokenizerManager:
             state.out_list.append(out)
             state.event.set()
 
-    async def _request_reply(self, req: Any, reply_type: type, timeout: float = 60.0) -> Any:
+    async def _request_reply(self, req: Any, reply_type: type, timeout: float | None = 60.0) -> Any:
+        if self.server_args.dp_size > 1:  # every replica answers; merged (see the module)
+            return await request_all_replicas(self, req, reply_type, timeout)
         self.auto_create_handle_loop()
         fut = asyncio.get_running_loop().create_future()
         self.reply_waiters[reply_type].append(fut)
