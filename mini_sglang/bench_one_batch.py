@@ -209,6 +209,17 @@ def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
     scheduler = Scheduler(server_args, send_to_detokenizer=outputs.append)
     scheduler.test_outputs = outputs
     run_scheduler(scheduler, 1, 16, 8, seed=99)  # warm-up
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        run_scheduler(scheduler, args.batch_size[0], args.input_len[0], args.output_len[0], 7)
+        prof.disable()
+        with open(args.profile, "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(45)
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(45)
     results = []
     for bs in args.batch_size:
         for il in args.input_len:
