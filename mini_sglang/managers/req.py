@@ -10,6 +10,7 @@ SGLang's names are kept (extend_input_len, seqlen, cached_tokens) so its logic r
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +20,7 @@ from mini_sglang.managers.finish_reason import (
     FINISH_LENGTH,
     FINISH_MATCHED_STR,
     FINISH_MATCHED_TOKEN,
+    FINISHED_MATCHED_REGEX,
     BaseFinishReason,
 )
 from mini_sglang.sampling.sampling_batch_info import NO_SEED
@@ -129,11 +131,16 @@ class Req:
 
     # ---- finishing -----------------------------------------------------------------
     def tail_str(self, tokenizer) -> str:
-        tail = self.sampling_params.stop_str_max_len + 1
+        """The text of the last few output tokens, enough to hold any stop string or stop
+        regex match (SGLang's window: the longest one in tokens + 2, since a match can
+        straddle token boundaries)."""
+        sp = self.sampling_params
+        tail = max(sp.stop_str_max_len + 1, sp.stop_regex_max_len + 1) + 1
         return tokenizer.decode(self.output_ids[-tail:])
 
     def check_finished(self, tokenizer=None) -> None:
-        """SGLang's order: abort, length, EOS/stop token (unless ignore_eos), stop string."""
+        """SGLang's order: abort, length, EOS/stop token (unless ignore_eos), out-of-vocab
+        token, stop string, stop regex (searched in the decoded tail of the output)."""
         if self.finished():
             return
         if self.to_abort:
@@ -158,11 +165,15 @@ class Req:
         if last < 0 or (self.vocab_size and last >= self.vocab_size):
             self.finished_reason = FINISH_MATCHED_STR(matched="NaN happened")
             return
-        if sp.stop_strs and tokenizer is not None:
+        if (sp.stop_strs or sp.stop_regex_strs) and tokenizer is not None:
             tail = self.tail_str(tokenizer)
-            for stop in sp.stop_strs:
+            for stop in sp.stop_strs or ():
                 if stop in tail:
                     self.finished_reason = FINISH_MATCHED_STR(matched=stop)
+                    return
+            for pattern in sp.stop_regex_strs or ():
+                if re.search(pattern, tail):
+                    self.finished_reason = FINISHED_MATCHED_REGEX(matched=pattern)
                     return
 
     def _drop_output_tokens(self) -> None:

@@ -16,6 +16,7 @@ turns into a 400. The constructor itself applies SGLang's two rewrites:
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 try:  # Python 3.11+ keeps the regex parser here; sre_parse is a deprecated alias.
@@ -241,9 +242,12 @@ class SamplingParams:
         else:
             if isinstance(self.stop_regex_strs, str):
                 self.stop_regex_strs = [self.stop_regex_strs]
-            self.stop_regex_max_len = max(
-                (get_max_seq_length(r) for r in self.stop_regex_strs), default=0
-            )
+            try:
+                self.stop_regex_max_len = max(
+                    (get_max_seq_length(r) for r in self.stop_regex_strs), default=0
+                )
+            except re.error as e:  # a client error (400), not a server crash
+                raise ValueError(f"stop_regex is not a valid regular expression: {e}") from e
 
     # ------------------------------------------------------------------ misc
     def __repr__(self) -> str:

@@ -12,6 +12,7 @@ Llama, checked against transformers with the same weights (float32, CPU).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -308,6 +309,13 @@ def test_stop_string_spanning_token_boundary(tiny, scheduler):
     res = run(scheduler, [req("ss", ids, tok=tok, temperature=0, max_new_tokens=12, stop=stop)])
     assert res["ss"]["output_ids"] == greedy[: k + 2]
     assert res["ss"]["finish_reason"] == {"type": "stop", "matched": stop}
+    # The same stop as a regex (a character class for its first character) stops there too.
+    pattern = "[" + re.escape(stop[0]) + "]" + re.escape(stop[1:])
+    res = run(
+        scheduler, [req("sr", ids, tok=tok, temperature=0, max_new_tokens=12, stop_regex=pattern)]
+    )
+    assert res["sr"]["output_ids"] == greedy[: k + 2]
+    assert res["sr"]["finish_reason"] == {"type": "stop", "matched": pattern}
 
 
 # ---- lengths ----------------------------------------------------------------------------

@@ -67,6 +67,7 @@ def fresh_prompt() -> str:
         ({"n": 0}, ["n must be at least 1"]),
         ({"temperature": "hot"}, ["temperature", "number"]),
         ({"stop": 5}, ["stop", "string"]),
+        ({"stop_regex": "("}, ["stop_regex", "regular expression"]),
         ({"bogus_key": 1}, ["bogus_key", "Unknown sampling parameter"]),
         ({"json_schema": "{}"}, ["json_schema", "grammar backend"]),
         ({"regex": "a+"}, ["regex", "grammar backend"]),
