@@ -352,8 +352,19 @@ class Scheduler(
         return True
 
     def _needs_settled_outputs(self) -> bool:
-        rb = self.running_batch
-        return rb is not None and not rb.is_empty() and not rb.check_decode_mem()
+        # The next decode batch is the running batch plus the last prefill batch (merged in
+        # get_next_batch_to_run, its results still pending): if that might not fit, it may
+        # retract a request whose prefill result has not been processed yet.
+        rb, last = self.running_batch, self.last_batch
+        num_reqs = len(rb.reqs) if rb is not None else 0
+        if last is not None and last.forward_mode.is_extend():
+            num_reqs += len(last.reqs)
+        if num_reqs == 0:
+            return False
+        need = num_reqs * self.page_size
+        if self.allocator.available_size() < need:
+            self.tree_cache.evict(need)
+        return self.allocator.available_size() < need
 
     @property
     def overlap(self) -> bool:
