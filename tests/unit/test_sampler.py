@@ -94,10 +94,11 @@ def test_min_new_tokens_masks_eos_and_stop_ids_until_reached():
     assert torch.equal(pen.apply(LOGITS[None].clone())[0], LOGITS)
 
 
-def test_min_new_tokens_with_ignore_eos_masks_only_stop_ids():
+def test_min_new_tokens_masks_eos_even_with_ignore_eos():
+    # SGLang 0.5.4's MinNewTokens penalizer ignores ignore_eos.
     req = make_req([0], [], min_new_tokens=1, stop_token_ids=[3], ignore_eos=True)
     out = PenalizerOrchestrator.from_reqs([req], V, "cpu").apply(LOGITS[None].clone())[0]
-    assert out[3] == -math.inf and out[EOS] == LOGITS[EOS]
+    assert out[3] == -math.inf and out[EOS] == -math.inf
 
 
 def test_no_penalty_means_no_orchestrator():

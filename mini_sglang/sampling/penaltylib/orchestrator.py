@@ -9,7 +9,8 @@ Contract:
 SGLang's semantics: frequency_penalty subtracts count * penalty, presence_penalty subtracts
 penalty once a token appeared in the output; repetition_penalty divides positive logits and
 multiplies negative ones for every token seen in the prompt or output; min_new_tokens masks
-the stop tokens (EOS and stop_token_ids) until that many tokens were generated.
+the stop tokens (EOS, even with ignore_eos, and stop_token_ids) until that many tokens
+were generated.
 """
 
 from __future__ import annotations
@@ -59,9 +60,8 @@ class PenalizerOrchestrator:
                 out = torch.tensor(r.output_ids, dtype=torch.int64)
                 counts[i].index_add_(0, out, torch.ones(len(out)))
             if r.sampling_params.min_new_tokens > 0:
-                stops = set(r.sampling_params.stop_token_ids or ())
-                if not r.sampling_params.ignore_eos:
-                    stops |= set(r.eos_token_ids)
+                # EOS is masked even with ignore_eos (SGLang 0.5.4's MinNewTokens does too).
+                stops = set(r.sampling_params.stop_token_ids or ()) | set(r.eos_token_ids)
                 for t in stops:
                     if 0 <= t < vocab_size:
                         stop_mask[i, t] = True
