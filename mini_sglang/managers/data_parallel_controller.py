@@ -48,8 +48,8 @@ class DPBudget:
     """SGLang's shortest-queue budget: after a load report, the least loaded replicas are
     owed requests until every replica would have the busiest one's num_reqs.
 
-    Worked example: num_reqs [3, 1, 0] -> queue [2, 1, 2, 2] (replica 2 gets 1 to reach
-    replica 1, then both get 2 more to reach 3).
+    Worked example: num_reqs [3, 1, 0] -> queue [2, 1, 2, 1, 2] (replica 2 gets 1 to reach
+    replica 1, then both get 2 more, alternating, to reach 3).
     """
 
     def __init__(self) -> None:

@@ -17,6 +17,7 @@ the request), so the collectives inside line up.
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -66,8 +67,10 @@ def init_custom_process_group(
     store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
     store = PrefixStore(group_name, store)
-    # The keyword was pg_options before torch 2.6.
-    opt_name = "backend_options" if str(torch.__version__) >= "2.6" else "pg_options"
+    # The keyword was pg_options before torch 2.6 (asked of the signature: comparing
+    # version strings, as SGLang does, gets "2.13" < "2.6" wrong).
+    params = inspect.signature(_new_process_group_helper).parameters
+    opt_name = "backend_options" if "backend_options" in params else "pg_options"
     pg, _ = _new_process_group_helper(
         world_size,
         rank,
