@@ -19,6 +19,7 @@ import torch
 from mini_sglang.managers.req import Req
 from mini_sglang.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 from mini_sglang.sampling.sampling_batch_info import SamplingBatchInfo
+from mini_sglang.utils.device import to_device
 
 if TYPE_CHECKING:
     from mini_sglang.mem_cache.base_prefix_cache import BasePrefixCache
@@ -63,8 +64,13 @@ class ScheduleBatch:
         self.input_ids: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
         self.out_cache_loc: torch.Tensor | None = None
+        # Each request's row in req_to_token and KV length after this step, kept both on the
+        # host (for planning and bookkeeping) and on the device (for kernels), so the decode
+        # path never copies them host->device.
         self.req_pool_indices = torch.empty(0, dtype=torch.int64)
-        self.seq_lens = torch.empty(0, dtype=torch.int64)  # CPU, KV length after this step
+        self.seq_lens = torch.empty(0, dtype=torch.int64)
+        self.req_pool_indices_dev = self.req_pool_indices
+        self.seq_lens_dev = self.seq_lens
         self.prefix_lens: list[int] = []
         self.extend_lens: list[int] = []
         self.output_ids: torch.Tensor | None = None  # device, last sampled token per row
@@ -86,14 +92,14 @@ class ScheduleBatch:
     def _alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor, total: int):
         self._evict_for(total + self.allocator.page_size * len(self.reqs))
         table = self.req_to_token_pool.req_to_token
-        rows = self.req_pool_indices.to(table.device)
-        prefix_dev = prefix_lens.to(table.device)
+        rows = self.req_pool_indices_dev
+        prefix_dev = to_device(prefix_lens, table.device)
         last_loc = torch.where(
             prefix_dev > 0,
             table[rows, (prefix_dev - 1).clamp(min=0)].long(),
             torch.full_like(prefix_dev, -1),
         )
-        out = self.allocator.alloc_extend(prefix_dev, seq_lens.to(table.device), last_loc, total)
+        out = self.allocator.alloc_extend(prefix_dev, self.seq_lens_dev, last_loc, total)
         if out is None:
             raise OutOfKVMemoryError(
                 f"Prefill needs {total} KV slots, {self.allocator.available_size()} free"
@@ -116,6 +122,8 @@ class ScheduleBatch:
         seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
         self.seq_lens = torch.tensor(seq_lens, dtype=torch.int64)
         table = self.req_to_token_pool.req_to_token
+        self.req_pool_indices_dev = to_device(self.req_pool_indices, table.device)
+        self.seq_lens_dev = to_device(self.seq_lens, table.device)
         for r, p in zip(reqs, self.prefix_lens):
             if p:
                 table[r.req_pool_idx, :p] = r.prefix_indices.to(table.device, torch.int32)
@@ -126,11 +134,16 @@ class ScheduleBatch:
         # prefix_i .. seq_i - 1 take out[start_i : start_i + extend_i].
         row_ids = torch.repeat_interleave(self.req_pool_indices, torch.tensor(self.extend_lens))
         cols = torch.cat([torch.arange(p, s) for p, s in zip(self.prefix_lens, seq_lens)])
-        table[row_ids.to(table.device), cols.to(table.device)] = out.to(table.device, torch.int32)
-        self.input_ids = torch.tensor(
-            [t for r, p in zip(reqs, self.prefix_lens) for t in r.fill_ids[p:]], dtype=torch.int64
+        cols_dev = to_device(cols, table.device)
+        table[to_device(row_ids, table.device), cols_dev] = out.to(table.device, torch.int32)
+        self.input_ids = to_device(
+            torch.tensor(
+                [t for r, p in zip(reqs, self.prefix_lens) for t in r.fill_ids[p:]],
+                dtype=torch.int64,
+            ),
+            table.device,
         )
-        self.positions = cols
+        self.positions = cols_dev
         for r, p, s in zip(reqs, self.prefix_lens, seq_lens):
             # cached_tokens counts prompt tokens that came from the cache, once each.
             if p > r.already_computed:
@@ -150,17 +163,17 @@ class ScheduleBatch:
         bs = len(self.reqs)
         self._evict_for(bs * self.allocator.page_size)
         table = self.req_to_token_pool.req_to_token
-        new_lens = self.seq_lens + 1
-        rows = self.req_pool_indices.to(table.device, non_blocking=True)
-        cols = self.seq_lens.to(table.device, non_blocking=True)
+        rows, cols = self.req_pool_indices_dev, self.seq_lens_dev
+        new_lens_dev = cols + 1
         last_loc = table[rows, cols - 1].long()
-        out = self.allocator.alloc_decode(new_lens.to(table.device), last_loc)
+        out = self.allocator.alloc_decode(new_lens_dev, last_loc)
         if out is None:
             raise OutOfKVMemoryError(f"Decode needs {bs} KV slots")
         table[rows, cols] = out.to(torch.int32)
         self.out_cache_loc = out
-        self.positions = self.seq_lens.clone()
-        self.seq_lens = new_lens
+        self.positions = cols
+        self.seq_lens_dev = new_lens_dev
+        self.seq_lens = self.seq_lens + 1
         self.input_ids = self.output_ids
         self.return_logprob = any(r.return_logprob for r in self.reqs)
 
@@ -183,18 +196,25 @@ class ScheduleBatch:
             return
         self.reqs = [self.reqs[i] for i in keep_indices]
         keep = torch.tensor(keep_indices, dtype=torch.int64)
+        keep_dev = to_device(keep, self.seq_lens_dev.device)
         self.req_pool_indices = self.req_pool_indices[keep]
         self.seq_lens = self.seq_lens[keep]
+        self.req_pool_indices_dev = self.req_pool_indices_dev[keep_dev]
+        self.seq_lens_dev = self.seq_lens_dev[keep_dev]
         if self.output_ids is not None:
-            self.output_ids = self.output_ids[keep.to(self.output_ids.device)]
+            self.output_ids = self.output_ids[keep_dev]
         if self.sampling_info is not None:
-            self.sampling_info.filter(keep)
+            self.sampling_info.filter(keep_dev)
 
     def merge_batch(self, other: ScheduleBatch) -> None:
         self.sampling_info.merge(other.sampling_info, self.reqs + other.reqs)
         self.reqs = self.reqs + other.reqs
         self.req_pool_indices = torch.cat([self.req_pool_indices, other.req_pool_indices])
         self.seq_lens = torch.cat([self.seq_lens, other.seq_lens])
+        self.req_pool_indices_dev = torch.cat(
+            [self.req_pool_indices_dev, other.req_pool_indices_dev]
+        )
+        self.seq_lens_dev = torch.cat([self.seq_lens_dev, other.seq_lens_dev])
         self.output_ids = torch.cat([self.output_ids, other.output_ids])
 
     def snapshot(self) -> BatchSnapshot:
@@ -214,8 +234,9 @@ class ScheduleBatch:
             forward_mode=self.forward_mode,
             input_ids=self.input_ids,
             positions=self.positions,
-            req_pool_indices=self.req_pool_indices,
-            seq_lens=self.seq_lens,
+            req_pool_indices=self.req_pool_indices_dev,
+            seq_lens=self.seq_lens_dev,
+            seq_lens_cpu=self.seq_lens,
             out_cache_loc=self.out_cache_loc,
             extend_seq_lens=self.extend_lens if extend else None,
             extend_prefix_lens=self.prefix_lens if extend else None,

@@ -24,7 +24,7 @@ class GenerationBatchResult:
         """Begin the device->host copy of the sampled tokens without blocking."""
         ids = self.next_token_ids
         if ids.is_cuda:
-            self.next_token_ids_host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            self.next_token_ids_host = _pinned_slot(ids.shape[0], ids.dtype)
             self.next_token_ids_host.copy_(ids, non_blocking=True)
             self.copy_done = torch.cuda.Event()
             self.copy_done.record()
@@ -38,6 +38,26 @@ class GenerationBatchResult:
         if self.copy_done is not None:
             self.copy_done.synchronize()
         return self.next_token_ids_host.tolist()
+
+
+_PINNED_RING = 4  # >= steps in flight (2 with overlap) plus slack
+_pinned: list[torch.Tensor] = []
+_pinned_next = 0
+
+
+def _pinned_slot(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """A pinned host buffer of n elements from a small ring, reused every few steps
+    (allocating pinned memory per step costs more than the step's copy)."""
+    global _pinned_next
+    i = _pinned_next % _PINNED_RING
+    _pinned_next += 1
+    if len(_pinned) <= i:
+        _pinned.append(torch.empty(0, dtype=dtype, pin_memory=True))
+    buf = _pinned[i]
+    if buf.numel() < n or buf.dtype != dtype:
+        buf = torch.empty(max(n, 256), dtype=dtype, pin_memory=True)
+        _pinned[i] = buf
+    return buf[:n]
 
 
 class TpModelWorker:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mini_sglang.utils.device import to_device
+
 if TYPE_CHECKING:
     from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
     from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -50,6 +52,7 @@ class ModelWorkerBatch:
     req_pool_indices: torch.Tensor
     seq_lens: torch.Tensor
     out_cache_loc: torch.Tensor
+    seq_lens_cpu: torch.Tensor | None = None  # host copy of seq_lens (planning only)
     extend_seq_lens: list[int] | None = None
     extend_prefix_lens: list[int] | None = None
     sampling_info: Any = None
@@ -95,7 +98,7 @@ class ForwardBatch:
         device: torch.device | str,
     ) -> ForwardBatch:
         def dev(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=True)
+            return to_device(t, device)
 
         fb = cls(
             forward_mode=batch.forward_mode,
@@ -104,7 +107,7 @@ class ForwardBatch:
             positions=dev(batch.positions),
             req_pool_indices=dev(batch.req_pool_indices),
             seq_lens=dev(batch.seq_lens),
-            seq_lens_cpu=batch.seq_lens,
+            seq_lens_cpu=batch.seq_lens_cpu if batch.seq_lens_cpu is not None else batch.seq_lens,
             out_cache_loc=dev(batch.out_cache_loc),
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool=token_to_kv_pool,

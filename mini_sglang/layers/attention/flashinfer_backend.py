@@ -65,15 +65,25 @@ class FlashInferAttnBackend(AttentionBackend):
         last = (seq - 1) % ps + 1
         return indptr, last
 
-    def _plan_decode(self, wrapper, fb_req_pool_indices, seq_lens_cpu, kv_indices) -> None:
-        indptr, last = self._kv_layout(seq_lens_cpu)
-        indptr_dev = indptr.to(self.device, non_blocking=True)
+    def _device_indptr(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """kv_indptr computed on the device from device seq_lens (no host->device copy)."""
+        pages = (seq_lens + self.page_size - 1) // self.page_size
+        indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device=self.device)
+        torch.cumsum(pages, 0, out=indptr[1:])
+        return indptr
+
+    def _plan_decode(self, wrapper, fb: ForwardBatch) -> None:
+        indptr, last = self._kv_layout(fb.seq_lens_cpu)
         fill_kv_indices(
-            self.req_to_token, fb_req_pool_indices, indptr_dev, kv_indices, self.page_size
+            self.req_to_token,
+            fb.req_pool_indices,
+            self._device_indptr(fb.seq_lens),
+            self.kv_indices,
+            self.page_size,
         )
         wrapper.plan(
             indptr,
-            kv_indices,
+            self.kv_indices,
             last,
             self.num_qo_heads,
             self.num_kv_heads,
@@ -87,15 +97,13 @@ class FlashInferAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.forward_mode.is_decode():
             self.active_decode = self.decode_wrapper
-            self._plan_decode(
-                self.decode_wrapper, fb.req_pool_indices, fb.seq_lens_cpu, self.kv_indices
-            )
+            self._plan_decode(self.decode_wrapper, fb)
             return
         indptr, last = self._kv_layout(fb.seq_lens_cpu)
         fill_kv_indices(
             self.req_to_token,
             fb.req_pool_indices,
-            indptr.to(self.device, non_blocking=True),
+            self._device_indptr(fb.seq_lens),
             self.kv_indices,
             self.page_size,
         )
@@ -159,10 +167,10 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
         wrapper = self._graph_wrapper(bs)
-        self._plan_decode(wrapper, fb.req_pool_indices, fb.seq_lens_cpu, self.kv_indices)
+        self._plan_decode(wrapper, fb)
         self.active_decode = wrapper
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
         wrapper = self.graph_wrappers[bs]
-        self._plan_decode(wrapper, fb.req_pool_indices, fb.seq_lens_cpu, self.kv_indices)
+        self._plan_decode(wrapper, fb)
         self.active_decode = wrapper
