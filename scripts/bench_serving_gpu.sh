@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SGLang's CI serving workload against a mini-sglang server on the GPU:
 #   500 prompts, random-ids, input up to 4096, output up to 2048, range ratio 0, rate inf;
-#   then 100 prompts at 1 request/s (median TTFT and ITL); then a request-rate sweep.
+#   then 100 prompts at 1 request/s (median TTFT and ITL); then a request-rate sweep
+#   (100 prompts, input/output up to 1024/256, rates 4-32) for the throughput/ITL plot.
 # Usage: bash scripts/bench_serving_gpu.sh MODEL_DIR OUT_DIR [PORT]
 set -uo pipefail
 MODEL=$1; OUT=$2; PORT=${3:-30000}
@@ -17,6 +18,6 @@ bench() { python -m mini_sglang.bench_serving --backend sglang --port "$PORT" \
   --dataset-name random-ids --random-range-ratio 0 --output-file "$OUT/serving.jsonl" "$@"; }
 bench --num-prompts 500 --random-input-len 4096 --random-output-len 2048 --request-rate inf
 bench --num-prompts 100 --random-input-len 4096 --random-output-len 2048 --request-rate 1
-for rate in 2 4 8 16; do
-  bench --num-prompts 200 --random-input-len 1024 --random-output-len 256 --request-rate "$rate"
+for rate in 4 8 16 32; do
+  bench --num-prompts 100 --random-input-len 1024 --random-output-len 256 --request-rate "$rate"
 done

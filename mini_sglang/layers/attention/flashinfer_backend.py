@@ -45,8 +45,9 @@ class FlashInferAttnBackend(AttentionBackend):
         self.req_to_token = runner.req_to_token_pool.req_to_token
         max_pages = runner.token_to_kv_pool_allocator.num_kv_slots // self.page_size + 1
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        # SGLang's rule: tensor-core decode only pays off for GQA groups larger than 4.
-        self.use_tensor_cores = self.num_qo_heads // self.num_kv_heads > 4
+        # Tensor-core decode from GQA group 4 up: on an H200, Llama-3.1-8B (group 4) decoded
+        # at 4.75 ms/token with it and 4.98 without (SGLang switches only above 4).
+        self.use_tensor_cores = self.num_qo_heads // self.num_kv_heads >= 4
         self.kv_indices = torch.empty(max_pages + 1024, dtype=torch.int32, device=self.device)
         self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
