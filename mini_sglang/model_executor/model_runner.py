@@ -55,11 +55,29 @@ class ModelRunner:
                 sum(p.numel() * p.element_size() for p in self.model.parameters()) / GiB
             )
         self.init_memory_pool()
-        self.attn_backend = create_attention_backend(self.attention_backend_name(), self)
+        self.attn_backend = self.create_attention_backend()
         self.sampler = Sampler()
         self.graph_runner = None
         if self.device.type == "cuda" and not server_args.disable_cuda_graph:
-            self.init_cuda_graphs()
+            if self.attn_backend.supports_cuda_graph:
+                self.init_cuda_graphs()
+            else:
+                logger.warning("CUDA graphs disabled: the decode attention backend has none.")
+
+    def create_attention_backend(self):
+        """The --attention-backend, or a hybrid when the prefill and decode overrides
+        (--prefill-attention-backend / --decode-attention-backend) differ."""
+        base = self.attention_backend_name()
+        prefill = self.server_args.prefill_attention_backend or base
+        decode = self.server_args.decode_attention_backend or base
+        if prefill == decode:
+            return create_attention_backend(prefill, self)
+        from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
+
+        logger.info("Hybrid attention: %s for prefill, %s for decode", prefill, decode)
+        return HybridAttnBackend(
+            create_attention_backend(prefill, self), create_attention_backend(decode, self)
+        )
 
     def attention_backend_name(self) -> str:
         name = self.server_args.attention_backend or (

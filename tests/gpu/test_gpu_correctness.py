@@ -19,10 +19,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 TOL = 5e-2
 DECODE_STEPS = 32
-BACKENDS = os.environ.get("MINI_SGLANG_GPU_TEST_BACKENDS", "flashinfer,triton").split(",")
+# "a+b" means prefill on a, decode on b (a HybridAttnBackend).
+BACKENDS = os.environ.get(
+    "MINI_SGLANG_GPU_TEST_BACKENDS", "flashinfer,triton,flashinfer+triton"
+).split(",")
 
 
 def _backend_available(name: str) -> bool:
+    if "+" in name:
+        return all(_backend_available(n) for n in name.split("+"))
     try:
         if name == "flashinfer":
             import flashinfer  # noqa: F401
@@ -105,11 +110,13 @@ def test_top5_logprobs_match_hf(tiny_model, backend, page_size, graphs):
     if not _backend_available(backend):
         pytest.skip(f"{backend} not installed")
     model_path, hf = tiny_model
+    if "+" in backend:
+        prefill, decode = backend.split("+")
+        kw = dict(prefill_attention_backend=prefill, decode_attention_backend=decode)
+    else:
+        kw = dict(attention_backend=backend)
     sched, outputs = _make_gpu_scheduler(
-        model_path,
-        attention_backend=backend,
-        page_size=page_size,
-        disable_cuda_graph=not graphs,
+        model_path, page_size=page_size, disable_cuda_graph=not graphs, **kw
     )
     prompts = [list(range(100, 100 + n)) for n in (5, 17, 33, 64)]
     for i, p in enumerate(prompts):
@@ -155,3 +162,25 @@ def test_top5_logprobs_match_hf(tiny_model, backend, page_size, graphs):
     del sched
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def test_overlap_on_and_off_give_identical_greedy_tokens(tiny_model):
+    """Overlap scheduling changes when results are processed, never what is generated."""
+    model_path, _ = tiny_model
+    runs = []
+    for overlap in (True, False):
+        sched, outputs = _make_gpu_scheduler(model_path, disable_overlap_schedule=not overlap)
+        for i, n in enumerate((3, 40, 90)):
+            # Different lengths so requests finish at different steps (surplus-slot path).
+            sched.add_request(make_req(f"o{i}", list(range(200, 200 + n)), 8 + 11 * i, True))
+        sched.run_until_idle()
+        got: dict[str, list[int]] = {}
+        for msg in outputs:
+            for rid, ids in zip(msg.rids, msg.output_ids):
+                got.setdefault(rid, []).extend(ids)
+        assert sched.check_memory()
+        runs.append(got)
+        del sched
+        gc.collect()
+        torch.cuda.empty_cache()
+    assert runs[0] == runs[1]
