@@ -12,6 +12,8 @@ Each bench run starts with --flush-cache, so hits come only from within the run.
 prefill token counts (#new-token / #cached-token) are summed from the server's
 "Prefill batch." log lines of that run.
 
+On the GPU: pass the model with --server-args '--model-path DIR --load-format dummy'.
+
 Usage:
   python benchmarks/bench_radix_cpu.py [--groups 4] [--per-group 8] [--system-len 512]
       [--question-len 32] [--output-len 16] [--port 31555]
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -105,6 +108,11 @@ def main() -> None:
     p.add_argument("--question-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--port", type=int, default=31555)
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="extra launch_server flags, e.g. '--model-path DIR --load-format dummy' (GPU runs)",
+    )
     args = p.parse_args()
     n = args.groups * args.per_group
     datasets = {
@@ -139,7 +147,7 @@ def main() -> None:
     rows = []
     for label, extra in (("radix", []), ("no-radix", ["--disable-radix-cache"])):
         log_path = work / f"server_{label}.log"
-        proc = start_server(args.port, extra, log_path)
+        proc = start_server(args.port, shlex.split(args.server_args) + extra, log_path)
         try:
             info = requests.get(f"http://127.0.0.1:{args.port}/get_server_info", timeout=30).json()
             for name, ds_args in datasets.items():
