@@ -9,6 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+
+# Without a GPU, Triton kernels can only run in Triton's interpreter, and the switch is read
+# when triton is first imported (which any mini_sglang kernel module may do): set it before
+# anything else in the session imports triton.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -318,9 +318,8 @@ def test_decode_cuda_graph_replay_matches_reference():
 def test_tiny_model_generates_like_torch_native(tmp_path, qwen_tokenizer):
     """Greedy tokens and their logprobs from a tiny Qwen3 model match torch_native, with
     requests joining mid-decode and a radix-cache prefix hit."""
-    from conftest import build_tiny_model, make_scheduler, run_prompts
-
     from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
+    from tests.conftest import build_tiny_model, make_scheduler, run_prompts
 
     build_tiny_model("qwen3", tmp_path, qwen_tokenizer)  # head_dim 32, 4 q / 2 kv heads
     gen = torch.Generator().manual_seed(5)
