@@ -92,7 +92,9 @@ class ModelConfig:
             try:
                 gen = GenerationConfig.from_pretrained(server_args.model_path)
                 g_eos = gen.eos_token_id
-                eos_ids |= set(g_eos if isinstance(g_eos, list) else [g_eos] if g_eos is not None else [])
+                eos_ids |= set(
+                    g_eos if isinstance(g_eos, list) else [g_eos] if g_eos is not None else []
+                )
                 gen_defaults = {
                     k: getattr(gen, k)
                     for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
