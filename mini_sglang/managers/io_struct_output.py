@@ -9,8 +9,34 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
+@dataclass(kw_only=True)
+class LogprobLists:
+    """Per-request logprob lists shared by BatchTokenIDOutput and BatchStrOutput (keyword
+    fields, None unless some request in the batch asked for logprobs)."""
+
+    input_token_logprobs_val: Optional[list[list[float]]] = None
+    input_token_logprobs_idx: Optional[list[list[int]]] = None
+    output_token_logprobs_val: Optional[list[list[float]]] = None
+    output_token_logprobs_idx: Optional[list[list[int]]] = None
+    input_top_logprobs_val: Optional[list[list]] = None
+    input_top_logprobs_idx: Optional[list[list]] = None
+    output_top_logprobs_val: Optional[list[list]] = None
+    output_top_logprobs_idx: Optional[list[list]] = None
+    input_token_ids_logprobs_val: Optional[list[list]] = None
+    input_token_ids_logprobs_idx: Optional[list[list]] = None
+    output_token_ids_logprobs_val: Optional[list[list]] = None
+    output_token_ids_logprobs_idx: Optional[list[list]] = None
+    output_hidden_states: Optional[list[list[float]]] = None
+
+
+# The logprob list fields, in order (the scheduler streams each one's new entries).
+LOGPROB_FIELDS: tuple[str, ...] = tuple(
+    name for name in LogprobLists.__dataclass_fields__ if name != "output_hidden_states"
+)
+
+
 @dataclass
-class BatchTokenIDOutput:
+class BatchTokenIDOutput(LogprobLists):
     """Scheduler -> detokenizer: one entry per request that has something to send.
 
     Incremental-detokenization inputs (see incremental_detok.py): ``decode_ids[i]`` are the
@@ -38,19 +64,6 @@ class BatchTokenIDOutput:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
-    input_token_logprobs_val: Optional[list[list[float]]] = None
-    input_token_logprobs_idx: Optional[list[list[int]]] = None
-    output_token_logprobs_val: Optional[list[list[float]]] = None
-    output_token_logprobs_idx: Optional[list[list[int]]] = None
-    input_top_logprobs_val: Optional[list[list]] = None
-    input_top_logprobs_idx: Optional[list[list]] = None
-    output_top_logprobs_val: Optional[list[list]] = None
-    output_top_logprobs_idx: Optional[list[list]] = None
-    input_token_ids_logprobs_val: Optional[list[list]] = None
-    input_token_ids_logprobs_idx: Optional[list[list]] = None
-    output_token_ids_logprobs_val: Optional[list[list]] = None
-    output_token_ids_logprobs_idx: Optional[list[list]] = None
-    output_hidden_states: Optional[list[list[float]]] = None
     stop_strs: Optional[list[Optional[list[str]]]] = None
     http_worker_ipcs: Optional[list[Optional[str]]] = None
 
@@ -62,25 +75,14 @@ PASSTHROUGH_FIELDS: tuple[str, ...] = (
     "prompt_tokens",
     "completion_tokens",
     "cached_tokens",
-    "input_token_logprobs_val",
-    "input_token_logprobs_idx",
-    "output_token_logprobs_val",
-    "output_token_logprobs_idx",
-    "input_top_logprobs_val",
-    "input_top_logprobs_idx",
-    "output_top_logprobs_val",
-    "output_top_logprobs_idx",
-    "input_token_ids_logprobs_val",
-    "input_token_ids_logprobs_idx",
-    "output_token_ids_logprobs_val",
-    "output_token_ids_logprobs_idx",
+    *LOGPROB_FIELDS,
     "output_hidden_states",
     "http_worker_ipcs",
 )
 
 
 @dataclass
-class BatchStrOutput:
+class BatchStrOutput(LogprobLists):
     """Detokenizer -> TokenizerManager: ``output_strs[i]`` is the *new* text of request i
     (the TokenizerManager appends it to build SGLang's cumulative ``text``); ``output_ids[i]``
     the new output ids. Other fields are copied from the ``BatchTokenIDOutput``.
@@ -93,17 +95,4 @@ class BatchStrOutput:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
-    input_token_logprobs_val: Optional[list[list[float]]] = None
-    input_token_logprobs_idx: Optional[list[list[int]]] = None
-    output_token_logprobs_val: Optional[list[list[float]]] = None
-    output_token_logprobs_idx: Optional[list[list[int]]] = None
-    input_top_logprobs_val: Optional[list[list]] = None
-    input_top_logprobs_idx: Optional[list[list]] = None
-    output_top_logprobs_val: Optional[list[list]] = None
-    output_top_logprobs_idx: Optional[list[list]] = None
-    input_token_ids_logprobs_val: Optional[list[list]] = None
-    input_token_ids_logprobs_idx: Optional[list[list]] = None
-    output_token_ids_logprobs_val: Optional[list[list]] = None
-    output_token_ids_logprobs_idx: Optional[list[list]] = None
-    output_hidden_states: Optional[list[list[float]]] = None
     http_worker_ipcs: Optional[list[Optional[str]]] = None

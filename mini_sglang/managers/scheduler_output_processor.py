@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mini_sglang.managers.io_struct import BatchTokenIDOutput
+from mini_sglang.managers.io_struct_output import LOGPROB_FIELDS
 
 if TYPE_CHECKING:
     from mini_sglang.managers.req import Req
@@ -203,19 +204,3 @@ class SchedulerOutputProcessorMixin:
             values = getattr(req, name)
             getattr(out, name).append(values[req.logprob_sent.get(name, 0) :])
             req.logprob_sent[name] = len(values)
-
-
-LOGPROB_FIELDS = (
-    "input_token_logprobs_val",
-    "input_token_logprobs_idx",
-    "output_token_logprobs_val",
-    "output_token_logprobs_idx",
-    "input_top_logprobs_val",
-    "input_top_logprobs_idx",
-    "output_top_logprobs_val",
-    "output_top_logprobs_idx",
-    "input_token_ids_logprobs_val",
-    "input_token_ids_logprobs_idx",
-    "output_token_ids_logprobs_val",
-    "output_token_ids_logprobs_idx",
-)

@@ -57,40 +57,31 @@ class FlashInferAttnBackend(AttentionBackend):
         self.active_decode = self.decode_wrapper
 
     # ---- planning ------------------------------------------------------------------
-    def _kv_layout(self, seq_lens_cpu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(kv_indptr, last_page_len) on the host, int32."""
-        ps = self.page_size
-        seq = seq_lens_cpu.to(torch.int32)
-        pages = (seq + ps - 1) // ps
-        indptr = torch.zeros(len(seq) + 1, dtype=torch.int32)
-        torch.cumsum(pages, 0, out=indptr[1:])
-        last = (seq - 1) % ps + 1
-        return indptr, last
+    def _page_table(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill self.kv_indices with the batch's pages; return the host-side
+        (kv_indptr, last_page_len) that flashinfer's plan() wants (int32).
 
-    def _device_indptr(self, seq_lens: torch.Tensor) -> torch.Tensor:
-        """kv_indptr computed on the device from device seq_lens (no host->device copy)."""
-        pages = (seq_lens + self.page_size - 1) // self.page_size
-        indptr = torch.zeros(len(seq_lens) + 1, dtype=torch.int32, device=self.device)
-        torch.cumsum(pages, 0, out=indptr[1:])
-        return indptr
+        The device copy of kv_indptr that the index kernel reads is computed on the device
+        from fb.seq_lens, so nothing is copied host->device (see utils/device.py)."""
+        ps = self.page_size
+        seq = fb.seq_lens_cpu.to(torch.int32)
+        indptr = torch.zeros(len(seq) + 1, dtype=torch.int32)
+        torch.cumsum((seq + ps - 1) // ps, 0, out=indptr[1:])
+        indptr_dev = torch.zeros(len(seq) + 1, dtype=torch.int32, device=self.device)
+        torch.cumsum((fb.seq_lens + ps - 1) // ps, 0, out=indptr_dev[1:])
+        fill_kv_indices(self.req_to_token, fb.req_pool_indices, indptr_dev, self.kv_indices, ps)
+        return indptr, (seq - 1) % ps + 1
+
+    def _heads(self) -> tuple:
+        return self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size
 
     def _plan_decode(self, wrapper, fb: ForwardBatch) -> None:
-        indptr, last = self._kv_layout(fb.seq_lens_cpu)
-        fill_kv_indices(
-            self.req_to_token,
-            fb.req_pool_indices,
-            self._device_indptr(fb.seq_lens),
-            self.kv_indices,
-            self.page_size,
-        )
+        indptr, last = self._page_table(fb)
         wrapper.plan(
             indptr,
             self.kv_indices,
             last,
-            self.num_qo_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
+            *self._heads(),
             q_data_type=self.q_dtype,
             kv_data_type=self.kv_dtype,
             non_blocking=True,
@@ -101,14 +92,7 @@ class FlashInferAttnBackend(AttentionBackend):
             self.active_decode = self.decode_wrapper
             self._plan_decode(self.decode_wrapper, fb)
             return
-        indptr, last = self._kv_layout(fb.seq_lens_cpu)
-        fill_kv_indices(
-            self.req_to_token,
-            fb.req_pool_indices,
-            self._device_indptr(fb.seq_lens),
-            self.kv_indices,
-            self.page_size,
-        )
+        indptr, last = self._page_table(fb)
         ext = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int32)
         qo_indptr = torch.zeros(len(ext) + 1, dtype=torch.int32)
         torch.cumsum(ext, 0, out=qo_indptr[1:])
@@ -117,10 +101,7 @@ class FlashInferAttnBackend(AttentionBackend):
             indptr,
             self.kv_indices,
             last,
-            self.num_qo_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
+            *self._heads(),
             causal=True,
             q_data_type=self.q_dtype,
             kv_data_type=self.kv_dtype,
