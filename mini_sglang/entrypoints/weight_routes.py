@@ -49,6 +49,17 @@ def _reply(out: Any, **extra: Any) -> Response:
     return orjson_response(content, 200 if out.success else 400)
 
 
+def _forwarding_route(req_cls: type, call: Any):
+    async def route(request: Request) -> Response:
+        try:
+            obj = await _parse(request, req_cls)
+        except ValueError as e:
+            return error_response(str(e))
+        return _reply(await call(get_state().tokenizer_manager, obj))
+
+    return route
+
+
 def mount_weight_routes(app: FastAPI) -> None:
     """Add the weight-update routes to `app` (called once by launch_server)."""
 
@@ -61,30 +72,23 @@ def mount_weight_routes(app: FastAPI) -> None:
         out = await tmp.update_weights_from_disk(get_state().tokenizer_manager, obj)
         return _reply(out, num_paused_requests=out.num_paused_requests)
 
-    @app.post("/init_weights_update_group")
-    async def init_weights_update_group(request: Request) -> Response:
-        try:
-            obj = await _parse(request, InitWeightsUpdateGroupReqInput)
-        except ValueError as e:
-            return error_response(str(e))
-        return _reply(await tmp.init_weights_update_group(get_state().tokenizer_manager, obj))
-
-    @app.post("/destroy_weights_update_group")
-    async def destroy_weights_update_group(request: Request) -> Response:
-        try:
-            obj = await _parse(request, DestroyWeightsUpdateGroupReqInput)
-        except ValueError as e:
-            return error_response(str(e))
-        return _reply(await tmp.destroy_weights_update_group(get_state().tokenizer_manager, obj))
-
-    @app.post("/update_weights_from_distributed")
-    async def update_weights_from_distributed(request: Request) -> Response:
-        try:
-            obj = await _parse(request, UpdateWeightsFromDistributedReqInput)
-        except ValueError as e:
-            return error_response(str(e))
-        tm = get_state().tokenizer_manager
-        return _reply(await tmp.update_weights_from_distributed(tm, obj))
+    # Routes whose whole job is: parse the body, forward it, answer {"success","message"}.
+    forwarded = {
+        "/init_weights_update_group": (
+            InitWeightsUpdateGroupReqInput,
+            tmp.init_weights_update_group,
+        ),
+        "/destroy_weights_update_group": (
+            DestroyWeightsUpdateGroupReqInput,
+            tmp.destroy_weights_update_group,
+        ),
+        "/update_weights_from_distributed": (
+            UpdateWeightsFromDistributedReqInput,
+            tmp.update_weights_from_distributed,
+        ),
+    }
+    for path, (req_cls, call) in forwarded.items():
+        app.post(path)(_forwarding_route(req_cls, call))
 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def get_weights_by_name(request: Request) -> Response:
