@@ -164,6 +164,16 @@ async def get_model_info() -> Response:
     )
 
 
+@app.get("/metrics")
+async def metrics() -> Response:
+    """Prometheus text format; 404 unless the server runs with --enable-metrics."""
+    tm = get_state().tokenizer_manager
+    if tm.metrics is None:
+        return error_response("Metrics are disabled; start the server with --enable-metrics", 404)
+    body = tm.metrics.render(await tm.get_internal_state())
+    return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 @app.get("/get_weight_version")
 async def get_weight_version() -> Response:
     return orjson_response({"weight_version": get_state().server_args.weight_version})

@@ -123,6 +123,12 @@ class SchedulerMetricsMixin:
                 "graph": round(getattr(r, "graph_mem_gib", 0.0), 2),
             },
             "num_retracted_reqs": self.num_retracted_reqs,
+            "num_running_reqs": len(self.running_batch.reqs) if self.running_batch else 0,
+            "num_queue_reqs": len(self.waiting_queue),
+            "num_used_tokens": self.max_total_num_tokens
+            - self.allocator.available_size()
+            - self.tree_cache.evictable_size(),
+            "token_usage": round(self.token_usage(), 4),
             "memory_check_failures": self.memory_check_failures,
             "max_total_num_tokens": self.max_total_num_tokens,
             "max_req_input_len": self.max_req_input_len,

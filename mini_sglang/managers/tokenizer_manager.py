@@ -56,6 +56,8 @@ class ReqState:
     output_ids: list[int] = field(default_factory=list)
     last_output_offset: int = 0
     logprobs: dict[str, list] = field(default_factory=lambda: defaultdict(list))
+    metric_tokens: int = 0  # completion tokens already counted by --enable-metrics
+    metric_last_time: float | None = None
 
 
 class TokenizerManager:
@@ -76,6 +78,11 @@ class TokenizerManager:
             ctx, zmq.PUSH, port_args.scheduler_input_ipc_name, bind=True
         )
         self.rid_to_state: dict[str, ReqState] = {}
+        self.metrics = None
+        if server_args.enable_metrics:
+            from mini_sglang.entrypoints.metrics import ServerMetrics
+
+            self.metrics = ServerMetrics(server_args.served_model_name)
         self.reply_waiters: dict[type, deque[asyncio.Future]] = defaultdict(deque)
         self.handle_loop_task: asyncio.Task | None = None
         self.last_receive_tstamp = time.time()
@@ -128,6 +135,8 @@ class TokenizerManager:
                 state.finished = True
                 meta_info["e2e_latency"] = time.time() - state.created_time
                 self.rid_to_state.pop(rid, None)
+            if self.metrics is not None and state.obj.log_metrics:
+                self.metrics.on_output(state, meta_info, finished)
             state.out_list.append(out)
             state.event.set()
 
