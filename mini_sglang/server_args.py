@@ -1,11 +1,12 @@
-"""ServerArgs and PortArgs: SGLang 0.5.4's launch flags, defaults and resolution rules.
+"""ServerArgs: SGLang 0.5.4's launch flags, defaults and resolution rules.
 
 `ServerArgs` holds every `python -m mini_sglang.launch_server` flag under SGLang's field
 names. `__post_init__` resolves the `None` ("auto") defaults as SGLang does where
 mini-sglang has the feature, warns about (and resets) flags for features it lacks, and
 raises `ValueError` naming the flag for any invalid value. The flag vocabulary (argparse
 table, aliases, choices, the unsupported-flag table, `--config` YAML merge) and the pure
-memory heuristics live in `server_args_cli.py`.
+memory heuristics live in `server_args_cli.py`; PortArgs (re-exported here, SGLang's
+import path) in `port_args.py`.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import ipaddress
 import json
 import logging
 import random
-import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mini_sglang import server_args_cli as cli
+from mini_sglang.port_args import PortArgs  # noqa: F401  (SGLang's import path)
 from mini_sglang.server_args_cli import (
     CHOICES,
     CPU_CHUNKED_PREFILL_SIZE,
@@ -32,7 +33,6 @@ from mini_sglang.server_args_cli import (
     generate_cuda_graph_batch_sizes,
     get_device_memory_capacity_mb,
     is_gguf_file,
-    is_port_available,
     resolve_dtype,
 )
 
@@ -457,43 +457,3 @@ def get_global_server_args() -> ServerArgs:
     if _global_server_args is None:
         raise ValueError("Global server args is not set yet!")
     return _global_server_args
-
-
-def _ipc_name() -> str:
-    # A fresh file name per endpoint: two servers on one machine can never collide.
-    return f"ipc://{tempfile.NamedTemporaryFile(delete=False).name}"
-
-
-@dataclass
-class PortArgs:
-    """The ZMQ endpoints and NCCL port of one server instance (SGLang's names)."""
-
-    tokenizer_ipc_name: str  # detokenizer (and scheduler control replies) -> TokenizerManager
-    scheduler_input_ipc_name: str  # TokenizerManager (or DP controller) -> scheduler rank 0
-    detokenizer_ipc_name: str  # scheduler -> DetokenizerManager
-    nccl_port: int  # torch.distributed init port
-    rpc_ipc_name: str  # Engine <-> scheduler RPC
-    metrics_ipc_name: str  # scheduler -> metrics collector
-    tokenizer_worker_ipc_name: str | None = None
-
-    @staticmethod
-    def init_new(server_args: ServerArgs, dp_rank: int | None = None) -> PortArgs:
-        """Fresh `ipc://` temp-file endpoints plus an NCCL port.
-
-        nccl_port: --nccl-port if given, else port + rand(100..1000) probed until free.
-        `dp_rank` is accepted for SGLang's signature; without DP attention every rank uses
-        its own fresh IPC names, so it changes nothing.
-        """
-        nccl_port = server_args.nccl_port
-        if nccl_port is None:
-            nccl_port = server_args.port + random.randint(100, 1000)
-            while not is_port_available(nccl_port):
-                nccl_port = nccl_port + 42 if nccl_port < 60000 else nccl_port - 43
-        return PortArgs(
-            tokenizer_ipc_name=_ipc_name(),
-            scheduler_input_ipc_name=_ipc_name(),
-            detokenizer_ipc_name=_ipc_name(),
-            nccl_port=nccl_port,
-            rpc_ipc_name=_ipc_name(),
-            metrics_ipc_name=_ipc_name(),
-        )
