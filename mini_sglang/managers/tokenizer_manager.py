@@ -10,7 +10,6 @@ matched to waiters by reply type. Errors a client can fix raise ValueError (-> H
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import time
 from collections import defaultdict, deque
@@ -345,6 +344,3 @@ class TokenizerManager:
     def abort_disconnected(self, rid: str) -> None:
         self.rid_to_state.pop(rid, None)
         self.abort_request(rid)
-
-    def copy_obj(self, obj: GenerateReqInput) -> GenerateReqInput:
-        return copy.deepcopy(obj)

@@ -13,7 +13,7 @@ For DECODE every request contributes one token at position seq_len - 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum, auto
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +86,6 @@ class ForwardBatch:
     extend_logprob_start_lens: list[int] | None = None
     top_logprobs_nums: list[int] | None = None
     token_ids_logprobs: list[list[int] | None] | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def init_new(

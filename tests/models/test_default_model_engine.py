@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+
+from tests.conftest import (
     assert_memory_all_free,
     hf_greedy,
     make_req,

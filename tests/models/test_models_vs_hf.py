@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import (
+
+from mini_sglang.managers.io_struct import AbortReq
+from mini_sglang.managers.req import Req
+from mini_sglang.managers.schedule_batch import ScheduleBatch
+from mini_sglang.sampling.sampling_params import SamplingParams
+from tests.conftest import (
     assert_memory_all_free,
     build_tiny_model,
     collect_outputs,
@@ -25,11 +30,6 @@ from conftest import (
     make_scheduler,
     run_prompts,
 )
-
-from mini_sglang.managers.io_struct import AbortReq
-from mini_sglang.managers.req import Req
-from mini_sglang.managers.schedule_batch import ScheduleBatch
-from mini_sglang.sampling.sampling_params import SamplingParams
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 MAX_NEW_TOKENS = 32

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import assert_memory_all_free, build_tiny_model, make_scheduler
 
 from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
 from mini_sglang.sampling.sampling_params import SamplingParams
+from tests.conftest import assert_memory_all_free, build_tiny_model, make_scheduler
 
 ATOL = 1e-3
 PROMPTS = ["Hello world, this is", "The capital of France is", "def f(x):\n    return"]

@@ -19,14 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    assert_memory_all_free,
-    build_tiny_model,
-    collect_outputs,
-    make_req,
-    make_scheduler,
-    run_prompts,
-)
 
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_policy import LPM_FALLBACK_QUEUE_LEN, SchedulePolicy
@@ -35,6 +27,14 @@ from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.server_args import ServerArgs
+from tests.conftest import (
+    assert_memory_all_free,
+    build_tiny_model,
+    collect_outputs,
+    make_req,
+    make_scheduler,
+    run_prompts,
+)
 
 PREFIX_LEN = 200
 MAX_NEW = 12

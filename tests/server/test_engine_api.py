@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from conftest import EOS_PROMPT, ServerHandle, TinyModel
 
 import mini_sglang
+from tests.server.conftest import EOS_PROMPT, ServerHandle, TinyModel
 
 PROMPTS = ["Hello world, this is", "The weather today", EOS_PROMPT]
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}

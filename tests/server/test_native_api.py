@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import EOS_PROMPT, ServerHandle, TinyModel, parse_sse
+
+from tests.server.conftest import EOS_PROMPT, ServerHandle, TinyModel, parse_sse
 
 META_KEYS = [
     "id",

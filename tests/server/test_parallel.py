@@ -19,10 +19,17 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import ServerHandle, TinyModel, _root_conftest, free_port, launch_server, start_server
 
 from mini_sglang.managers.data_parallel_controller import DataParallelController, DPBudget
 from mini_sglang.managers.io_struct import GetLoadReqOutput
+from tests.server.conftest import (
+    ServerHandle,
+    TinyModel,
+    _root_conftest,
+    free_port,
+    launch_server,
+    start_server,
+)
 
 
 def _generate(handle: ServerHandle, ids, n: int = 8, **extra) -> dict | list:

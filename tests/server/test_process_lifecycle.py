@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
-from conftest import ServerHandle, TinyModel, start_server, wait_ready
+
+from tests.server.conftest import ServerHandle, TinyModel, start_server, wait_ready
 
 
 def _greedy_ok(handle: ServerHandle) -> list[int]:

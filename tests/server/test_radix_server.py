@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import ServerHandle, TinyModel, launch_server
+
+from tests.server.conftest import ServerHandle, TinyModel, launch_server
 
 PREFIX_LEN = 200
 MAX_NEW = 12

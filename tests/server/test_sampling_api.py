@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import ServerHandle, TinyModel, parse_sse
+
+from tests.server.conftest import ServerHandle, TinyModel, parse_sse
 
 ATOL = 1e-3
 

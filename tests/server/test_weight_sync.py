@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, ServerHandle, TinyModel, _root_conftest, free_port, launch_server
+
+from tests.server.conftest import (
+    REPO_ROOT,
+    ServerHandle,
+    TinyModel,
+    _root_conftest,
+    free_port,
+    launch_server,
+)
 
 MAX_NEW = 8
 SEED = 7
