@@ -204,10 +204,12 @@ def main(argv: list[str] | None = None) -> dict:
 
 def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
     from mini_sglang.managers.scheduler import Scheduler
+    from mini_sglang.managers.tp_worker import ForwardTimer
 
     outputs: list = []
     scheduler = Scheduler(server_args, send_to_detokenizer=outputs.append)
     scheduler.test_outputs = outputs
+    worker = scheduler.tp_worker
     run_scheduler(scheduler, 1, 16, 8, seed=99)  # warm-up
     if args.profile:
         import cProfile
@@ -224,10 +226,15 @@ def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
     for bs in args.batch_size:
         for il in args.input_len:
             for ol in args.output_len:
+                timed = worker.device.type == "cuda"
+                worker.forward_timer = ForwardTimer() if timed else None
                 ttft, per_token = run_scheduler(scheduler, bs, il, ol)
+                occupancy = worker.forward_timer.decode_occupancy() if timed else None
+                worker.forward_timer = None
                 print(
                     f"Scheduler. bs={bs} in={il} out={ol} overlap={scheduler.overlap}: "
                     f"TTFT {1000 * ttft:.2f} ms, decode {1000 * per_token:.4f} ms/token"
+                    + (f", forward occupancy {100 * occupancy:.2f}%" if occupancy else "")
                 )
                 results.append(
                     {
@@ -237,6 +244,7 @@ def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
                         "output_len": ol,
                         "ttft_ms": 1000 * ttft,
                         "decode_ms_per_token": 1000 * per_token,
+                        "forward_occupancy": occupancy,
                         "overlap": scheduler.overlap,
                         "model_path": server_args.model_path,
                         "device": str(scheduler.device),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
 # JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving]
-# With no arguments everything runs. MODELS overrides the model list (default: both).
+#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile]
+# With no arguments all but `profile` run. MODELS overrides the model list (default: both).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 MODELS=${MODELS:-"qwen3-0.6b llama-3.1-8b"}
@@ -30,7 +30,15 @@ for step in "${steps[@]}"; do
     offline)
       for m in $MODELS; do
         python -m mini_sglang.bench_offline_throughput --model-path "/tmp/m/$m" --load-format dummy \
-          --preset nano-vllm --result-filename "$OUT/offline.jsonl" 2>&1 | grep -E "throughput|duration|Error" | tee -a "$OUT/offline.log"
+          --preset nano-vllm --result-filename "$OUT/offline.jsonl" 2>&1 | tee "$OUT/offline_$m.log" \
+          | grep -E "throughput|duration|Error" | tee -a "$OUT/offline.log"
+      done ;;
+    profile)
+      # kernel table of decode at batch 256 (the nano-vllm workload's full batch)
+      for m in $MODELS; do
+        python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy \
+          --batch-size 256 --input-len 512 --output-len 8 --profile "$OUT/profile_bs256_$m.txt" \
+          2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/profile.log"
       done ;;
     serving)
       bash scripts/bench_serving_gpu.sh "/tmp/m/llama-3.1-8b" "$OUT" 2>&1 | tail -80 | tee -a "$OUT/serving.log" ;;

