@@ -85,7 +85,6 @@ class Req:
         self.logprob_start_len = logprob_start_len
         self.top_logprobs_num = top_logprobs_num
         self.token_ids_logprob = token_ids_logprob
-        self.extend_logprob_start_len = 0
         self.input_token_logprobs_val: list[float | None] = []
         self.input_token_logprobs_idx: list[int] = []
         self.input_top_logprobs_val: list = []

@@ -38,6 +38,15 @@ class BatchSnapshot:
     prefix_lens: list[int]
     seq_lens: torch.Tensor  # KV length of each row after this step
     out_cache_loc: torch.Tensor
+    # Per row, where its prompt logprobs start inside this step's new tokens (frozen here:
+    # under overlap the request is rescheduled before this step's results are processed).
+    extend_logprob_start_lens: list[int]
+    # Rows decode_start.. are decodes: all rows of a DECODE batch, none of an EXTEND batch,
+    # the running requests appended to a MIXED batch.
+    decode_start: int
+
+    def is_decode_row(self, i: int) -> bool:
+        return i >= self.decode_start
 
 
 class OutOfKVMemoryError(RuntimeError):
@@ -73,6 +82,8 @@ class ScheduleBatch:
         self.seq_lens_dev = self.seq_lens
         self.prefix_lens: list[int] = []
         self.extend_lens: list[int] = []
+        self.extend_logprob_start_lens: list[int] = []
+        self.decode_start = 0  # first decode row (see BatchSnapshot.decode_start)
         self.output_ids: torch.Tensor | None = None  # device, last sampled token per row
         self.sampling_info: SamplingBatchInfo | None = None
         self.return_logprob = False
@@ -150,11 +161,11 @@ class ScheduleBatch:
                 r.cached_tokens += p - r.already_computed
             r.already_computed = s
         self.return_logprob = any(r.return_logprob for r in reqs)
-        if self.return_logprob:
-            for r, p in zip(reqs, self.prefix_lens):
-                r.extend_logprob_start_len = (
-                    max(r.logprob_start_len - p, 0) if r.return_logprob else r.extend_input_len
-                )
+        self.extend_logprob_start_lens = [
+            max(r.logprob_start_len - p, 0) if r.return_logprob else e
+            for r, p, e in zip(reqs, self.prefix_lens, self.extend_lens)
+        ]
+        self.decode_start = len(reqs)
         self.sampling_info = SamplingBatchInfo.from_reqs(reqs, self.vocab_size, self.device)
 
     def prepare_for_decode(self) -> None:
@@ -176,6 +187,8 @@ class ScheduleBatch:
         self.seq_lens = self.seq_lens + 1
         self.input_ids = self.output_ids
         self.return_logprob = any(r.return_logprob for r in self.reqs)
+        self.decode_start = 0
+        self.prefix_lens, self.extend_lens, self.extend_logprob_start_lens = [], [], []
 
     def check_decode_mem(self) -> bool:
         """Whether the next decode step's slots fit (after evicting what can be evicted)."""
@@ -207,6 +220,11 @@ class ScheduleBatch:
             self.sampling_info.filter(keep_dev)
 
     def merge_batch(self, other: ScheduleBatch) -> None:
+        """Append `other`'s rows (both batches have run, so both have output_ids)."""
+        self._append_rows(other)
+        self.output_ids = torch.cat([self.output_ids, other.output_ids])
+
+    def _append_rows(self, other: ScheduleBatch) -> None:
         self.sampling_info.merge(other.sampling_info, self.reqs + other.reqs)
         self.reqs = self.reqs + other.reqs
         self.req_pool_indices = torch.cat([self.req_pool_indices, other.req_pool_indices])
@@ -215,7 +233,37 @@ class ScheduleBatch:
             [self.req_pool_indices_dev, other.req_pool_indices_dev]
         )
         self.seq_lens_dev = torch.cat([self.seq_lens_dev, other.seq_lens_dev])
-        self.output_ids = torch.cat([self.output_ids, other.output_ids])
+
+    def mix_with_running(self, running: ScheduleBatch) -> None:
+        """Turn this prepared prefill batch into a MIXED one (--enable-mixed-chunk): the
+        running decode batch, already through prepare_for_decode, is appended as extends
+        of one token whose prefix is the request's whole KV history.
+
+        Worked example: this batch has request A extending positions 8..11 on a cached
+        prefix of 8; the running batch has B with 20 tokens of KV and C with 6 (its
+        prepare_for_decode made seq_lens [21, 7], positions [20, 6]). After mixing
+          prefix_lens [8, 20, 6], extend_lens [4, 1, 1], seq_lens [12, 21, 7],
+          positions [8, 9, 10, 11, 20, 6], decode_start 1,
+        and out_cache_loc / input_ids are A's 4 entries followed by B's and C's one each
+        (B's and C's input id is the token their previous step sampled, still on the
+        device: nothing here waits for the host).
+        """
+        assert running.forward_mode.is_decode(), "mix after running.prepare_for_decode()"
+        assert self.forward_mode == ForwardMode.EXTEND and self.output_ids is None
+        n = len(running.reqs)
+        self.forward_mode = ForwardMode.MIXED
+        self.decode_start = len(self.reqs)
+        self.input_ids = torch.cat([self.input_ids, running.input_ids.to(self.input_ids.dtype)])
+        self.positions = torch.cat([self.positions, running.positions.to(self.positions.dtype)])
+        self.out_cache_loc = torch.cat(
+            [self.out_cache_loc, running.out_cache_loc.to(self.out_cache_loc.dtype)]
+        )
+        self.prefix_lens = self.prefix_lens + (running.seq_lens - 1).tolist()
+        self.extend_lens = self.extend_lens + [1] * n
+        # A decode row's single position is its sampling row, not a prompt position.
+        self.extend_logprob_start_lens = self.extend_logprob_start_lens + [1] * n
+        self._append_rows(running)
+        self.return_logprob = self.return_logprob or running.return_logprob
 
     def snapshot(self) -> BatchSnapshot:
         """What result processing needs, frozen at launch (the live batch moves on)."""
@@ -226,6 +274,8 @@ class ScheduleBatch:
             prefix_lens=list(self.prefix_lens),
             seq_lens=self.seq_lens.clone(),
             out_cache_loc=self.out_cache_loc,
+            extend_logprob_start_lens=list(self.extend_logprob_start_lens),
+            decode_start=self.decode_start,
         )
 
     def get_model_worker_batch(self) -> ModelWorkerBatch:
@@ -242,7 +292,7 @@ class ScheduleBatch:
             extend_prefix_lens=self.prefix_lens if extend else None,
             sampling_info=self.sampling_info,
             return_logprob=self.return_logprob,
-            extend_logprob_start_lens=[r.extend_logprob_start_len for r in self.reqs]
+            extend_logprob_start_lens=list(self.extend_logprob_start_lens)
             if extend and self.return_logprob
             else None,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs]

@@ -11,6 +11,9 @@ PrefillAdder admits requests under three budgets:
   rem_input_tokens  --max-prefill-tokens per batch (the first request always fits)
   rem_chunk_tokens  --chunked-prefill-size; a longer prompt is truncated to a chunk and
                     becomes the (single) chunked request, continued next round
+With --enable-mixed-chunk the running decodes ride in the same forward, one token each:
+`mixed_with_decode_tokens` (their count) comes off the input and chunk budgets and is held
+back from both memory budgets (SGLang's accounting).
 """
 
 from __future__ import annotations
@@ -107,15 +110,18 @@ class PrefillAdder:
         new_token_ratio: float,
         rem_input_tokens: int,
         rem_chunk_tokens: int | None,
+        mixed_with_decode_tokens: int = 0,
     ) -> None:
         self.page_size = page_size
         self.tree_cache = tree_cache
         self.allocator = allocator
         self.new_token_ratio = new_token_ratio
-        self.rem_input_tokens = rem_input_tokens
+        self.rem_input_tokens = rem_input_tokens - mixed_with_decode_tokens
         self.rem_chunk_tokens = rem_chunk_tokens
-        self.rem_total_token_offset = 0.0
-        self.cur_rem_token_offset = 0
+        if rem_chunk_tokens is not None:
+            self.rem_chunk_tokens = rem_chunk_tokens - mixed_with_decode_tokens
+        self.rem_total_token_offset = float(mixed_with_decode_tokens)
+        self.cur_rem_token_offset = mixed_with_decode_tokens
         self.can_run_list: list[Req] = []
         self.new_chunked_req: Req | None = None
         self.log_hit_tokens = 0

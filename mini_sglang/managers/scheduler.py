@@ -26,9 +26,10 @@ from mini_sglang.managers.io_struct import (
 )
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
-from mini_sglang.managers.schedule_policy import AddReqResult, PrefillAdder, SchedulePolicy
+from mini_sglang.managers.schedule_policy import SchedulePolicy
 from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
 from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
+from mini_sglang.managers.scheduler_prefill import SchedulerPrefillMixin
 from mini_sglang.managers.scheduler_retraction import SchedulerRetractionMixin
 from mini_sglang.managers.scheduler_update_weights import SchedulerUpdateWeightsMixin
 from mini_sglang.managers.tp_worker import TpModelWorker
@@ -44,6 +45,7 @@ NEW_TOKEN_RATIO_DECAY_STEPS = int(os.environ.get("SGLANG_NEW_TOKEN_RATIO_DECAY_S
 
 
 class Scheduler(
+    SchedulerPrefillMixin,
     SchedulerOutputProcessorMixin,
     SchedulerMetricsMixin,
     SchedulerRetractionMixin,
@@ -90,6 +92,7 @@ class Scheduler(
         self.max_req_input_len = self.max_req_len - 5
         chunk = server_args.chunked_prefill_size
         self.chunked_prefill_size = chunk if chunk is not None and chunk > 0 else None
+        self.init_mixed_chunk()
         self.init_new_token_ratio = min(
             INIT_NEW_TOKEN_RATIO * server_args.schedule_conservativeness, 1.0
         )
@@ -199,10 +202,13 @@ class Scheduler(
             else:
                 keep.append(req)
         self.waiting_queue = keep
-        # Running requests stop after the current step, through check_finished.
+        # Running requests stop after the current step, through check_finished. The last
+        # batch's requests join running_batch only when the next one is formed (and after a
+        # mixed step every running request is there).
         running = self.running_batch.reqs if self.running_batch else []
+        last = self.last_batch.reqs if self.last_batch else []
         chunked = [self.chunked_req] if self.chunked_req else []
-        for req in running + chunked:
+        for req in running + last + chunked:
             if match(req.rid) and not req.finished():
                 req.abort(recv.abort_reason or "Abort in the middle of a request")
 
@@ -259,57 +265,6 @@ class Scheduler(
                 if not self.running_batch.is_empty():
                     return self.running_batch
         return None
-
-    def get_new_batch_prefill(self) -> ScheduleBatch | None:
-        if not self.waiting_queue and self.chunked_req is None:
-            return None
-        running_bs = len(self.running_batch.reqs) if self.running_batch else 0
-        if running_bs >= self.max_running_requests:
-            return None
-        self.policy.calc_priority(self.waiting_queue)
-        adder = PrefillAdder(
-            self.page_size,
-            self.tree_cache,
-            self.allocator,
-            self.running_batch,
-            self.new_token_ratio,
-            self.server_args.max_prefill_tokens,
-            self.chunked_prefill_size,
-        )
-        if self.chunked_req is not None:
-            self.chunked_req.init_next_round_input(None)
-            self.chunked_req = adder.add_chunked_req(self.chunked_req)
-        for req in self.waiting_queue:
-            if running_bs + len(adder.can_run_list) >= self.max_running_requests:
-                break
-            req.init_next_round_input(self.tree_cache)
-            result = adder.add_one_req(req)
-            if result != AddReqResult.CONTINUE:
-                if result == AddReqResult.NO_TOKEN and not adder.can_run_list:
-                    self.log_no_token_once()
-                break
-            if adder.new_chunked_req is not None:
-                break
-        if not adder.can_run_list:
-            return None
-        admitted = set(map(id, adder.can_run_list))
-        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
-        if adder.new_chunked_req is not None:
-            assert self.chunked_req is None, "one chunked request at a time"
-            self.chunked_req = adder.new_chunked_req
-        if self.chunked_req is not None:
-            self.chunked_req.is_chunked += 1
-        batch = ScheduleBatch(
-            adder.can_run_list,
-            self.req_to_token_pool,
-            self.allocator,
-            self.tree_cache,
-            self.model_config.vocab_size,
-            self.device,
-        )
-        batch.prepare_for_extend()
-        self.log_prefill_stats(adder, running_bs)
-        return batch
 
     # ---- running -------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch):

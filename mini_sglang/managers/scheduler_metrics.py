@@ -82,6 +82,16 @@ class SchedulerMetricsMixin:
             len(self.waiting_queue),
         )
 
+    def num_running_reqs(self) -> int:
+        """Requests holding KV between steps: the running batch plus the last prefill (or
+        mixed) batch's unfinished, non-chunked requests, which join it when the next batch
+        forms (after a mixed step that is every running request)."""
+        n = len(self.running_batch.reqs) if self.running_batch is not None else 0
+        last = self.last_batch
+        if last is not None and last.forward_mode.is_extend():
+            n += sum(1 for r in last.reqs if not r.finished() and r is not self.chunked_req)
+        return n
+
     def memory_accounting(self) -> dict[str, int]:
         return {
             "free": self.allocator.available_size(),
@@ -123,7 +133,7 @@ class SchedulerMetricsMixin:
                 "graph": round(getattr(r, "graph_mem_gib", 0.0), 2),
             },
             "num_retracted_reqs": self.num_retracted_reqs,
-            "num_running_reqs": len(self.running_batch.reqs) if self.running_batch else 0,
+            "num_running_reqs": self.num_running_reqs(),
             "num_queue_reqs": len(self.waiting_queue),
             "num_used_tokens": self.max_total_num_tokens
             - self.allocator.available_size()

@@ -28,48 +28,58 @@ class SchedulerOutputProcessorMixin:
     def process_batch_result(self, batch: BatchSnapshot, result: GenerationBatchResult) -> None:
         """Append each row's sampled token, finish requests, and stream.
 
+        Rows are prefill rows (their prompt just got its KV: cached for sharing) or decode
+        rows (one more token); a MIXED batch (--enable-mixed-chunk) has prefill rows first
+        and decode rows from batch.decode_start on, each handled as in its own kind of batch.
+
         With overlap scheduling the next step was launched before this runs, so a request
-        that finished in an earlier step may still sit in this batch: its token here is
-        surplus and the KV slot that step took for it is freed.
+        that finished in an earlier step may still sit in this batch as a decode row: its
+        token here is surplus and the KV slot that step took for it is freed.
         """
         next_ids = result.token_list()
-        is_decode = batch.forward_mode.is_decode()
+        num_decoded = 0
         for i, req in enumerate(batch.reqs):
+            is_decode_row = batch.is_decode_row(i)
             if req.is_chunked > 0:
                 # A prefill chunk that is not the prompt's last: its sampled token is junk.
                 req.is_chunked -= 1
                 continue
             if req.finished():
-                if is_decode:
+                if is_decode_row:
                     self.free_surplus_slot(batch, i)
                 continue
+            num_decoded += is_decode_row
             req.output_ids.append(next_ids[i])
             if req.return_logprob and result.logprobs is not None:
                 self.add_output_logprobs(req, result.logprobs[i], next_ids[i])
             req.check_finished(self.tokenizer)
             if req.finished():
                 self.tree_cache.cache_finished_req(req)
-            elif not is_decode:
+            elif not is_decode_row:
                 # The prompt just got its KV: insert it so later requests can share it.
                 self.tree_cache.cache_unfinished_req(req)
-        if not is_decode and batch.return_logprob:
+        if batch.forward_mode.is_extend() and batch.return_logprob:
             self.add_input_logprobs(batch, result)
-        if is_decode:
+        if batch.forward_mode.is_decode():
+            # SGLang decays the estimate on decode steps only (mixed steps leave it).
             self.new_token_ratio = max(
                 self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
             )
-            self.num_generated_tokens += len(batch.reqs)
+        self.num_generated_tokens += num_decoded
         self.stream_output(batch.reqs)
 
     def free_surplus_slot(self, batch: BatchSnapshot, i: int) -> None:
         """Free the KV slot a finished request took in a step launched before its finish
-        was known. With pages, the slot's page is the request's own only when the slot
+        was known (decode row i; a decode row's slot is among the last len(reqs) - i
+        entries of out_cache_loc, since a MIXED batch lists its prefill tokens first).
+        With pages, the slot's page is the request's own only when the slot
         opened it (position % page_size == 0); otherwise the page went with the request's
         tail when it finished. Example, page_size 4: the surplus token at position 8 opened
         page [8..11] -> free it; at position 9 its page was freed with positions 8."""
         position = int(batch.seq_lens[i]) - 1
         if position % self.page_size == 0:
-            self.allocator.free(batch.out_cache_loc[i : i + 1])
+            j = len(batch.out_cache_loc) - len(batch.reqs) + i
+            self.allocator.free(batch.out_cache_loc[j : j + 1])
 
     # ---- logprobs ------------------------------------------------------------------
     def add_output_logprobs(self, req: Req, logprobs: torch.Tensor, token_id: int) -> None:
@@ -92,7 +102,9 @@ class SchedulerOutputProcessorMixin:
         if out.input_logits is None:
             return
         offset = 0
-        for req, n_rows, prefix in zip(batch.reqs, out.input_logits_lens, batch.prefix_lens):
+        for req, n_rows, prefix, rel_start in zip(
+            batch.reqs, out.input_logits_lens, batch.prefix_lens, batch.extend_logprob_start_lens
+        ):
             rows = out.input_logits[offset : offset + n_rows]
             offset += n_rows
             if not req.return_logprob or n_rows == 0:
@@ -100,7 +112,7 @@ class SchedulerOutputProcessorMixin:
             # Raw logits, no temperature: SGLang 0.5.4 never sets temp_scaled_logprobs for
             # prompt positions (only output logprobs are taken after temperature).
             logprobs = torch.log_softmax(rows, dim=-1)
-            start = prefix + req.extend_logprob_start_len  # absolute position of first row
+            start = prefix + rel_start  # absolute position of the first row
             if start == req.logprob_start_len and not req.input_token_logprobs_val:
                 req.input_token_logprobs_val.append(None)
                 req.input_token_logprobs_idx.append(req.origin_input_ids[start])

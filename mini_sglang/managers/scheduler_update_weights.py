@@ -124,7 +124,7 @@ class SchedulerUpdateWeightsMixin:
     def get_load(self, recv: GetLoadReqInput) -> GetLoadReqOutput | None:
         """This replica's load. A request carrying `http_worker_ipc` (the DP controller's
         load-report socket) is answered there instead of to the TokenizerManager."""
-        running = len(self.running_batch.reqs) if self.running_batch is not None else 0
+        running = self.num_running_reqs()
         num_tokens = self.max_total_num_tokens - self.allocator.available_size()
         num_tokens -= self.tree_cache.evictable_size()
         out = GetLoadReqOutput(
