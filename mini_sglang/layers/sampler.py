@@ -101,22 +101,28 @@ class Sampler(nn.Module):
                 logprobs = torch.log_softmax(logits, dim=-1)
             return SamplerOutput(next_ids, logprobs)
         scaled = logits / info.temperatures
-        probs = torch.softmax(scaled, dim=-1)
-        if return_logprob:
-            # SGLang takes log(probs) clamped to the dtype's min, so a banned token (-inf
-            # logit) reports a finite -3.4e38 here, but -inf (null in JSON) when all greedy.
-            logprobs = torch.log_softmax(scaled, dim=-1).clamp_(min=torch.finfo(scaled.dtype).min)
-        greedy_rows = info.top_ks <= 1
         fi = flashinfer_sampling() if logits.is_cuda and not info.has_seeds else None
-        if fi is not None:
-            next_ids = fi.top_k_top_p_sampling_from_probs(
-                probs, info.top_ks.int(), info.top_ps, filter_apply_order="joint"
-            ).long()
-            if info.need_min_p:
-                next_ids = self._draw(filter_probs(probs, info), info, positions)
+        filtered = info.need_top_k or info.need_top_p or info.need_min_p
+        if fi is not None and not filtered and not return_logprob:
+            # Plain temperature sampling: one Gumbel-max pass over the scaled logits instead
+            # of a softmax pass plus the rejection sampler's passes over [B, V] probabilities.
+            next_ids = fi.sampling_from_logits(scaled).long()
         else:
-            next_ids = self._draw(filter_probs(probs, info), info, positions)
-        next_ids = torch.where(greedy_rows, logits.argmax(dim=-1), next_ids)
+            probs = torch.softmax(scaled, dim=-1)
+            if return_logprob:
+                # SGLang takes log(probs) clamped to the dtype's min, so a banned token (-inf
+                # logit) reports a finite -3.4e38 here, but -inf (null in JSON) when all greedy.
+                logprobs = torch.log_softmax(scaled, dim=-1).clamp_(
+                    min=torch.finfo(scaled.dtype).min
+                )
+            if fi is not None and not info.need_min_p:
+                next_ids = fi.top_k_top_p_sampling_from_probs(
+                    probs, info.top_ks.int(), info.top_ps, filter_apply_order="joint"
+                ).long()
+            else:
+                next_ids = self._draw(filter_probs(probs, info), info, positions)
+        if info.has_greedy_rows:
+            next_ids = torch.where(info.top_ks <= 1, logits.argmax(dim=-1), next_ids)
         return SamplerOutput(next_ids, logprobs)
 
     @staticmethod

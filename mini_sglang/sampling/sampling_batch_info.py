@@ -7,12 +7,13 @@ Penalties live in a PenalizerOrchestrator that filters and merges the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from mini_sglang.sampling.penaltylib.orchestrator import PenalizerOrchestrator
+from mini_sglang.utils.device import to_device
 
 if TYPE_CHECKING:
     from mini_sglang.managers.schedule_batch import Req
@@ -36,62 +37,72 @@ class SamplingBatchInfo:
     device: str | torch.device
     logit_bias: torch.Tensor | None = None  # [B, V] additive, or None when unused
     penalizer: PenalizerOrchestrator | None = None
+    # CPU copies of top_ps, top_ks, min_ps and seeds, kept in step with the device rows.
+    host_rows: dict[str, torch.Tensor] = field(default_factory=dict)
+    has_greedy_rows: bool = False  # some row has top_k <= 1 (argmax)
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device) -> SamplingBatchInfo:
         sps = [r.sampling_params for r in reqs]
         temps = torch.tensor([sp.temperature for sp in sps], dtype=torch.float32).view(-1, 1)
-        top_ps = torch.tensor([sp.top_p for sp in sps], dtype=torch.float32)
-        top_ks = torch.tensor([min(sp.top_k, vocab_size) for sp in sps], dtype=torch.int64)
-        min_ps = torch.tensor([sp.min_p for sp in sps], dtype=torch.float32)
-        seeds = torch.tensor([r.sampling_seed for r in reqs], dtype=torch.int64)
+        host = {
+            "top_ps": torch.tensor([sp.top_p for sp in sps], dtype=torch.float32),
+            "top_ks": torch.tensor([min(sp.top_k, vocab_size) for sp in sps], dtype=torch.int64),
+            "min_ps": torch.tensor([sp.min_p for sp in sps], dtype=torch.float32),
+            "seeds": torch.tensor([r.sampling_seed for r in reqs], dtype=torch.int64),
+        }
         logit_bias = None
         if any(sp.logit_bias for sp in sps):
             logit_bias = torch.zeros(len(reqs), vocab_size, dtype=torch.float32)
             for i, sp in enumerate(sps):
                 for tok, bias in (sp.logit_bias or {}).items():
                     logit_bias[i, int(tok)] = float(bias)
-            logit_bias = logit_bias.to(device)
+            logit_bias = to_device(logit_bias, device)
         info = cls(
-            temperatures=temps.to(device),
-            top_ps=top_ps.to(device),
-            top_ks=top_ks.to(device),
-            min_ps=min_ps.to(device),
-            seeds=seeds.to(device),
-            is_all_greedy=all(sp.top_k <= 1 for sp in sps),
-            need_top_p=any(sp.top_p < 1.0 for sp in sps),
-            need_top_k=any(1 < sp.top_k < vocab_size for sp in sps),
-            need_min_p=any(sp.min_p > 0 for sp in sps),
-            has_seeds=any(r.sampling_seed != NO_SEED for r in reqs),
+            temperatures=to_device(temps, device),
+            **{name: to_device(t, device) for name, t in host.items()},
+            is_all_greedy=False,
+            need_top_p=False,
+            need_top_k=False,
+            need_min_p=False,
+            has_seeds=False,
             vocab_size=vocab_size,
             device=device,
             logit_bias=logit_bias,
+            host_rows=host,
         )
+        info._flags_from_host_rows()
         info.penalizer = PenalizerOrchestrator.from_reqs(reqs, vocab_size, device)
         return info
 
-    def _flags_from_tensors(self) -> None:
-        self.is_all_greedy = bool((self.top_ks <= 1).all())
-        self.need_top_p = bool((self.top_ps < 1.0).any())
-        self.need_top_k = bool(((self.top_ks > 1) & (self.top_ks < self.vocab_size)).any())
-        self.need_min_p = bool((self.min_ps > 0).any())
-        self.has_seeds = bool((self.seeds != NO_SEED).any())
+    def _flags_from_host_rows(self) -> None:
+        # From the host copies: reading the device tensors here would synchronise with the
+        # GPU on every filter/merge and stall overlap scheduling.
+        top_ks, top_ps = self.host_rows["top_ks"], self.host_rows["top_ps"]
+        self.has_greedy_rows = bool((top_ks <= 1).any())
+        self.is_all_greedy = bool((top_ks <= 1).all())
+        self.need_top_p = bool((top_ps < 1.0).any())
+        self.need_top_k = bool(((top_ks > 1) & (top_ks < self.vocab_size)).any())
+        self.need_min_p = bool((self.host_rows["min_ps"] > 0).any())
+        self.has_seeds = bool((self.host_rows["seeds"] != NO_SEED).any())
 
     def filter(self, keep: torch.Tensor) -> None:
         """Keep rows `keep` (a 1-D index tensor), in that order."""
-        keep_dev = keep.to(self.device)
+        keep_dev = to_device(keep, self.device)
         for name in ("temperatures", "top_ps", "top_ks", "min_ps", "seeds", "logit_bias"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value[keep_dev])
+        self.host_rows = {name: t[keep] for name, t in self.host_rows.items()}
         if self.penalizer is not None:
             self.penalizer = self.penalizer.filter(keep_dev)
-        self._flags_from_tensors()
+        self._flags_from_host_rows()
 
     def merge(self, other: SamplingBatchInfo, merged_reqs: list[Req]) -> None:
         """Append `other`'s rows after ours; `merged_reqs` are both batches' requests in order."""
         for name in ("temperatures", "top_ps", "top_ks", "min_ps", "seeds"):
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.host_rows = {n: torch.cat([t, other.host_rows[n]]) for n, t in self.host_rows.items()}
         if self.logit_bias is not None or other.logit_bias is not None:
             mine = (
                 self.logit_bias
@@ -113,7 +124,7 @@ class SamplingBatchInfo:
                 len(other.top_ps), self.vocab_size, self.device
             )
             self.penalizer = mine.concat(theirs)
-        self._flags_from_tensors()
+        self._flags_from_host_rows()
 
     def _zeros(self, rows: int) -> torch.Tensor:
         return torch.zeros(rows, self.vocab_size, dtype=torch.float32, device=self.device)
