@@ -26,6 +26,14 @@ BACKENDS = os.environ.get(
 ).split(",")
 
 
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    """Each test's schedulers (KV pool, CUDA graphs) go before the next test builds its own."""
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def _backend_available(name: str) -> bool:
     if "+" in name:
         return all(_backend_available(n) for n in name.split("+"))
@@ -137,8 +145,36 @@ def test_top5_logprobs_match_hf(tiny_model, backend, page_size, graphs):
     sched, outputs = _make_gpu_scheduler(
         model_path, page_size=page_size, disable_cuda_graph=not graphs, **kw
     )
+    _check_top5_against_hf(sched, outputs, hf)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mixed_chunk_top5_logprobs_match_hf(tiny_model, backend):
+    """--enable-mixed-chunk: prompts that arrive while others decode are prefilled in chunks
+    of 32 with the running decodes mixed into the same extend forward."""
+    if not _backend_available(backend):
+        pytest.skip(f"{backend} not installed")
+    model_path, hf = tiny_model
+    if "+" in backend:
+        prefill, decode = backend.split("+")
+        kw = dict(prefill_attention_backend=prefill, decode_attention_backend=decode)
+    else:
+        kw = dict(attention_backend=backend)
+    sched, outputs = _make_gpu_scheduler(
+        model_path, enable_mixed_chunk=True, chunked_prefill_size=32, **kw
+    )
+    _check_top5_against_hf(sched, outputs, hf, late=2)
+    assert sched.num_mixed_batches > 0
+
+
+def _check_top5_against_hf(sched, outputs, hf, late: int = 0) -> None:
+    """Four prompts (the last `late` added after three scheduler steps), 32 decode steps
+    each with top-5 logprobs; all within TOL of HF; the pool is whole afterwards."""
     prompts = [list(range(100, 100 + n)) for n in (5, 17, 33, 64)]
     for i, p in enumerate(prompts):
+        if late and i == len(prompts) - late:
+            for _ in range(3):
+                sched.run_step()
         sched.add_request(
             make_req(
                 f"g{i}",
@@ -178,9 +214,6 @@ def test_top5_logprobs_match_hf(tiny_model, backend, page_size, graphs):
             worst = max(worst, float((got - want).abs().max()))
     assert worst <= TOL, f"max top-5 logprob diff {worst:.4f} > {TOL}"
     assert sched.check_memory()
-    del sched
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def test_overlap_on_and_off_give_identical_greedy_tokens(tiny_model):
