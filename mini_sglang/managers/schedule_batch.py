@@ -217,7 +217,7 @@ class ScheduleBatch:
         if self.output_ids is not None:
             self.output_ids = self.output_ids[keep_dev]
         if self.sampling_info is not None:
-            self.sampling_info.filter(keep_dev)
+            self.sampling_info.filter(keep)
 
     def merge_batch(self, other: ScheduleBatch) -> None:
         """Append `other`'s rows (both batches have run, so both have output_ids)."""

@@ -87,7 +87,7 @@ class SamplingBatchInfo:
         self.has_seeds = bool((self.host_rows["seeds"] != NO_SEED).any())
 
     def filter(self, keep: torch.Tensor) -> None:
-        """Keep rows `keep` (a 1-D index tensor), in that order."""
+        """Keep rows `keep` (a 1-D int64 index tensor on the CPU), in that order."""
         keep_dev = to_device(keep, self.device)
         for name in ("temperatures", "top_ps", "top_ks", "min_ps", "seeds", "logit_bias"):
             value = getattr(self, name)
