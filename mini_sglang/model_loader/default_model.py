@@ -117,12 +117,15 @@ def _write_tokenizer(gguf_path: str, out_dir: str, max_length: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(
         os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
     )
-    tokenizer.save_pretrained(out_dir)
     chat_template = tokenizer.chat_template
     if not chat_template:
         raise RuntimeError(f"{gguf_path} carries no tokenizer.chat_template")
-    if tokenizer.eos_token != "<|im_end|>" or tokenizer.convert_tokens_to_ids("<|im_end|>") != 2:
-        raise RuntimeError(f"unexpected eos token {tokenizer.eos_token!r} in {gguf_path}")
+    if tokenizer.convert_tokens_to_ids("<|im_end|>") != 2:
+        raise RuntimeError(f"unexpected special tokens in {gguf_path}")
+    # The instruct model ends its turns with <|im_end|> (id 2). Some transformers 5.x releases
+    # (5.17 on the GPU machine) read the GGUF's eos as <|im_start|>, so it is set explicitly.
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.save_pretrained(out_dir)
 
     special = {
         "bos_token": tokenizer.bos_token,
