@@ -8,8 +8,11 @@ Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh.
 
 from __future__ import annotations
 
+import copy
 import gc
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -47,17 +50,41 @@ def _backend_available(name: str) -> bool:
     return True
 
 
+@dataclass
+class HfReference:
+    """Transformers on the same weights, on CUDA.
+
+    Tiny models: `model` runs in bf16 and we must be within TOL of it (SGLang's tolerance).
+    A real model (SmolLM2, 30 layers): bf16 alone moves its top-5 logprobs by about 0.2
+    (transformers bf16 against transformers float32 on these prompts, measured on CPU: up to
+    0.21), so two bf16 runs can differ by twice that. There `model` runs in float32 (the
+    truth) and `bf16_twin` is transformers in bf16: we must be within
+    max(TOL, 1.5 x the twin's own error) of the truth at the same positions and tokens.
+    """
+
+    model: Any
+    bf16_twin: Any | None = None
+
+    @torch.no_grad()
+    def logprobs(self, ids: list[int], twin: bool = False) -> torch.Tensor:
+        model = self.bf16_twin if twin else self.model
+        logits = model(torch.tensor([ids], device="cuda")).logits[0].float()
+        return torch.log_softmax(logits, dim=-1)
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "smollm2"])
 def tiny_model(request, tmp_path_factory, qwen_tokenizer):
-    """(model dir, the same weights in HF transformers on CUDA in bf16)."""
+    """(model dir, HfReference)."""
     if request.param == "smollm2":
         out, hf = _load_smollm2()
+        twin = copy.deepcopy(hf).to(device="cuda", dtype=torch.bfloat16)
+        ref = HfReference(hf.to("cuda"), twin)
     else:
         out = tmp_path_factory.mktemp(f"gpu_{request.param}")
         hf = _build_gpu_tiny_model(request.param, out, qwen_tokenizer)
-    hf = hf.to(device="cuda", dtype=torch.bfloat16)
-    yield str(out), hf
-    del hf
+        ref = HfReference(hf.to(device="cuda", dtype=torch.bfloat16))
+    yield str(out), ref
+    del ref, hf
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -122,12 +149,6 @@ def _make_gpu_scheduler(model_path: str, **kw):
     )
     outputs: list = []
     return Scheduler(args, send_to_detokenizer=outputs.append), outputs
-
-
-@torch.no_grad()
-def _hf_logprobs(hf, ids: list[int]) -> torch.Tensor:
-    logits = hf(torch.tensor([ids], device="cuda")).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -196,23 +217,27 @@ def _check_top5_against_hf(sched, outputs, hf, late: int = 0) -> None:
             d["out_top"] += list(
                 zip(msg.output_top_logprobs_val[j], msg.output_top_logprobs_idx[j])
             )
-    worst = 0.0
+    worst = twin_worst = 0.0
     for i, p in enumerate(prompts):
         d = per_rid[f"g{i}"]
         assert len(d["out"]) == DECODE_STEPS
-        ref = _hf_logprobs(hf, p + d["out"])
-        # input_top_logprobs[k] is the distribution predicting prompt token k (k >= 1).
-        for k, (vals, idx) in enumerate(d["in_top"]):
-            if vals is None:
-                continue
-            got = torch.tensor(vals)
-            want = ref[k - 1, torch.tensor(idx, device="cuda")].cpu()
-            worst = max(worst, float((got - want).abs().max()))
-        for s, (vals, idx) in enumerate(d["out_top"]):
-            got = torch.tensor(vals)
-            want = ref[len(p) - 1 + s, torch.tensor(idx, device="cuda")].cpu()
-            worst = max(worst, float((got - want).abs().max()))
-    assert worst <= TOL, f"max top-5 logprob diff {worst:.4f} > {TOL}"
+        ids = p + d["out"]
+        ref = hf.logprobs(ids)
+        twin = hf.logprobs(ids, twin=True) if hf.bf16_twin is not None else None
+        # input_top_logprobs[k] is the distribution predicting prompt token k (k >= 1);
+        # output_top_logprobs[s] the one predicting output token s, at row len(p) - 1 + s.
+        rows = [(k - 1, v, idx) for k, (v, idx) in enumerate(d["in_top"]) if v is not None]
+        rows += [(len(p) - 1 + s, v, idx) for s, (v, idx) in enumerate(d["out_top"])]
+        for row, vals, idx in rows:
+            want = ref[row, torch.tensor(idx, device="cuda")].cpu()
+            worst = max(worst, float((torch.tensor(vals) - want).abs().max()))
+            if twin is not None:
+                own = twin[row, torch.tensor(idx, device="cuda")].cpu()
+                twin_worst = max(twin_worst, float((own - want).abs().max()))
+    tol = max(TOL, 1.5 * twin_worst)
+    assert worst <= tol, (
+        f"max top-5 logprob diff {worst:.4f} > {tol:.4f} (bf16 own {twin_worst:.4f})"
+    )
     assert sched.check_memory()
 
 
