@@ -70,8 +70,10 @@ def main(argv: list[str] | None = None) -> dict:
         t0 = time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=params)
         duration = time.perf_counter() - t0
-    finally:
+    except BaseException:
         engine.shutdown()
+        raise
+    # Report before shutting the engine down, so a failure in teardown cannot lose the run.
     n_in = sum(len(p) for p in prompts)
     n_out = sum(o["meta_info"]["completion_tokens"] for o in outs)
     result = {
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.result_filename:
         with open(args.result_filename, "a") as f:
             f.write(json.dumps(result) + "\n")
+    engine.shutdown()
     return result
 
 

@@ -45,7 +45,14 @@ def _watch_children(procs: list[mp.Process], stop: threading.Event) -> None:
                 os._exit(1)
 
 
+# Set while Subprocesses.stop() tears the children down: a TP rank whose peer was killed a
+# moment earlier fails its broadcast and sends SIGQUIT, which must not kill the parent then.
+_stopping_children = threading.Event()
+
+
 def _sigquit_handler(signum, frame) -> None:
+    if _stopping_children.is_set():
+        return
     logger.error("Received sigquit from a child process. It usually means the child failed.")
     kill_process_tree(os.getpid(), include_parent=False)
     os._exit(1)
@@ -60,11 +67,15 @@ class Subprocesses:
 
     def stop(self) -> None:
         self.watcher_stop.set()
-        for p in self.procs:
-            if p.pid is not None:
-                kill_process_tree(p.pid)
-        for p in self.procs:
-            p.join(timeout=5)
+        _stopping_children.set()
+        try:
+            for p in self.procs:
+                if p.pid is not None:
+                    kill_process_tree(p.pid)
+            for p in self.procs:
+                p.join(timeout=5)
+        finally:
+            _stopping_children.clear()
 
 
 def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesses]:

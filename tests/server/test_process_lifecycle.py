@@ -121,3 +121,42 @@ def test_bad_model_path_exits_nonzero(server_logs: Path, tmp_path: Path):
     last = handle.log().strip().splitlines()[-1]
     assert "no_such_model" in last, handle.log_tail()
     handle.stop()
+
+
+ENGINE_TEARDOWN_SCRIPT = """
+import sys, time
+from mini_sglang.entrypoints import engine as engine_mod
+from mini_sglang.utils import process
+
+# Kill the TP ranks one at a time with a pause, as a slow teardown on a GPU does: rank 1
+# sees rank 0 vanish mid-broadcast and sends SIGQUIT to this process.
+real_kill = process.kill_process_tree
+def slow_kill(pid, *a, **kw):
+    real_kill(pid, *a, **kw)
+    time.sleep(3)
+
+if __name__ == "__main__":  # the scheduler processes are spawned and re-import this file
+    engine_mod.kill_process_tree = slow_kill
+    e = engine_mod.Engine(model_path=sys.argv[1], tp_size=2, max_total_tokens=2048)
+    out = e.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+    e.shutdown()
+    print("survived", len(out["output_ids"]), flush=True)
+"""
+
+
+def test_engine_tp2_shutdown_survives_rank_sigquit(tiny_model: TinyModel, tmp_path: Path):
+    """Engine.shutdown with tp=2: a rank that fails because its peer was killed first must not
+    take the parent down (on the H200 this lost bench_offline_throughput's result)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "teardown.py"
+    script.write_text(ENGINE_TEARDOWN_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), tiny_model.path],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    assert proc.returncode == 0 and "survived 2" in proc.stdout, proc.stderr[-3000:]
