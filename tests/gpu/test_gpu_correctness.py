@@ -151,18 +151,23 @@ def _make_gpu_scheduler(model_path: str, **kw):
     return Scheduler(args, send_to_detokenizer=outputs.append), outputs
 
 
+def _backend_kwargs(backend: str) -> dict[str, str]:
+    """ServerArgs for a BACKENDS entry ("a+b": prefill on a, decode on b); skips the test
+    when the backend's library is missing."""
+    if not _backend_available(backend):
+        pytest.skip(f"{backend} not installed")
+    if "+" in backend:
+        prefill, decode = backend.split("+")
+        return dict(prefill_attention_backend=prefill, decode_attention_backend=decode)
+    return dict(attention_backend=backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("graphs", [True, False])
 def test_top5_logprobs_match_hf(tiny_model, backend, page_size, graphs):
-    if not _backend_available(backend):
-        pytest.skip(f"{backend} not installed")
     model_path, hf = tiny_model
-    if "+" in backend:
-        prefill, decode = backend.split("+")
-        kw = dict(prefill_attention_backend=prefill, decode_attention_backend=decode)
-    else:
-        kw = dict(attention_backend=backend)
+    kw = _backend_kwargs(backend)
     sched, outputs = _make_gpu_scheduler(
         model_path, page_size=page_size, disable_cuda_graph=not graphs, **kw
     )
@@ -173,14 +178,8 @@ def test_top5_logprobs_match_hf(tiny_model, backend, page_size, graphs):
 def test_mixed_chunk_top5_logprobs_match_hf(tiny_model, backend):
     """--enable-mixed-chunk: prompts that arrive while others decode are prefilled in chunks
     of 32 with the running decodes mixed into the same extend forward."""
-    if not _backend_available(backend):
-        pytest.skip(f"{backend} not installed")
     model_path, hf = tiny_model
-    if "+" in backend:
-        prefill, decode = backend.split("+")
-        kw = dict(prefill_attention_backend=prefill, decode_attention_backend=decode)
-    else:
-        kw = dict(attention_backend=backend)
+    kw = _backend_kwargs(backend)
     sched, outputs = _make_gpu_scheduler(
         model_path, enable_mixed_chunk=True, chunked_prefill_size=32, **kw
     )
