@@ -14,14 +14,7 @@ import torch
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 
 from mini_sglang.model_loader.gguf_loader import gguf_config_dict, is_gguf_path
-
-_DTYPES = {
-    "half": torch.float16,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float": torch.float32,
-    "float32": torch.float32,
-}
+from mini_sglang.server_args_cli import resolve_dtype as resolve_cli_dtype
 
 
 def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -> PretrainedConfig:
@@ -44,15 +37,14 @@ def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -
         raise ValueError(f"Cannot read the config of {model_path!r}: {e}") from e
 
 
-def resolve_dtype(dtype: str, config_dtype: torch.dtype | None, device: str) -> torch.dtype:
-    """SGLang's --dtype auto: float32 on CPU; on GPU bf16 checkpoints stay bf16, else fp16."""
-    if dtype != "auto":
-        if dtype not in _DTYPES:
-            raise ValueError(f"--dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}")
-        return _DTYPES[dtype]
-    if device == "cpu":
+def resolve_dtype(
+    dtype: str, config_dtype: torch.dtype | None, device: str, model_type: str = ""
+) -> torch.dtype:
+    """--dtype -> torch dtype. "auto" is float32 on CPU (ServerArgs already settles that),
+    elsewhere SGLang's rule for the checkpoint's dtype (server_args_cli.resolve_dtype)."""
+    if dtype == "auto" and str(device).startswith("cpu"):
         return torch.float32
-    return torch.bfloat16 if config_dtype in (torch.bfloat16, None) else torch.float16
+    return resolve_cli_dtype(dtype, config_dtype, model_type)
 
 
 @dataclass
@@ -79,7 +71,8 @@ class ModelConfig:
         config_dtype = getattr(text_cfg, "dtype", None) or getattr(text_cfg, "torch_dtype", None)
         if isinstance(config_dtype, str):
             config_dtype = getattr(torch, config_dtype, None)
-        dtype = resolve_dtype(server_args.dtype, config_dtype, server_args.device)
+        model_type = getattr(text_cfg, "model_type", "") or ""
+        dtype = resolve_dtype(server_args.dtype, config_dtype, server_args.device, model_type)
         derived = getattr(text_cfg, "max_position_embeddings", None) or 2048
         context_len = server_args.context_length or derived
         head_dim = getattr(text_cfg, "head_dim", None) or (
