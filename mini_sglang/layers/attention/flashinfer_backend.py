@@ -1,4 +1,5 @@
-"""flashinfer attention: paged decode (tensor cores for GQA) and paged prefill, planned once
+"""flashinfer attention: paged decode (tensor cores for GQA >= 4, see
+decode_tensor_core_policy) and paged prefill, planned once
 per batch and reused by every layer; CUDA-graph hooks for decode.
 
 The KV pool's per-layer buffers [num_slots, kv_heads, head_dim] are viewed as flashinfer's
@@ -10,6 +11,7 @@ prefill kernel attends over cached prefix and new tokens alike.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +24,22 @@ if TYPE_CHECKING:
     from mini_sglang.model_executor.model_runner import ModelRunner
 
 WORKSPACE_BYTES = 256 << 20
+
+
+def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[bool, int]:
+    """(use tensor-core decode at all, largest batch size that uses it).
+
+    Default: from GQA group 4 up, at every batch size. On an H200, Llama-3.1-8B (group 4)
+    decoded at bs 1 in 4.75 ms/token with it and 4.98 without (SGLang switches only above
+    4), but a bs-64 profile showed its kernel moving only ~1.3 TB/s of KV where the CUDA-core
+    kernel moved ~3.85 TB/s for Qwen3 at bs 256, so the batch-size cut-off is left tunable
+    until it is measured: SGLANG_FLASHINFER_USE_TENSOR_CORE=true/false forces it (SGLang's
+    variable), MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS=N keeps it for batches up to N only.
+    """
+    forced = os.environ.get("SGLANG_FLASHINFER_USE_TENSOR_CORE")
+    use = forced.lower() == "true" if forced is not None else num_qo_heads // num_kv_heads >= 4
+    max_bs = int(os.environ.get("MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS", "1000000000"))
+    return use, max_bs
 
 
 class FlashInferAttnBackend(AttentionBackend):
@@ -45,16 +63,18 @@ class FlashInferAttnBackend(AttentionBackend):
         self.req_to_token = runner.req_to_token_pool.req_to_token
         max_pages = runner.token_to_kv_pool_allocator.num_kv_slots // self.page_size + 1
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        # Tensor-core decode from GQA group 4 up: on an H200, Llama-3.1-8B (group 4) decoded
-        # at 4.75 ms/token with it and 4.98 without (SGLang switches only above 4).
-        self.use_tensor_cores = self.num_qo_heads // self.num_kv_heads >= 4
-        self.kv_indices = torch.empty(max_pages + 1024, dtype=torch.int32, device=self.device)
-        self.decode_wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.use_tensor_cores
+        self.use_tensor_cores, self.tensor_core_max_bs = decode_tensor_core_policy(
+            self.num_qo_heads, self.num_kv_heads
         )
+        self.kv_indices = torch.empty(max_pages + 1024, dtype=torch.int32, device=self.device)
+        # Eager decode wrappers by tensor-core use, made on first need.
+        self.decode_wrappers: dict[bool, object] = {}
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.graph_wrappers: dict[int, object] = {}
-        self.active_decode = self.decode_wrapper
+        self.active_decode = None
+
+    def _tensor_cores_for(self, bs: int) -> bool:
+        return self.use_tensor_cores and bs <= self.tensor_core_max_bs
 
     # ---- planning ------------------------------------------------------------------
     def _page_table(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,8 +109,13 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.forward_mode.is_decode():
-            self.active_decode = self.decode_wrapper
-            self._plan_decode(self.decode_wrapper, fb)
+            tc = self._tensor_cores_for(len(fb.seq_lens_cpu))
+            if tc not in self.decode_wrappers:
+                self.decode_wrappers[tc] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", use_tensor_cores=tc
+                )
+            self.active_decode = self.decode_wrappers[tc]
+            self._plan_decode(self.active_decode, fb)
             return
         indptr, last = self._page_table(fb)
         ext = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int32)
@@ -141,7 +166,7 @@ class FlashInferAttnBackend(AttentionBackend):
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
-                use_tensor_cores=self.use_tensor_cores,
+                use_tensor_cores=self._tensor_cores_for(bs),
                 paged_kv_indptr_buffer=self.graph_indptr[: bs + 1],
                 paged_kv_indices_buffer=self.kv_indices,
                 paged_kv_last_page_len_buffer=self.graph_last_page_len[:bs],
