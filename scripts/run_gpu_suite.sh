@@ -56,7 +56,7 @@ for step in "${steps[@]}"; do
       # batch size, then the nano-vllm workload both ways (see decode_tensor_core_policy).
       for tc in true false; do
         SGLANG_FLASHINFER_USE_TENSOR_CORE=$tc python -m mini_sglang.bench_one_batch \
-          --model-path /tmp/m/llama-3.1-8b --load-format dummy --batch-size 1 8 32 64 128 \
+          --model-path /tmp/m/llama-3.1-8b --load-format dummy --mem-fraction-static 0.7 --batch-size 1 8 32 64 128 \
           --input-len 512 --output-len 32 --result-filename "$OUT/decode_ab_$tc.jsonl" 2>&1 \
           | grep -E "Decode.  mean|Error" | sed "s/^/tc=$tc /" | tee -a "$OUT/decode_ab.log"
         SGLANG_FLASHINFER_USE_TENSOR_CORE=$tc python -m mini_sglang.bench_offline_throughput \
