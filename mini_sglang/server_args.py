@@ -161,6 +161,7 @@ class ServerArgs:
     decode_attention_backend: str | None = None
     sampling_backend: str | None = None
     grammar_backend: str | None = None
+    constrained_json_disable_any_whitespace: bool = False
     # Optimizations
     disable_radix_cache: bool = False
     enable_hierarchical_cache: bool = False

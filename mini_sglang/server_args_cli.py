@@ -354,6 +354,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--decode-attention-backend",), dict(type=_S, choices=ATTENTION_BACKEND_CHOICES, help="Decode attention kernels (priority over --attention-backend).")),
     (("--sampling-backend",), dict(type=_S, choices=SAMPLING_BACKEND_CHOICES, help="Sampling kernels.")),
     (("--grammar-backend",), dict(type=_S, choices=GRAMMAR_BACKEND_CHOICES, help="Grammar-guided decoding backend.")),
+    (("--constrained-json-disable-any-whitespace",), dict(action=_T, help="(xgrammar) Compact JSON: no free whitespace between JSON tokens.")),
     # Optimizations
     (("--disable-radix-cache",), dict(action=_T, help="Disable prefix caching (use ChunkCache).")),
     (("--enable-hierarchical-cache",), dict(action=_T, help="Hierarchical (host) KV cache (not supported).")),

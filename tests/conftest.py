@@ -145,6 +145,43 @@ def hf_greedy(model, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: 
     return out[0, ids.shape[1] :].tolist()
 
 
+# ---- structured outputs ------------------------------------------------------------------
+# Constraints every random model must close within a few dozen tokens (strings capped,
+# integers ranged, finite alternatives), so any output satisfying them is the mask at work.
+GRAMMAR_REGEX = r"(yes|no)-[0-9]{3}"
+GRAMMAR_EBNF = 'root ::= "(" ("cat" | "dog") ")" [0-9] [0-9]?'
+GRAMMAR_EBNF_RE = r"\((cat|dog)\)[0-9]{1,2}"  # the same language as a Python regex
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "ok"],
+}
+
+
+def check_person_json(text: str) -> dict:
+    """Parse `text` and assert it satisfies PERSON_SCHEMA (validated by hand)."""
+    import json
+
+    obj = json.loads(text)
+    assert set(obj) == {"name", "age", "ok"}, obj
+    assert isinstance(obj["name"], str) and len(obj["name"]) <= 8, obj
+    assert type(obj["age"]) is int and 0 <= obj["age"] <= 120, obj
+    assert isinstance(obj["ok"], bool), obj
+    return obj
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> str:
+    """A tiny random Llama (seed 0) with the Qwen3 tokenizer, saved once per session."""
+    path = tmp_path_factory.mktemp("tiny_llama_shared")
+    build_tiny_model("llama", path, qwen_tokenizer)
+    return str(path)
+
+
 # ---- in-process scheduler driver ---------------------------------------------------------
 @dataclass
 class ReqResult:

@@ -69,6 +69,9 @@ class Req:
         self.is_retracted = False
         self.cached_tokens = 0
         self.already_computed = 0  # prompt tokens counted into cached_tokens so far
+        # Structured output: the matcher (a Future while it compiles) and its cache key.
+        self.grammar: Any = None
+        self.grammar_key: tuple[str, str] | None = None
         # Finish
         self.finished_reason: BaseFinishReason | None = None
         self.to_abort = False
@@ -138,7 +141,7 @@ class Req:
         return tokenizer.decode(self.output_ids[-tail:])
 
     def check_finished(self, tokenizer=None) -> None:
-        """SGLang's order: abort, length, EOS/stop token (unless ignore_eos), out-of-vocab
+        """SGLang's order: abort, length, grammar terminated, EOS/stop token (unless ignore_eos), out-of-vocab
         token, stop string, stop regex (searched in the decoded tail of the output)."""
         if self.finished():
             return
@@ -156,6 +159,10 @@ class Req:
         if not self.output_ids:
             return
         last = self.output_ids[-1]
+        if self.grammar is not None and self.grammar.is_terminated():
+            # The grammar accepted its stop token: the constraint decides the end (SGLang).
+            self.finished_reason = FINISH_MATCHED_TOKEN(matched=last)
+            return
         if not sp.ignore_eos:
             stop_ids = sp.stop_token_ids or ()
             if last in stop_ids or last in self.eos_token_ids:

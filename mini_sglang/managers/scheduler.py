@@ -27,6 +27,7 @@ from mini_sglang.managers.io_struct import (
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.managers.schedule_policy import SchedulePolicy
+from mini_sglang.managers.scheduler_grammar import SchedulerGrammarMixin
 from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
 from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
 from mini_sglang.managers.scheduler_prefill import SchedulerPrefillMixin
@@ -46,6 +47,7 @@ NEW_TOKEN_RATIO_DECAY_STEPS = int(os.environ.get("SGLANG_NEW_TOKEN_RATIO_DECAY_S
 
 class Scheduler(
     SchedulerPrefillMixin,
+    SchedulerGrammarMixin,
     SchedulerOutputProcessorMixin,
     SchedulerMetricsMixin,
     SchedulerRetractionMixin,
@@ -109,6 +111,7 @@ class Scheduler(
         self._send_to_detokenizer = send_to_detokenizer or (lambda out: None)
         self._send_to_tokenizer = send_to_tokenizer or (lambda out: None)
         self.init_metrics()
+        self.init_grammar()
         self._dispatch: dict[type, Callable[[Any], Any]] = {
             TokenizedGenerateReqInput: self.handle_generate_request,
             BatchTokenizedGenerateReqInput: self.handle_batch_generate_request,
@@ -187,7 +190,7 @@ class Scheduler(
         # None (or too many) new tokens: whatever room the context leaves (SGLang).
         room = self.max_req_len - len(req.origin_input_ids) - 1
         sp.max_new_tokens = room if sp.max_new_tokens is None else min(sp.max_new_tokens, room)
-        self.waiting_queue.append(req)
+        self.queue_request(req)
 
     def abort_request(self, recv: AbortReq) -> None:
         def match(rid: str) -> bool:
@@ -202,6 +205,7 @@ class Scheduler(
             else:
                 keep.append(req)
         self.waiting_queue = keep
+        self.abort_grammar_queue(match, message)
         # Running requests stop after the current step, through check_finished. The last
         # batch's requests join running_batch only when the next one is formed (and after a
         # mixed step every running request is there).
@@ -219,6 +223,8 @@ class Scheduler(
             logger.warning("Cache not flushed because there are pending requests.")
             return False
         self.tree_cache.reset()
+        if self.grammar_backend is not None:
+            self.grammar_backend.reset()
         self.req_to_token_pool.clear()
         self.allocator.clear()
         self.running_batch = None
@@ -235,6 +241,8 @@ class Scheduler(
 
     # ---- batch selection -----------------------------------------------------------
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        if self.grammar_queue:
+            self.move_ready_grammar_requests()
         last = self.last_batch
         if last is not None and last.forward_mode.is_extend():
             if self.chunked_req is not None:
@@ -270,6 +278,7 @@ class Scheduler(
     def run_batch(self, batch: ScheduleBatch):
         """Launch the forward; the decode input of the next step is this step's device
         output, so the next step can be prepared before these tokens reach the host."""
+        batch.sampling_info.vocab_mask = self.build_vocab_mask(batch)
         result = self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
         batch.output_ids = result.next_token_ids
         result.start_copy_to_host()
@@ -307,6 +316,14 @@ class Scheduler(
         return True
 
     def _needs_settled_outputs(self) -> bool:
+        # Structured outputs: the next step's vocab mask needs the in-flight step's tokens
+        # accepted by the grammars. Of SGLang's two options (delay only the sampling of the
+        # next step until this processing is done, or not overlap) we take the simple one:
+        # a step whose predecessor holds a constrained request runs unoverlapped. Steps
+        # without grammar requests keep full overlap, and a row's tokens never depend on
+        # which path ran, so non-grammar outputs are unchanged.
+        if self.pending_has_grammar():
+            return True
         # The next decode batch is the running batch plus the last prefill batch (merged in
         # get_next_batch_to_run, its results still pending): if that might not fit, it may
         # retract a request whose prefill result has not been processed yet.
@@ -334,6 +351,7 @@ class Scheduler(
     def has_work(self) -> bool:
         return bool(
             self.waiting_queue
+            or self.grammar_queue
             or self.chunked_req is not None
             or (self.running_batch is not None and not self.running_batch.is_empty())
             or self.last_batch is not None

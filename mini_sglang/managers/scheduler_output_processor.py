@@ -52,6 +52,8 @@ class SchedulerOutputProcessorMixin:
             req.output_ids.append(next_ids[i])
             if req.return_logprob and result.logprobs is not None:
                 self.add_output_logprobs(req, result.logprobs[i], next_ids[i])
+            if req.grammar is not None:
+                self.accept_grammar_token(req, next_ids[i])
             req.check_finished(self.tokenizer)
             if req.finished():
                 self.tree_cache.cache_finished_req(req)

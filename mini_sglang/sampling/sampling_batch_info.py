@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.constrained.bitmask import apply_token_bitmask
 from mini_sglang.sampling.penaltylib.orchestrator import PenalizerOrchestrator
 from mini_sglang.utils.device import to_device
 
@@ -40,6 +41,9 @@ class SamplingBatchInfo:
     # CPU copies of top_ps, top_ks, min_ps and seeds, kept in step with the device rows.
     host_rows: dict[str, torch.Tensor] = field(default_factory=dict)
     has_greedy_rows: bool = False  # some row has top_k <= 1 (argmax)
+    # Packed allowed-token bitmask of this step's grammar rows (int32 [B, ceil(V / 32)]),
+    # or None. Set by the scheduler before every forward, never filtered or merged.
+    vocab_mask: torch.Tensor | None = None
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device) -> SamplingBatchInfo:
@@ -130,9 +134,12 @@ class SamplingBatchInfo:
         return torch.zeros(rows, self.vocab_size, dtype=torch.float32, device=self.device)
 
     def apply_logits_bias(self, logits: torch.Tensor) -> torch.Tensor:
-        """Penalties and logit_bias, applied to raw logits before temperature (as SGLang)."""
+        """Penalties, the grammar mask, then logit_bias, applied to raw logits before
+        temperature (SGLang's order)."""
         if self.penalizer is not None:
             logits = self.penalizer.apply(logits)
+        if self.vocab_mask is not None:
+            logits = apply_token_bitmask(logits, self.vocab_mask)
         if self.logit_bias is not None:
             logits = logits + self.logit_bias
         return logits

@@ -2,7 +2,7 @@
 
 Life of a ``sampling_params`` dict from a /generate body:
 
-    params = SamplingParams.from_dict(body["sampling_params"])  # unknown/structured keys, types
+    params = SamplingParams.from_dict(body["sampling_params"])  # unknown keys, types
     params.normalize(tokenizer)                                  # stop -> list, stop_str_max_len
     params.verify(vocab_size)                                    # ranges, SGLang's messages
 
@@ -54,7 +54,7 @@ class SamplingParams:
     """How to sample one request's tokens; field names and defaults are SGLang 0.5.4's.
 
     Contract: the constructor never raises (it only rewrites greedy and ``top_k=-1``);
-    ``from_dict`` rejects unknown keys, structured-output keys and wrongly typed values;
+    ``from_dict`` rejects unknown keys, structural_tag and wrongly typed values;
     ``verify(vocab_size)`` rejects out-of-range values; ``normalize(tokenizer)`` must run
     before the scheduler reads ``stop_strs`` / ``stop_str_max_len``. ``stop`` is stored as
     ``stop_strs`` and ``stop_regex`` as ``stop_regex_strs`` (SGLang's attribute names);
@@ -138,8 +138,10 @@ class SamplingParams:
         """Build from a request's ``sampling_params`` JSON object, rejecting bad input.
 
         Raises ValueError for: a non-object; unknown keys (all named, valid keys listed);
-        any structured-output key that is set (no grammar backend yet); a value of the wrong
-        JSON type (naming the key). Range checks are left to ``verify``.
+        structural_tag (not implemented); a value of the wrong JSON type (naming the key;
+        json_schema / regex / ebnf must be strings). Range checks and "at most one
+        constraint" are left to ``verify``; whether a constraint compiles is the
+        scheduler's grammar backend's call.
         """
         if d is None:
             return cls()
@@ -152,11 +154,10 @@ class SamplingParams:
                 f"Unknown sampling parameter(s): {', '.join(map(repr, unknown))}. "
                 f"Valid sampling parameters are: {', '.join(valid)}."
             )
-        structured = [k for k in _STRUCTURED_KEYS if d.get(k) is not None]
-        if structured:
+        if d.get("structural_tag") is not None:
             raise ValueError(
-                f"Structured output ({', '.join(structured)}) needs a grammar backend, "
-                "which mini-sglang does not have yet."
+                "Structured output (structural_tag) is not supported by mini-sglang yet; "
+                "json_schema, regex and ebnf are."
             )
         kwargs = {k: _check_type(k, v) for k, v in d.items()}
         return cls(**kwargs)
@@ -297,6 +298,12 @@ def _check_type(key: str, value: Any) -> Any:
         ):
             return {str(k): float(b) for k, b in value.items()}
         raise ValueError(f"logit_bias must map token ids to numbers, got {value!r}.")
+    if key in _STRUCTURED_KEYS:
+        if isinstance(value, str):
+            return value
+        raise ValueError(
+            f"{key} must be a string (a JSON schema is passed serialised), got {value!r}."
+        )
     if key == "custom_params":
         if isinstance(value, dict):
             return value

@@ -19,6 +19,7 @@ import torch
 
 from tests.conftest import (
     assert_memory_all_free,
+    collect_outputs,
     hf_greedy,
     make_req,
     make_scheduler,
@@ -98,6 +99,32 @@ def test_default_model_greedy_matches_transformers(gguf_reference, default_sched
             assert res.finish_reason == {"type": "length", "length": MAX_NEW_TOKENS}
     assert sum(len(r) < MAX_NEW_TOKENS for r in refs) >= 2, "the chat prompts should end on EOS"
     assert tokenizer.decode(results[0].output_ids).startswith(" Paris")
+    assert_memory_all_free(default_scheduler)
+
+
+def test_default_model_json_schema_answer_parses(default_scheduler) -> None:
+    """A trained model under a json_schema (SGLang's default free whitespace): the answer is
+    JSON with the required keys and types, ended by the grammar with the model's EOS."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    tok = default_scheduler.tokenizer
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Give the name and age of a famous scientist as JSON."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    req = make_req("json", tok.encode(text), 48, ignore_eos=False)
+    req.sampling_params.json_schema = json.dumps(schema)
+    start = len(default_scheduler.test_outputs)
+    default_scheduler.add_request(req)
+    default_scheduler.run_until_idle()
+    (result,) = collect_outputs(default_scheduler.test_outputs[start:]).values()
+    assert result.finish_reason["type"] == "stop", result
+    answer = json.loads(tok.decode(result.output_ids, skip_special_tokens=True))
+    assert isinstance(answer["name"], str) and type(answer["age"]) is int, answer
     assert_memory_all_free(default_scheduler)
 
 

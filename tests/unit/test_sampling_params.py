@@ -129,13 +129,22 @@ def test_from_dict_unknown_keys_named_and_valid_listed():
         assert valid in msg.split("Valid sampling parameters are:")[1]
 
 
-@pytest.mark.parametrize("key", ["json_schema", "regex", "ebnf", "structural_tag"])
-def test_from_dict_structured_output_rejected(key):
-    with pytest.raises(ValueError) as e:
-        SamplingParams.from_dict({key: "x"})
-    assert key in str(e.value) and "grammar backend" in str(e.value)
+@pytest.mark.parametrize("key", ["json_schema", "regex", "ebnf"])
+def test_from_dict_structured_output_takes_strings(key):
+    assert getattr(SamplingParams.from_dict({key: "x"}), key) == "x"
+    with pytest.raises(ValueError, match=f"{key} must be a string"):
+        SamplingParams.from_dict({key: {"type": "object"}})
     # Explicit nulls are the defaults and are fine.
     assert SamplingParams.from_dict({key: None}) == SamplingParams()
+
+
+def test_structural_tag_rejected_and_one_constraint_at_most():
+    with pytest.raises(ValueError, match="structural_tag"):
+        SamplingParams.from_dict({"structural_tag": "x"})
+    assert SamplingParams.from_dict({"structural_tag": None}) == SamplingParams()
+    sp = SamplingParams.from_dict({"regex": "a", "json_schema": "{}"})
+    with pytest.raises(ValueError, match="Only one of regex, json_schema, or ebnf can be set."):
+        sp.verify(100)
 
 
 @pytest.mark.parametrize(
