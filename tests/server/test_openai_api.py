@@ -472,10 +472,13 @@ def test_errors_raise_bad_request(client: openai.OpenAI) -> None:
         lambda: client.completions.create(model="m", prompt=PROMPT, max_tokens=0),
         lambda: client.completions.create(model="m", prompt=PROMPT, temperature=-1),
         lambda: client.completions.create(model="m", prompt="", max_tokens=2),
-        lambda: client.completions.create(model="m", prompt=PROMPT, extra_body={"regex": "a+"}),
+        # An invalid constraint (valid ones: tests/server/test_structured_output_api.py).
+        lambda: client.completions.create(model="m", prompt=PROMPT, extra_body={"regex": "(a+"}),
         lambda: client.chat.completions.create(model="m", messages=[]),
         lambda: client.chat.completions.create(
-            model="m", messages=MESSAGES, response_format={"type": "json_object"}
+            model="m",
+            messages=MESSAGES,
+            response_format={"type": "json_schema", "json_schema": {"name": "no_schema"}},
         ),
         lambda: client.chat.completions.create(
             model="m", messages=MESSAGES, tools=[{"type": "function", "function": {"name": "f"}}]

@@ -70,9 +70,12 @@ def fresh_prompt() -> str:
         ({"stop": 5}, ["stop", "string"]),
         ({"stop_regex": "("}, ["stop_regex", "regular expression"]),
         ({"bogus_key": 1}, ["bogus_key", "Unknown sampling parameter"]),
-        ({"json_schema": "{}"}, ["json_schema", "grammar backend"]),
-        ({"regex": "a+"}, ["regex", "grammar backend"]),
-        ({"ebnf": "root ::= 'a'"}, ["ebnf", "grammar backend"]),
+        ({"json_schema": "{not json"}, ["Invalid grammar request", "'json'"]),
+        ({"regex": "(a"}, ["Invalid grammar request", "'regex'"]),
+        ({"ebnf": "root ::= undefined_rule"}, ["Invalid grammar request", "'ebnf'"]),
+        ({"json_schema": {"type": "object"}}, ["json_schema", "must be a string"]),
+        ({"regex": "a", "ebnf": "root ::= 'a'"}, ["Only one of regex, json_schema, or ebnf"]),
+        ({"structural_tag": "{}"}, ["structural_tag", "not supported"]),
     ],
 )
 def test_invalid_sampling_params_are_400_naming_the_parameter(server, params, needles):

@@ -1,0 +1,147 @@
+"""Structured outputs through the real multi-process server: native /generate with
+json_schema / regex / ebnf, OpenAI response_format (json_schema, json_object, text) and the
+SGLang extras, mixed batches, and the 400s (invalid or conflicting constraints).
+
+One module server on the tiny random Llama with --constrained-json-disable-any-whitespace
+(a random model given free whitespace inside JSON may emit it forever).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import (
+    GRAMMAR_EBNF,
+    GRAMMAR_EBNF_RE,
+    GRAMMAR_REGEX,
+    PERSON_SCHEMA,
+    check_person_json,
+)
+from tests.server.conftest import ServerHandle, TinyModel, launch_server, parse_sse
+
+REGEX, EBNF, SCHEMA = GRAMMAR_REGEX, GRAMMAR_EBNF, PERSON_SCHEMA
+PROMPTS = ["Answer me:", "The weather today", "List three colors:"]
+
+
+@pytest.fixture(scope="module")
+def gserver(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
+    handle = launch_server(
+        tiny_model.path, "--constrained-json-disable-any-whitespace", log_dir=server_logs
+    )
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gserver: ServerHandle) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gserver.base_url}/v1", api_key="x", max_retries=0)
+
+
+def _generate(server: ServerHandle, text: str, **sp) -> dict:
+    body = {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": 48, **sp}}
+    r = server.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_native_constraints_in_a_mixed_batch(gserver: ServerHandle) -> None:
+    """Constrained and plain requests run concurrently; the plain ones keep the greedy
+    tokens they get alone."""
+    plain = {"max_new_tokens": 10, "ignore_eos": True}
+    alone = [_generate(gserver, p, **plain)["output_ids"] for p in PROMPTS]
+    jobs = []
+    for p in PROMPTS:
+        jobs += [
+            (p, {"regex": REGEX}),
+            (p, {"json_schema": json.dumps(SCHEMA)}),
+            (p, {"ebnf": EBNF}),
+            (p, plain),
+        ]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(lambda job: _generate(gserver, job[0], **job[1]), jobs))
+    for i in range(len(PROMPTS)):
+        regex_out, json_out, ebnf_out, plain_out = outs[4 * i : 4 * i + 4]
+        assert re.fullmatch(REGEX, regex_out["text"]), regex_out
+        assert regex_out["meta_info"]["finish_reason"]["type"] == "stop"
+        check_person_json(json_out["text"])
+        assert re.fullmatch(GRAMMAR_EBNF_RE, ebnf_out["text"]), ebnf_out
+        assert plain_out["output_ids"] == alone[i]
+    gserver.wait_memory_all_free()
+
+
+def test_native_stream_with_regex(gserver: ServerHandle) -> None:
+    body = {"text": PROMPTS[0], "stream": True, "sampling_params": {"regex": REGEX}}
+    r = gserver.post("/generate", json=body)
+    events = [e for e in parse_sse(r.content) if e != "[DONE]"]
+    assert re.fullmatch(REGEX, events[-1]["text"]), events[-1]
+
+
+def test_openai_response_formats(client: openai.OpenAI, tiny_model: TinyModel) -> None:
+    messages = [{"role": "user", "content": "Describe a person."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+    chat = client.chat.completions.create(
+        model="m", messages=messages, response_format=fmt, temperature=0, max_tokens=64
+    )
+    assert chat.choices[0].finish_reason == "stop"
+    check_person_json(chat.choices[0].message.content)
+    # json_object: any object. The bias makes "}" win once allowed, so the random model
+    # closes the object at once; the grammar still forces the "{" and the end.
+    from transformers import AutoTokenizer
+
+    (close_id,) = AutoTokenizer.from_pretrained(tiny_model.path).encode(
+        "}", add_special_tokens=False
+    )
+    obj = client.completions.create(
+        model="m",
+        prompt="Some JSON:",
+        logit_bias={str(close_id): 100},
+        # SGLang's completions take response_format too (the openai client's signature
+        # does not list it).
+        extra_body={"response_format": {"type": "json_object"}},
+        temperature=0,
+        max_tokens=16,
+    )
+    assert json.loads(obj.choices[0].text) == {}
+    # The SGLang extras on completions, and "text" (no constraint).
+    extra = client.completions.create(
+        model="m", prompt="Q:", temperature=0, max_tokens=16, extra_body={"regex": REGEX}
+    )
+    assert re.fullmatch(REGEX, extra.choices[0].text)
+    ebnf = client.chat.completions.create(
+        model="m", messages=messages, temperature=0, max_tokens=16, extra_body={"ebnf": EBNF}
+    )
+    assert re.fullmatch(GRAMMAR_EBNF_RE, ebnf.choices[0].message.content)
+    text = client.chat.completions.create(
+        model="m", messages=messages, response_format={"type": "text"}, max_tokens=4
+    )
+    assert text.choices[0].finish_reason == "length"
+
+
+def test_invalid_and_conflicting_constraints_are_400(
+    client: openai.OpenAI, gserver: ServerHandle
+) -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], response_format=bad
+        )
+    assert "Invalid grammar request" in str(e.value)
+    r = gserver.post("/generate", json={"text": "hi", "sampling_params": {"regex": "(ab"}})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("Invalid grammar request: req.grammar_key=")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(
+            model="m", prompt="hi", extra_body={"regex": "a", "json_schema": "{}"}
+        )
+    assert "Only one of regex, json_schema, or ebnf can be set." in str(e.value)
+    assert gserver.get("/health").status_code == 200
+    assert _generate(gserver, "hi", regex=REGEX)["text"]  # the scheduler is fine
+    m = gserver.wait_memory_all_free()
+    assert m["failures"] == 0
