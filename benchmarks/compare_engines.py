@@ -19,6 +19,28 @@ import sys
 
 SECOND_ENGINE_SNIPPETS = {
     # Each prints one JSON line {"decode_ms_per_token": ..., "output_tok_s": ...}.
+    # sgl-project/mini-sglang, as its own benchmark/offline/bench.py configures it (flashinfer,
+    # CUDA graphs to 256, page size 256), with dummy weights. Its sgl_kernel dependency is
+    # only imported for the FA3 backend and MoE, so a copy of its python/ tree on PYTHONPATH
+    # (plus msgpack) runs this driver. Batch-1 decode: (1024 tokens - 1 token) / 1023.
+    "minisgl": r"""
+import json, random, time
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+llm = LLM(MODEL, max_seq_len_override=4096, max_extend_tokens=16384, cuda_graph_max_bs=256,
+          page_size=256, use_dummy_weight=True)
+llm.generate([[1, 2, 3]], SamplingParams(temperature=0.1, max_tokens=8))  # warm-up
+ids = [random.randint(0, 10000) for _ in range(128)]
+def timed(n):
+    t = time.perf_counter(); llm.generate([ids], SamplingParams(ignore_eos=True, max_tokens=n))
+    return time.perf_counter() - t
+dec = (timed(1024) - timed(1)) / 1023
+random.seed(0)
+P = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)]
+S = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024)) for _ in range(256)]
+t = time.perf_counter(); llm.generate(P, S); d = time.perf_counter() - t
+print(json.dumps({"decode_ms_per_token": 1000 * dec, "output_tok_s": sum(x.max_tokens for x in S) / d}))
+""",
     "sglang": r"""
 import json, random, time, sglang as sgl
 llm = sgl.Engine(model_path=MODEL, load_format="dummy", context_length=4096)

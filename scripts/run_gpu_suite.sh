@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
 # JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [tp] [default_model]
+#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [compare] [tp] [default_model]
 # With no arguments tests, one_batch, offline and serving run. MODELS overrides the model list
 # (default: both). `tp` needs a 2-GPU kind; `default_model` needs the GGUF parts staged by
 # scripts/stage_default_model_parts.sh (parts 1 and 2 in /tmp/smol, part 3 in .smol_c).
@@ -51,6 +51,13 @@ for step in "${steps[@]}"; do
       PYTHONPATH="$PYTHONPATH:/tmp/pkg" python -m pytest -q -rs -p no:cacheprovider \
         tests/gpu/test_gpu_server.py tests/gpu/test_gpu_correctness.py -k "smollm2 or server" 2>&1 \
         | tee "$OUT/gpu_default_model.log" | tail -15 ;;
+    compare)
+      # Side by side with sgl-project/mini-sglang (staged by scripts/stage_minisgl.sh; put
+      # .minisgl on PYTHONPATH), same card, same call.
+      for m in $MODELS; do
+        python benchmarks/compare_engines.py --model-dir "/tmp/m/$m" --out "$OUT/compare.jsonl" 2>&1 \
+          | tee -a "$OUT/compare.log" | tail -6
+      done ;;
     decode_ab)
       # Llama-3.1-8B decode with flashinfer's tensor-core kernel vs the CUDA-core one, by
       # batch size, then the nano-vllm workload both ways (see decode_tensor_core_policy).
