@@ -115,34 +115,22 @@ def _details(cached: int, enable_cache_report: bool) -> dict[str, int] | None:
 
 
 def usage_from_responses(ret: list[dict], n: int, enable_cache_report: bool) -> UsageInfo:
-    """Usage of a finished (non-stream) request: the prompt counted once per prompt (every
-    n-th sub-request), completions summed over all choices."""
-    prompt = sum(ret[i]["meta_info"]["prompt_tokens"] for i in range(0, len(ret), n))
-    completion = sum(r["meta_info"]["completion_tokens"] for r in ret)
-    cached = sum(r["meta_info"].get("cached_tokens", 0) for r in ret)
+    """Usage of a finished (non-stream) request, from its responses in choice order."""
+    return usage_from_metas([r["meta_info"] for r in ret], n, enable_cache_report)
+
+
+def usage_from_metas(metas: list[dict], n: int, enable_cache_report: bool) -> UsageInfo:
+    """Usage from each choice's final meta_info, in choice-index order (a stream keeps the
+    last one per index): the prompt counted once per prompt (every n-th choice),
+    completions and cached tokens summed over all choices."""
+    prompt = sum(metas[i]["prompt_tokens"] for i in range(0, len(metas), n))
+    completion = sum(m["completion_tokens"] for m in metas)
+    cached = sum(m.get("cached_tokens", 0) for m in metas)
     return UsageInfo(
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
         prompt_tokens_details=_details(cached, enable_cache_report),
-    )
-
-
-def usage_from_stream(
-    prompt_tokens: Mapping[int, int],
-    completion_tokens: Mapping[int, int],
-    cached_tokens: Mapping[int, int],
-    n: int,
-    enable_cache_report: bool,
-) -> UsageInfo:
-    """Usage of a stream from the last counts seen per choice index."""
-    prompt = sum(tok for idx, tok in prompt_tokens.items() if idx % n == 0)
-    completion = sum(completion_tokens.values())
-    return UsageInfo(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        prompt_tokens_details=_details(sum(cached_tokens.values()), enable_cache_report),
     )
 
 

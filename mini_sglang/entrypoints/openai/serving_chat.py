@@ -38,8 +38,8 @@ from mini_sglang.entrypoints.openai.serving_base import (
     json_response,
     sse,
     to_openai_style_logprobs,
+    usage_from_metas,
     usage_from_responses,
-    usage_from_stream,
 )
 from mini_sglang.entrypoints.openai.serving_completions import _extra_key
 from mini_sglang.managers.io_struct import GenerateReqInput
@@ -226,9 +226,7 @@ class OpenAIServingChat(OpenAIServingBase):
         sent_text: dict[int, int] = {}
         sent_logprobs: dict[int, int] = {}
         finish: dict[int, tuple[str, int | str | None]] = {}
-        prompt_tokens: dict[int, int] = {}
-        completion_tokens: dict[int, int] = {}
-        cached_tokens: dict[int, int] = {}
+        last_meta: dict[int, dict[str, Any]] = {}  # choice index -> its latest meta_info
         last_id = ""
 
         def chunk(rid: str, choice: ChatCompletionResponseStreamChoice) -> bytes:
@@ -242,9 +240,7 @@ class OpenAIServingChat(OpenAIServingBase):
             index: int = content.get("index", 0)
             meta: dict[str, Any] = content["meta_info"]
             last_id = meta["id"]
-            prompt_tokens[index] = meta["prompt_tokens"]
-            completion_tokens[index] = meta["completion_tokens"]
-            cached_tokens[index] = meta.get("cached_tokens", 0)
+            last_meta[index] = meta
             finish_reason, matched = finish_fields(meta)
             if finish_reason:
                 finish[index] = (finish_reason, matched)
@@ -281,9 +277,8 @@ class OpenAIServingChat(OpenAIServingBase):
                 ),
             )
         if request.stream_options and request.stream_options.include_usage:
-            usage = usage_from_stream(
-                prompt_tokens, completion_tokens, cached_tokens, request.n, self.enable_cache_report
-            )
+            metas = [last_meta[i] for i in sorted(last_meta)]
+            usage = usage_from_metas(metas, request.n, self.enable_cache_report)
             yield sse(
                 ChatCompletionStreamResponse(
                     id=last_id,

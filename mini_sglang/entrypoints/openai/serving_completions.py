@@ -30,8 +30,8 @@ from mini_sglang.entrypoints.openai.serving_base import (
     json_response,
     sse,
     to_openai_style_logprobs,
+    usage_from_metas,
     usage_from_responses,
-    usage_from_stream,
 )
 from mini_sglang.managers.io_struct import GenerateReqInput
 
@@ -130,17 +130,13 @@ class OpenAIServingCompletion(OpenAIServingBase):
         created = int(time.time())
         sent_text: dict[int, int] = {}  # choice index -> length of generated text sent
         sent_logprobs: dict[int, int] = {}
-        prompt_tokens: dict[int, int] = {}
-        completion_tokens: dict[int, int] = {}
-        cached_tokens: dict[int, int] = {}
+        last_meta: dict[int, dict[str, Any]] = {}  # choice index -> its latest meta_info
         last_id = ""
         async for content in self.tokenizer_manager.generate_request(adapted, raw_request):
             index: int = content.get("index", 0)
             meta: dict[str, Any] = content["meta_info"]
             last_id = meta["id"]
-            prompt_tokens[index] = meta["prompt_tokens"]
-            completion_tokens[index] = meta["completion_tokens"]
-            cached_tokens[index] = meta.get("cached_tokens", 0)
+            last_meta[index] = meta
             first = index not in sent_text
             text = content["text"]
             delta = text[sent_text.get(index, 0) :]
@@ -163,9 +159,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
             )
             yield sse(chunk)
         if request.stream_options and request.stream_options.include_usage:
-            usage = usage_from_stream(
-                prompt_tokens, completion_tokens, cached_tokens, request.n, self.enable_cache_report
-            )
+            metas = [last_meta[i] for i in sorted(last_meta)]
+            usage = usage_from_metas(metas, request.n, self.enable_cache_report)
             chunk = CompletionStreamResponse(
                 id=last_id, created=created, model=request.model, choices=[], usage=usage
             )
