@@ -22,7 +22,6 @@ from tests.conftest import (
     GRAMMAR_REGEX,
     PERSON_SCHEMA,
     check_person_json,
-    collect_outputs,
     make_req,
 )
 from tests.gpu.test_gpu_correctness import (
@@ -30,14 +29,13 @@ from tests.gpu.test_gpu_correctness import (
     _build_gpu_tiny_model,
     _make_gpu_scheduler,
 )
+from tests.models.test_structured_output import _req, _run, _text
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
 ]
 xgrammar = pytest.importorskip("xgrammar")
-
-EOS_TEXT = "<|im_end|>"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -70,40 +68,21 @@ def test_constraints_hold_on_cuda(gpu_llama_path, backend):
     sched, outputs = _make_gpu_scheduler(
         gpu_llama_path, constrained_json_disable_any_whitespace=True, **_backend_kwargs(backend)
     )
+    sched.test_outputs = outputs  # what the CPU tests' helpers read
     prompts = [list(range(300, 300 + n)) for n in (4, 11, 23)]
-
-    def run(reqs):
-        start = len(outputs)
-        for r in reqs:
-            sched.add_request(r)
-        sched.run_until_idle()
-        return collect_outputs(outputs[start:])
-
-    def constrained(rid, ids, **constraint):
-        r = make_req(rid, ids, 48, ignore_eos=False)
-        for key, value in constraint.items():
-            setattr(r.sampling_params, key, value)
-        return r
-
     reqs = []
     for i, p in enumerate(prompts):
         reqs += [
-            constrained(f"re{i}", p, regex=GRAMMAR_REGEX),
-            constrained(f"js{i}", p, json_schema=json.dumps(PERSON_SCHEMA)),
-            constrained(f"eb{i}", p, ebnf=GRAMMAR_EBNF),
+            _req(f"re{i}", p, regex=GRAMMAR_REGEX),
+            _req(f"js{i}", p, json_schema=json.dumps(PERSON_SCHEMA)),
+            _req(f"eb{i}", p, ebnf=GRAMMAR_EBNF),
             make_req(f"p{i}", p, 12, ignore_eos=True),
         ]
-    out = run(reqs)
+    out = _run(sched, reqs)
     tok = sched.tokenizer
-
-    def text(ids):
-        s = tok.decode(ids)
-        assert s.endswith(EOS_TEXT), s
-        return s[: -len(EOS_TEXT)]
-
     for i in range(len(prompts)):
-        assert re.fullmatch(GRAMMAR_REGEX, text(out[f"re{i}"].output_ids))
-        assert re.fullmatch(GRAMMAR_EBNF_RE, text(out[f"eb{i}"].output_ids))
-        check_person_json(text(out[f"js{i}"].output_ids))
+        assert re.fullmatch(GRAMMAR_REGEX, _text(tok, out[f"re{i}"].output_ids))
+        assert re.fullmatch(GRAMMAR_EBNF_RE, _text(tok, out[f"eb{i}"].output_ids))
+        check_person_json(_text(tok, out[f"js{i}"].output_ids))
         assert len(out[f"p{i}"].output_ids) == 12
     assert sched.check_memory()
