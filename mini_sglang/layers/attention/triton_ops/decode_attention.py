@@ -39,6 +39,36 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _attend_key_block(
+    q, acc, m_i, l_i, visible, offs_n, mask_n, req_slots, K, V, stride_kn, stride_vn,
+    offs_d, mask_d, qk_scale, IEEE: tl.constexpr,
+):  # fmt: skip
+    """One key block of online softmax, shared by the decode and extend kernels: gather the
+    block's K/V through the request's req_to_token row (`req_slots`), score the query rows
+    q [M, D] (exp2 domain: qk_scale includes log2(e)), keep scores where `visible` [M, N]
+    and fold them into the running max m_i, denominator l_i and output acc [M, D]."""
+    slot = tl.load(req_slots + offs_n, mask=mask_n, other=0).to(tl.int64)
+    k = tl.load(
+        K + slot[None, :] * stride_kn + offs_d[:, None],
+        mask=mask_n[None, :] & mask_d[:, None],
+        other=0.0,
+    ).to(q.dtype)  # [BLOCK_D, BLOCK_N]
+    s = _dot(q, k, IEEE) * qk_scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        V + slot[:, None] * stride_vn + offs_d[None, :],
+        mask=mask_n[:, None] & mask_d[None, :],
+        other=0.0,
+    ).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _decode_stage1(
     Q,
     K,
@@ -97,26 +127,11 @@ def _decode_stage1(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        slot = tl.load(req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0)
-        slot = slot.to(tl.int64)
-        k = tl.load(
-            K + slot[None, :] * stride_kn + kv_head * stride_kh + offs_d[:, None],
-            mask=mask_n[None, :] & mask_d[:, None],
-            other=0.0,
-        ).to(q.dtype)  # [BLOCK_D, BLOCK_N]
-        s = _dot(q, k, IEEE) * qk_scale
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            V + slot[:, None] * stride_vn + kv_head * stride_vh + offs_d[None, :],
-            mask=mask_n[:, None] & mask_d[None, :],
-            other=0.0,
-        ).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-        m_i = m_new
+        acc, m_i, l_i = _attend_key_block(
+            q, acc, m_i, l_i, mask_n[None, :], offs_n, mask_n, req_to_token + row * stride_r2t,
+            K + kv_head * stride_kh, V + kv_head * stride_vh, stride_kn, stride_vn,
+            offs_d, mask_d, qk_scale, IEEE,
+        )  # fmt: skip
 
     nonempty = l_i > 0
     o = acc / tl.where(nonempty, l_i, 1.0)[:, None]

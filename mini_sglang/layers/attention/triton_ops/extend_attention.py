@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mini_sglang.layers.attention.triton_ops.decode_attention import LOG2E, _dot
+from mini_sglang.layers.attention.triton_ops.decode_attention import LOG2E, _attend_key_block
 
 
 @triton.jit
@@ -82,27 +82,12 @@ def _extend_kernel(
         for n0 in range(0, kv_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < kv_end
-            slot = tl.load(req_to_token + row * stride_r2t + offs_n, mask=mask_n, other=0)
-            slot = slot.to(tl.int64)
-            k = tl.load(
-                K + slot[None, :] * stride_kn + kv_head * stride_kh + offs_d[:, None],
-                mask=mask_n[None, :] & mask_d[:, None],
-                other=0.0,
-            ).to(q.dtype)  # [BLOCK_D, BLOCK_N]
-            s = _dot(q, k, IEEE) * qk_scale
             visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                V + slot[:, None] * stride_vn + kv_head * stride_vh + offs_d[None, :],
-                mask=mask_n[:, None] & mask_d[None, :],
-                other=0.0,
-            ).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-            m_i = m_new
+            acc, m_i, l_i = _attend_key_block(
+                q, acc, m_i, l_i, visible, offs_n, mask_n, req_to_token + row * stride_r2t,
+                K + kv_head * stride_kh, V + kv_head * stride_vh, stride_kn, stride_vn,
+                offs_d, mask_d, qk_scale, IEEE,
+            )  # fmt: skip
 
         out = acc / l_i[:, None]
         tl.store(
