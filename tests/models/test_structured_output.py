@@ -71,6 +71,13 @@ def _text(tok, ids: list[int]) -> str:
     return text[: -len(EOS_TEXT)]
 
 
+def _assert_constraints_hold(tok, out: dict, i: int) -> None:
+    """Prompt i's regex (re{i}), ebnf (eb{i}) and json_schema (js{i}) outputs obey them."""
+    assert re.fullmatch(GRAMMAR_REGEX, _text(tok, out[f"re{i}"].output_ids))
+    assert re.fullmatch(GRAMMAR_EBNF_RE, _text(tok, out[f"eb{i}"].output_ids))
+    check_person_json(_text(tok, out[f"js{i}"].output_ids))
+
+
 @pytest.mark.parametrize(
     "overlap, mixed",
     [(True, False), (False, False), (True, True)],
@@ -98,9 +105,7 @@ def test_constraints_hold_and_plain_requests_keep_their_tokens(model_path, promp
         ]
     out = _run(sched, reqs)
     for i in range(len(prompts)):
-        assert re.fullmatch(GRAMMAR_REGEX, _text(tok, out[f"re{i}"].output_ids))
-        assert re.fullmatch(GRAMMAR_EBNF_RE, _text(tok, out[f"eb{i}"].output_ids))
-        check_person_json(_text(tok, out[f"js{i}"].output_ids))
+        _assert_constraints_hold(tok, out, i)
         assert out[f"re{i}"].finish_reason["type"] == "stop"
         # Same greedy tokens as when they ran without grammar requests in the batch.
         assert out[f"p{i}"].output_ids == alone[f"p{i}"].output_ids
