@@ -11,6 +11,7 @@ sent); anything else is 500 "Internal server error: ...".
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -117,6 +118,19 @@ def _details(cached: int, enable_cache_report: bool) -> dict[str, int] | None:
 def usage_from_responses(ret: list[dict], n: int, enable_cache_report: bool) -> UsageInfo:
     """Usage of a finished (non-stream) request, from its responses in choice order."""
     return usage_from_metas([r["meta_info"] for r in ret], n, enable_cache_report)
+
+
+def response_fields(ret: list[dict], request: Any, enable_cache_report: bool) -> dict[str, Any]:
+    """The fields a non-stream chat or completion response shares: id, created, model
+    (echoed back, as SGLang does), usage and the weight version."""
+    meta = ret[0]["meta_info"]
+    return {
+        "id": meta["id"],
+        "created": int(time.time()),
+        "model": request.model,
+        "usage": usage_from_responses(ret, request.n, enable_cache_report),
+        "metadata": {"weight_version": meta["weight_version"]},
+    }
 
 
 def usage_from_metas(metas: list[dict], n: int, enable_cache_report: bool) -> UsageInfo:

@@ -36,10 +36,10 @@ from mini_sglang.entrypoints.openai.serving_base import (
     common_sampling_params,
     finish_fields,
     json_response,
+    response_fields,
     sse,
     to_openai_style_logprobs,
     usage_from_metas,
-    usage_from_responses,
 )
 from mini_sglang.entrypoints.openai.serving_completions import _extra_key
 from mini_sglang.managers.io_struct import GenerateReqInput
@@ -210,12 +210,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 )
             )
         response = ChatCompletionResponse(
-            id=ret[0]["meta_info"]["id"],
-            created=int(time.time()),
-            model=request.model,
-            choices=choices,
-            usage=usage_from_responses(ret, request.n, self.enable_cache_report),
-            metadata={"weight_version": ret[0]["meta_info"]["weight_version"]},
+            choices=choices, **response_fields(ret, request, self.enable_cache_report)
         )
         return json_response(response)
 

@@ -28,10 +28,10 @@ from mini_sglang.entrypoints.openai.serving_base import (
     common_sampling_params,
     finish_fields,
     json_response,
+    response_fields,
     sse,
     to_openai_style_logprobs,
     usage_from_metas,
-    usage_from_responses,
 )
 from mini_sglang.managers.io_struct import GenerateReqInput
 
@@ -114,12 +114,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 )
             )
         response = CompletionResponse(
-            id=ret[0]["meta_info"]["id"],
-            model=request.model,
-            created=int(time.time()),
-            choices=choices,
-            usage=usage_from_responses(ret, request.n, self.enable_cache_report),
-            metadata={"weight_version": ret[0]["meta_info"]["weight_version"]},
+            choices=choices, **response_fields(ret, request, self.enable_cache_report)
         )
         return json_response(response)
 
