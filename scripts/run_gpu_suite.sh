@@ -71,10 +71,12 @@ for step in "${steps[@]}"; do
           | grep -E "Output token throughput|Error" | sed "s/^/tc=$tc /" | tee -a "$OUT/decode_ab.log"
       done ;;
     profile)
-      # kernel table of decode at batch 256 (the nano-vllm workload's full batch)
+      # kernel table of decode at batch 256 (the nano-vllm workload's full batch); Llama-8B at
+      # 64, since runner mode prefills the whole batch at once (256 x 512 ran out of memory)
       for m in $MODELS; do
+        bs=256; [ "$m" = llama-3.1-8b ] && bs=64
         python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy \
-          --batch-size 256 --input-len 512 --output-len 8 --profile "$OUT/profile_bs256_$m.txt" \
+          --batch-size $bs --input-len 512 --output-len 8 --profile "$OUT/profile_bs${bs}_$m.txt" \
           2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/profile.log"
       done ;;
     serving)
