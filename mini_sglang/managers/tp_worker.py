@@ -85,10 +85,8 @@ class ForwardTimer:
     def decode_occupancy(self, skip: int = 2) -> float | None:
         """busy / wall over the last run of consecutive decode steps (after `skip` warm-up
         steps): sum(end_i - start_i) / (end_last - start_first). None if too few steps."""
-        run: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        for start, end, is_decode in self.spans:
-            run = [*run, (start, end)] if is_decode else []
-        run = run[skip:]
+        first = max((i + 1 for i, span in enumerate(self.spans) if not span[2]), default=0)
+        run = [(start, end) for start, end, _ in self.spans[first:]][skip:]
         if len(run) < 2:
             return None
         run[-1][1].synchronize()
