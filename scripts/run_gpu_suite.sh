@@ -75,6 +75,7 @@ for step in "${steps[@]}"; do
       # 64, since runner mode prefills the whole batch at once (256 x 512 ran out of memory)
       for m in $MODELS; do
         bs=256; [ "$m" = llama-3.1-8b ] && bs=64
+        bs=${PROFILE_BS:-$bs}  # PROFILE_BS=1: the batch-1 latency target's kernels
         python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy \
           --batch-size $bs --input-len 512 --output-len 8 --profile "$OUT/profile_bs${bs}_$m.txt" \
           2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/profile.log"
