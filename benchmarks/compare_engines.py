@@ -121,9 +121,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--only",
+        choices=("both", "ours", "second"),
+        default="both",
+        help="run one side only (e.g. when device time is short); the other column shows nan",
+    )
     args = ap.parse_args()
-    ours = run_ours(args.model_dir)
-    name, theirs = run_second(args.model_dir)
+    ours = run_ours(args.model_dir) if args.only != "second" else {}
+    name, theirs = run_second(args.model_dir) if args.only != "ours" else ("none", None)
     print(f"{'measure':<36}{'mini-sglang':>14}{name:>14}")
     for key in ("decode_ms_per_token", "output_tok_s"):
         other = theirs.get(key) if theirs else None
