@@ -22,13 +22,15 @@ SECOND_ENGINE_SNIPPETS = {
     # sgl-project/mini-sglang, as its own benchmark/offline/bench.py configures it (flashinfer,
     # CUDA graphs to 256, page size 256), with dummy weights. Its sgl_kernel dependency is
     # only imported for the FA3 backend and MoE, so a copy of its python/ tree on PYTHONPATH
-    # (plus msgpack) runs this driver. Batch-1 decode: (1024 tokens - 1 token) / 1023.
+    # (plus msgpack) runs this driver. Its "auto" backend picks FA3 (sgl_kernel) for prefill
+    # on Hopper, so flashinfer is named explicitly (as the targets were measured; an H100
+    # run without it died with "sgl_kernel.flash_attn is not found"). Batch-1 decode: (1024 tokens - 1 token) / 1023.
     "minisgl": r"""
 import json, random, time
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 llm = LLM(MODEL, max_seq_len_override=4096, max_extend_tokens=16384, cuda_graph_max_bs=256,
-          page_size=256, use_dummy_weight=True)
+          page_size=256, use_dummy_weight=True, attention_backend="fi")
 llm.generate([[1, 2, 3]], SamplingParams(temperature=0.1, max_tokens=8))  # warm-up
 ids = [random.randint(0, 10000) for _ in range(128)]
 def timed(n):
