@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
-from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp
+from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp, full_dummy
 from mini_sglang.model_loader.gguf_loader import is_gguf_path, iterate_gguf_weights
 from mini_sglang.models.registry import resolve_model_class
 
@@ -67,9 +67,7 @@ def fill_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3)
     """
     for param in model.parameters():
         if torch.is_floating_point(param):
-            gen = torch.Generator(device="cpu").manual_seed(DUMMY_SEED)
-            tmp = torch.empty(param.shape, dtype=torch.float32).uniform_(low, high, generator=gen)
-            param.data.copy_(tmp.to(param.dtype))
+            param.data.copy_(full_dummy(tuple(param.shape), DUMMY_SEED, low, high, param.device))
 
 
 def get_model(model_config, load_format: str, device: str | torch.device) -> nn.Module:
