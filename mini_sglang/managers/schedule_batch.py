@@ -176,8 +176,13 @@ class ScheduleBatch:
         table = self.req_to_token_pool.req_to_token
         rows, cols = self.req_pool_indices_dev, self.seq_lens_dev
         new_lens_dev = cols + 1
-        last_loc = table[rows, cols - 1].long()
-        out = self.allocator.alloc_decode(new_lens_dev, last_loc)
+        if self.allocator.page_size == 1:
+            # No partial page to continue: skip the last-slot gather (3 small kernels a
+            # step, which the GPU runs between two decode graphs), as SGLang does.
+            out = self.allocator.alloc(bs)
+        else:
+            last_loc = table[rows, cols - 1].long()
+            out = self.allocator.alloc_decode(new_lens_dev, last_loc)
         if out is None:
             raise OutOfKVMemoryError(f"Decode needs {bs} KV slots")
         table[rows, cols] = out.to(torch.int32)
