@@ -72,6 +72,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.graph_wrappers: dict[int, object] = {}
         self.active_decode = None
+        self._last_plan_copied: torch.cuda.Event | None = None
 
     def _tensor_cores_for(self, bs: int) -> bool:
         return self.use_tensor_cores and bs <= self.tensor_core_max_bs
@@ -90,14 +91,38 @@ class FlashInferAttnBackend(AttentionBackend):
         indptr_dev = torch.zeros(len(seq) + 1, dtype=torch.int32, device=self.device)
         torch.cumsum((fb.seq_lens + ps - 1) // ps, 0, out=indptr_dev[1:])
         fill_kv_indices(self.req_to_token, fb.req_pool_indices, indptr_dev, self.kv_indices, ps)
-        return indptr, (seq - 1) % ps + 1
+        return self._pinned(indptr), self._pinned((seq - 1) % ps + 1)
+
+    def _pinned(self, host: torch.Tensor) -> torch.Tensor:
+        """`host` in pinned memory. plan() copies its host arguments to the device with
+        non_blocking=True, which from pageable memory blocks until the stream drains: every
+        decode step's plan would wait for the previous step to finish, and the GPU would sit
+        idle while the host planned and launched the next graph. torch's caching host
+        allocator keeps a pinned block alive until the copies that read it have run."""
+        return host.pin_memory() if self.device.type == "cuda" else host
+
+    def _plan(self, wrapper, *args, **kwargs) -> None:
+        """wrapper.plan(...) that never overwrites flashinfer's pinned plan buffer while the
+        previous plan's copy out of it is still queued.
+
+        flashinfer's plan() writes its schedule into one pinned host buffer and enqueues an
+        async copy from it. With overlap scheduling, plan N+1 runs while step N is queued,
+        so it first waits for the event recorded after plan N (in steady state that point
+        has long passed: the host already waited for step N-1's tokens)."""
+        if self._last_plan_copied is not None:
+            self._last_plan_copied.synchronize()
+        wrapper.plan(*args, **kwargs)
+        if self.device.type == "cuda":
+            self._last_plan_copied = torch.cuda.Event()
+            self._last_plan_copied.record()
 
     def _heads(self) -> tuple:
         return self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size
 
     def _plan_decode(self, wrapper, fb: ForwardBatch) -> None:
         indptr, last = self._page_table(fb)
-        wrapper.plan(
+        self._plan(
+            wrapper,
             indptr,
             self.kv_indices,
             last,
@@ -121,8 +146,9 @@ class FlashInferAttnBackend(AttentionBackend):
         ext = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int32)
         qo_indptr = torch.zeros(len(ext) + 1, dtype=torch.int32)
         torch.cumsum(ext, 0, out=qo_indptr[1:])
-        self.prefill_wrapper.plan(
-            qo_indptr,
+        self._plan(
+            self.prefill_wrapper,
+            self._pinned(qo_indptr),
             indptr,
             self.kv_indices,
             last,
