@@ -34,7 +34,34 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_once(worker: TpModelWorker, bs: int, input_len: int, output_len: int, seed: int = 0):
+def _prefill_groups(reqs: list[Req], max_tokens: int) -> list[list[Req]]:
+    """Consecutive groups of requests whose prompts sum to at most max_tokens (a longer
+    prompt gets a group of its own), so a large batch never prefills in one huge forward.
+
+    Example: prompts of 6000 tokens, max_tokens 16384 -> groups of 2, 2, 2, ... requests."""
+    groups: list[list[Req]] = [[]]
+    used = 0
+    for r in reqs:
+        n = len(r.origin_input_ids)
+        if groups[-1] and used + n > max_tokens:
+            groups.append([])
+            used = 0
+        groups[-1].append(r)
+        used += n
+    return groups
+
+
+def run_once(
+    worker: TpModelWorker,
+    bs: int,
+    input_len: int,
+    output_len: int,
+    seed: int = 0,
+    on_decode_start=None,
+):
+    """Prefill a batch of random prompts (in groups of at most --max-prefill-tokens), then
+    decode it step by step. Returns (prefill seconds, per-step decode seconds, GPU seconds
+    inside the decode forwards or None). `on_decode_start()` is called between the two."""
     runner = worker.model_runner
     vocab = worker.model_config.vocab_size
     gen = torch.Generator().manual_seed(seed)
@@ -48,22 +75,30 @@ def run_once(worker: TpModelWorker, bs: int, input_len: int, output_len: int, se
     cache = ChunkCache(
         runner.req_to_token_pool, runner.token_to_kv_pool_allocator, runner.page_size
     )
-    batch = ScheduleBatch(
-        reqs,
-        runner.req_to_token_pool,
-        runner.token_to_kv_pool_allocator,
-        cache,
-        vocab,
-        runner.device,
-    )
     dev = runner.device
     _sync(dev)
     t0 = time.perf_counter()
-    batch.prepare_for_extend()
-    res = worker.forward_batch_generation(batch.get_model_worker_batch())
-    batch.output_ids = res.next_token_ids
+    batch = None
+    for group in _prefill_groups(reqs, worker.server_args.max_prefill_tokens):
+        part = ScheduleBatch(
+            group,
+            runner.req_to_token_pool,
+            runner.token_to_kv_pool_allocator,
+            cache,
+            vocab,
+            dev,
+        )
+        part.prepare_for_extend()
+        res = worker.forward_batch_generation(part.get_model_worker_batch())
+        part.output_ids = res.next_token_ids
+        if batch is None:
+            batch = part
+        else:
+            batch.merge_batch(part)
     _sync(dev)
     prefill = time.perf_counter() - t0
+    if on_decode_start is not None:
+        on_decode_start()
     decode_lat, gpu_ms = [], []
     for _ in range(output_len - 1):
         start_ev = end_ev = None
@@ -115,11 +150,12 @@ def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int
 
 
 def profile_decode(worker: TpModelWorker, bs: int, input_len: int, path: str) -> None:
-    """Kernel-level profile of a short decode run (prefill included, 21 tokens)."""
+    """Kernel-level profile of 20 decode steps (the prefill runs before it starts)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run_once(worker, bs, input_len, 21)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    run_once(worker, bs, input_len, 21, on_decode_start=prof.start)
+    prof.stop()
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
     with open(path, "w") as f:
         f.write(table)
