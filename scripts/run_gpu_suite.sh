@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
 # JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [compare] [tp] [default_model]
+#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [compare] [tp] [default_model] [save_jit]
 # With no arguments tests, one_batch, offline and serving run. MODELS overrides the model list
 # (default: both). `tp` needs a 2-GPU kind; `default_model` needs the GGUF parts staged by
 # scripts/stage_default_model_parts.sh (parts 1 and 2 in /tmp/smol, part 3 in .smol_c).
@@ -59,27 +59,36 @@ for step in "${steps[@]}"; do
           | tee -a "$OUT/compare.log" | tail -6
       done ;;
     decode_ab)
-      # Llama-3.1-8B decode with flashinfer's tensor-core kernel vs the CUDA-core one, by
-      # batch size, then the nano-vllm workload both ways (see decode_tensor_core_policy).
-      for tc in true false; do
-        SGLANG_FLASHINFER_USE_TENSOR_CORE=$tc python -m mini_sglang.bench_one_batch \
-          --model-path /tmp/m/llama-3.1-8b --load-format dummy --mem-fraction-static 0.7 --batch-size 1 8 32 64 128 \
-          --input-len 512 --output-len 32 --result-filename "$OUT/decode_ab_$tc.jsonl" 2>&1 \
-          | grep -E "Decode.  mean|Error" | sed "s/^/tc=$tc /" | tee -a "$OUT/decode_ab.log"
-        SGLANG_FLASHINFER_USE_TENSOR_CORE=$tc python -m mini_sglang.bench_offline_throughput \
-          --model-path /tmp/m/llama-3.1-8b --load-format dummy --preset nano-vllm 2>&1 \
-          | grep -E "Output token throughput|Error" | sed "s/^/tc=$tc /" | tee -a "$OUT/decode_ab.log"
+      # Llama-3.1-8B decode by attention kernel: flashinfer tensor-core vs CUDA-core decode,
+      # the Triton decode kernel, and tensor cores with 16-token pages; per arm bench_one_batch
+      # at batch 1..256 (context ~800, like the nano-vllm workload mid-run) and the nano-vllm
+      # workload itself (see decode_tensor_core_policy). ARMS selects arms by name.
+      declare -A arm_env=([tc]="SGLANG_FLASHINFER_USE_TENSOR_CORE=true" [cc]="SGLANG_FLASHINFER_USE_TENSOR_CORE=false"
+        [triton]="" [tc_page16]="SGLANG_FLASHINFER_USE_TENSOR_CORE=true")
+      declare -A arm_flags=([tc]="" [cc]="" [triton]="--decode-attention-backend triton" [tc_page16]="--page-size 16")
+      for arm in ${ARMS:-tc cc triton tc_page16}; do
+        env ${arm_env[$arm]} python -m mini_sglang.bench_one_batch --model-path /tmp/m/llama-3.1-8b \
+          --load-format dummy ${arm_flags[$arm]} --batch-size 1 64 128 256 --input-len 768 --output-len 32 \
+          --result-filename "$OUT/decode_ab_$arm.jsonl" 2>&1 \
+          | grep -E "Decode.  mean|Error" | sed "s/^/$arm /" | tee -a "$OUT/decode_ab.log"
+        env ${arm_env[$arm]} python -m mini_sglang.bench_offline_throughput --model-path /tmp/m/llama-3.1-8b \
+          --load-format dummy ${arm_flags[$arm]} --preset nano-vllm 2>&1 \
+          | grep -E "Output token throughput|Error" | sed "s/^/$arm /" | tee -a "$OUT/decode_ab.log"
       done ;;
     profile)
-      # kernel table of decode at batch 256 (the nano-vllm workload's full batch); Llama-8B at
-      # 64, since runner mode prefills the whole batch at once (256 x 512 ran out of memory)
+      # kernel table of 20 decode steps at batch 256 (the nano-vllm workload's full batch),
+      # context ~800; PROFILE_BS=1 gives the batch-1 latency target's kernels. Extra flags
+      # (e.g. an attention backend) through PROFILE_FLAGS.
       for m in $MODELS; do
-        bs=256; [ "$m" = llama-3.1-8b ] && bs=64
-        bs=${PROFILE_BS:-$bs}  # PROFILE_BS=1: the batch-1 latency target's kernels
-        python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy \
-          --batch-size $bs --input-len 512 --output-len 8 --profile "$OUT/profile_bs${bs}_$m.txt" \
+        bs=${PROFILE_BS:-256}
+        python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy ${PROFILE_FLAGS:-} \
+          --batch-size $bs --input-len 768 --output-len 21 --profile "$OUT/profile_bs${bs}_$m.txt" \
           2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/profile.log"
       done ;;
+    save_jit)
+      # bring the JIT caches back (flashinfer's, via .device/env.sh; Triton's) to refresh
+      # .device/flashinfer-cache.tgz for the next session
+      save_flashinfer_cache "$OUT"; tar czf "$OUT/triton-cache.tgz" -C ~ .triton 2>/dev/null; ls -la "$OUT"/*.tgz ;;
     serving)
       bash scripts/bench_serving_gpu.sh "/tmp/m/llama-3.1-8b" "$OUT" 2>&1 | tail -80 | tee -a "$OUT/serving.log" ;;
   esac
