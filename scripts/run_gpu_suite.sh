@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
 # JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [compare] [tp] [default_model] [save_jit]
+#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [compare] [tp] [default_model] [kernels] [save_jit]
 # With no arguments tests, one_batch, offline and serving run. MODELS overrides the model list
 # (default: both). `tp` needs a 2-GPU kind; `default_model` needs the GGUF parts staged by
 # scripts/stage_default_model_parts.sh (parts 1 and 2 in /tmp/smol, part 3 in .smol_c).
@@ -84,6 +84,17 @@ for step in "${steps[@]}"; do
         python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy ${PROFILE_FLAGS:-} \
           --batch-size $bs --input-len 768 --output-len 21 --profile "$OUT/profile_bs${bs}_$m.txt" \
           2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/profile.log"
+      done ;;
+    kernels)
+      # decode attention kernels alone (no model load, seconds): flashinfer tensor/CUDA cores
+      # and mini-sglang's Triton kernel, Llama-8B's and Qwen3-0.6B's head layouts, pages 1, 16
+      for ps in 1 16; do
+        for heads in "32 8" "16 8"; do
+          set -- $heads
+          python benchmarks/bench_decode_attention.py --q-heads $1 --kv-heads $2 --head-dim 128 \
+            --page-size $ps --batch-sizes 1 64 128 256 --context 512 1024 2048 \
+            --out "$OUT/kernels.jsonl" 2>&1 | sed "s/^/heads=$1\/$2 page=$ps /" | tee -a "$OUT/kernels.log"
+        done
       done ;;
     save_jit)
       # bring the JIT caches back (flashinfer's, via .device/env.sh; Triton's) to refresh

@@ -1,0 +1,160 @@
+"""Decode attention kernels alone, by batch size and context: time per call and KV bandwidth.
+
+    python benchmarks/bench_decode_attention.py --q-heads 32 --kv-heads 8 --head-dim 128 \\
+        --batch-sizes 1 64 128 256 --context 512 1024 2048 [--page-size 1] [--out r.jsonl]
+
+No model is loaded, so a whole grid takes seconds of device time. For each (batch, context)
+it fills a bf16 KV pool whose slots are a random permutation (what a long-running server's
+pool looks like), plans once, then times 50 calls with CUDA events for:
+  fi_tc  flashinfer BatchDecodeWithPagedKVCacheWrapper, use_tensor_cores=True
+  fi_cc  the same with CUDA cores
+  triton mini-sglang's split-KV kernel (triton_ops/decode_attention.py), 8 splits
+Each kernel's output is first checked against the fp32 softmax reference on the same data
+(max abs error printed), so a fast-but-wrong kernel shows up. "TB/s" counts the K and V
+bytes every call must read (batch x context x kv_heads x head_dim x 2 bytes x 2), the
+quantity a bandwidth-bound decode kernel is limited by (H100 ~3.35, H200 ~4.8 TB/s peak).
+Per layer of Llama-3.1-8B: --q-heads 32 --kv-heads 8 --head-dim 128; Qwen3-0.6B: 16 8 128.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+KERNELS = ("fi_tc", "fi_cc", "triton")
+
+
+def make_pool(bs: int, ctx: int, kv_heads: int, head_dim: int, page: int, dev: str):
+    """A KV pool holding bs requests of ctx tokens in shuffled pages, plus the index views
+    each kernel family wants. Slot 0 (page 0) stays unused, as in the real pool."""
+    pages_per_req = (ctx + page - 1) // page
+    num_pages = bs * pages_per_req
+    perm = torch.randperm(num_pages, device=dev) + 1  # page ids 1..num_pages, shuffled
+    req_pages = perm.view(bs, pages_per_req).to(torch.int32)
+    shape = (num_pages + 1, page, kv_heads, head_dim)
+    k = torch.randn(shape, dtype=torch.bfloat16, device=dev)
+    v = torch.randn(shape, dtype=torch.bfloat16, device=dev)
+    # req_to_token: token j of request r -> slot page_of(j) * page + j % page
+    j = torch.arange(ctx, device=dev)
+    req_to_token = (req_pages[:, j // page].long() * page + j % page).to(torch.int32)
+    kv_indptr = torch.arange(bs + 1, dtype=torch.int32) * pages_per_req
+    last_page_len = torch.full((bs,), (ctx - 1) % page + 1, dtype=torch.int32)
+    return k, v, req_pages, req_to_token, kv_indptr, last_page_len
+
+
+def reference(q, k, v, req_to_token, group: int) -> torch.Tensor:
+    """fp32 softmax attention of each request's one query over its ctx keys."""
+    kv_heads, head_dim = k.shape[2], k.shape[3]
+    flat_k = k.view(-1, kv_heads, head_dim).float()[req_to_token.long()]  # [bs, ctx, H, D]
+    flat_v = v.view(-1, kv_heads, head_dim).float()[req_to_token.long()]
+    flat_k = flat_k.repeat_interleave(group, dim=2)
+    flat_v = flat_v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bhd,bnhd->bhn", q.float(), flat_k) / head_dim**0.5
+    return torch.einsum("bhn,bnhd->bhd", s.softmax(-1), flat_v)
+
+
+def kernel_fn(name: str, q, k, v, pool, args, workspace):
+    """A zero-argument callable that runs kernel `name` once (planned already)."""
+    _, _, req_pages, req_to_token, kv_indptr, last_page_len = pool
+    bs, q_heads, head_dim = q.shape
+    if name.startswith("fi_"):
+        import flashinfer
+
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_tensor_cores=name == "fi_tc"
+        )
+        wrapper.plan(
+            kv_indptr.pin_memory(),
+            req_pages.reshape(-1).contiguous(),
+            last_page_len.pin_memory(),
+            q_heads,
+            args.kv_heads,
+            head_dim,
+            args.page_size,
+            q_data_type=q.dtype,
+            kv_data_type=k.dtype,
+        )
+        return lambda: wrapper.run(q, (k, v))
+    from mini_sglang.layers.attention.triton_ops import decode_attention_fwd
+
+    splits = args.triton_splits
+    out = torch.empty_like(q)
+    mid_o = torch.empty((bs, q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty((bs, q_heads, splits), dtype=torch.float32, device=q.device)
+    flat_k = k.view(-1, args.kv_heads, head_dim)
+    flat_v = v.view(-1, args.kv_heads, head_dim)
+    rows = torch.arange(bs, dtype=torch.int64, device=q.device)
+    seq_lens = torch.full((bs,), req_to_token.shape[1], dtype=torch.int64, device=q.device)
+
+    def run():
+        decode_attention_fwd(
+            q, flat_k, flat_v, out, req_to_token, rows, seq_lens, mid_o, mid_lse,
+            head_dim**-0.5,
+        )  # fmt: skip
+        return out
+
+    return run
+
+
+def time_us(fn, iters: int = 50) -> float:
+    for _ in range(5):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return 1000 * start.elapsed_time(end) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--q-heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 128, 256])
+    ap.add_argument("--context", type=int, nargs="+", default=[512, 1024, 2048])
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--triton-splits", type=int, default=8)
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--out", default=None, help="append one JSON line per measurement")
+    args = ap.parse_args()
+    dev = "cuda"
+    torch.manual_seed(0)
+    workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
+    group = args.q_heads // args.kv_heads
+    print(
+        f"{'bs':>5}{'ctx':>6}"
+        + "".join(f"{k + ' us':>12}{'TB/s':>7}{'err':>8}" for k in args.kernels)
+    )
+    for bs in args.batch_sizes:
+        for ctx in args.context:
+            pool = make_pool(bs, ctx, args.kv_heads, args.head_dim, args.page_size, dev)
+            k, v = pool[0], pool[1]
+            q = torch.randn(bs, args.q_heads, args.head_dim, dtype=torch.bfloat16, device=dev)
+            ref = reference(q, k, v, pool[3], group) if bs * ctx <= 65536 else None
+            kv_bytes = bs * ctx * args.kv_heads * args.head_dim * 2 * 2
+            row = f"{bs:>5}{ctx:>6}"
+            for name in args.kernels:
+                fn = kernel_fn(name, q, k, v, pool, args, workspace)
+                err = (fn().float() - ref).abs().max().item() if ref is not None else float("nan")
+                us = time_us(fn)
+                tbs = kv_bytes / us / 1e6
+                row += f"{us:>12.1f}{tbs:>7.2f}{err:>8.0e}"
+                if args.out:
+                    with open(args.out, "a") as f:
+                        rec = {"kernel": name, "bs": bs, "ctx": ctx, "page_size": args.page_size,
+                               "q_heads": args.q_heads, "kv_heads": args.kv_heads,
+                               "head_dim": args.head_dim, "us": us, "kv_tb_s": tbs, "max_err": err,
+                               "card": torch.cuda.get_device_name()}  # fmt: skip
+                        f.write(json.dumps(rec) + "\n")
+            print(row, flush=True)
+            del pool, k, v, q, ref
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
