@@ -95,6 +95,9 @@ for step in "${steps[@]}"; do
             --page-size $ps --batch-sizes 1 64 128 256 --context 512 1024 2048 \
             --out "$OUT/kernels.jsonl" 2>&1 | sed "s/^/heads=$1\/$2 page=$ps /" | tee -a "$OUT/kernels.log"
         done
+      done
+      for m in $MODELS; do  # and the decode GEMMs (cuBLAS) per batch size
+        python benchmarks/bench_linear.py --model "$m" --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
       done ;;
     save_jit)
       # bring the JIT caches back (flashinfer's, via .device/env.sh; Triton's) to refresh

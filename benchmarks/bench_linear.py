@@ -1,0 +1,90 @@
+"""The decode GEMMs alone (torch.nn.functional.linear, i.e. cuBLAS): time, weight TB/s, TFLOPS.
+
+    python benchmarks/bench_linear.py --model llama-3.1-8b --m 1 64 256 [--out r.jsonl]
+
+Batch-1 decode is a chain of weight-streaming GEMVs, so its floor is weight bytes over memory
+bandwidth. This times each projection of one layer (fused QKV, O, fused gate-up, down) and
+the LM head at M rows, rotating through enough copies of each weight that none is served
+from L2 (50 MB on an H100), and adds them up as layers x per-layer + LM head: the GEMM part
+of a decode step, to set against bench_one_batch's ms/token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+MODELS_DIR = Path(__file__).parent / "models"
+
+
+def config(model: str) -> dict:
+    return json.loads((MODELS_DIR / model / "config.json").read_text())
+
+
+def projections(model: str) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each decode GEMM, from benchmarks/models/MODEL."""
+    c = config(model)
+    h, qh, kvh = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim") or h // qh
+    inter, vocab = c["intermediate_size"], c["vocab_size"]
+    return {
+        "qkv": ((qh + 2 * kvh) * d, h),
+        "o": (h, qh * d),
+        "gate_up": (2 * inter, h),
+        "down": (h, inter),
+        "lm_head": (vocab, h),
+    }
+
+
+def time_linear(m: int, n: int, k: int, iters: int = 30) -> float:
+    """Microseconds per F.linear([m, k] x [n, k]^T) in bf16, weights cold in L2."""
+    weight_bytes = n * k * 2
+    copies = max(2, -(-(256 << 20) // weight_bytes))
+    ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    for w in ws:
+        F.linear(x, w)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(iters):
+        F.linear(x, ws[i % copies])
+    end.record()
+    end.synchronize()
+    return 1000 * start.elapsed_time(end) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    models = sorted(p.name for p in MODELS_DIR.iterdir() if (p / "config.json").exists())
+    ap.add_argument("--model", choices=models, default="llama-3.1-8b")
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 128, 256])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    layers = config(args.model)["num_hidden_layers"]
+    card = torch.cuda.get_device_name()
+    print(f"{args.model} on {card}")
+    print(f"{'M':>5}{'gemm':>9}{'N':>8}{'K':>7}{'us':>9}{'TB/s':>7}{'TFLOPS':>8}")
+    for m in args.m:
+        step_us = 0.0
+        for name, (n, k) in projections(args.model).items():
+            us = time_linear(m, n, k)
+            tbs = n * k * 2 / us / 1e6
+            tflops = 2 * m * n * k / us / 1e6
+            step_us += us * (1 if name == "lm_head" else layers)
+            print(f"{m:>5}{name:>9}{n:>8}{k:>7}{us:>9.1f}{tbs:>7.2f}{tflops:>8.1f}")
+            if args.out:
+                with open(args.out, "a") as f:
+                    rec = {"model": args.model, "m": m, "gemm": name, "n": n, "k": k, "us": us,
+                           "weight_tb_s": tbs, "tflops": tflops, "card": card}  # fmt: skip
+                    f.write(json.dumps(rec) + "\n")
+        print(
+            f"{m:>5} GEMMs of one decode step ({layers} layers + LM head): {step_us / 1000:.3f} ms"
+        )
+
+
+if __name__ == "__main__":
+    main()
