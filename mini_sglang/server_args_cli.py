@@ -18,6 +18,15 @@ import socket
 import subprocess
 from typing import TYPE_CHECKING, Any
 
+from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
+    SGLANG_TOOL_CALL_PARSERS,
+    TOOL_CALL_PARSERS,
+)
+from mini_sglang.entrypoints.openai.reasoning_parser import (
+    REASONING_PARSERS,
+    SGLANG_REASONING_PARSERS,
+)
+
 if TYPE_CHECKING:
     import torch
 
@@ -79,8 +88,9 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "speculative_num_steps": _given,
     "speculative_eagle_topk": _given,
     "speculative_num_draft_tokens": _given,
-    "reasoning_parser": _given,
-    "tool_call_parser": _given,
+    # SGLang parser names whose formats mini-sglang lacks (gpt-oss, mistral, ...).
+    "reasoning_parser": lambda v: v is not None and v not in REASONING_PARSERS,
+    "tool_call_parser": lambda v: v is not None and v not in TOOL_CALL_PARSERS,
     "attention_backend": _unsupported_backend,
     "prefill_attention_backend": _unsupported_backend,
     "decode_attention_backend": _unsupported_backend,
@@ -109,6 +119,8 @@ CHOICES: dict[str, list[Any]] = {
     "log_requests_level": [0, 1, 2, 3],
     "sampling_defaults": SAMPLING_DEFAULTS_CHOICES,
     "speculative_algorithm": [None, *SPECULATIVE_ALGORITHM_CHOICES],
+    "reasoning_parser": [None, *SGLANG_REASONING_PARSERS],
+    "tool_call_parser": [None, *SGLANG_TOOL_CALL_PARSERS],
 }
 
 # Fields that, when given (not None), must be >= the bound.
@@ -326,8 +338,8 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--chat-template",), dict(type=_S, help="Builtin chat template name or template file path.")),
     (("--completion-template",), dict(type=_S, help="Builtin completion template name or file path.")),
     (("--enable-cache-report",), dict(action=_T, help="Report cached tokens in usage.prompt_tokens_details.")),
-    (("--reasoning-parser",), dict(type=_S, help="Reasoning parser (not supported).")),
-    (("--tool-call-parser",), dict(type=_S, help="Tool-call parser (not supported).")),
+    (("--reasoning-parser",), dict(type=_S, choices=SGLANG_REASONING_PARSERS, help=f"Reasoning parser (reasoning_content); implemented: {list(REASONING_PARSERS)}.")),
+    (("--tool-call-parser",), dict(type=_S, choices=SGLANG_TOOL_CALL_PARSERS, help=f"Tool-call parser (tool_calls); implemented: {list(TOOL_CALL_PARSERS)}.")),
     (("--sampling-defaults",), dict(type=_S, choices=SAMPLING_DEFAULTS_CHOICES, help="'model' takes default sampling params from generation_config.json.")),
     # Data parallelism and multi-node
     (("--dp-size", "--data-parallel-size"), dict(type=_I, help="The data parallelism size.")),

@@ -9,6 +9,7 @@ scheduler straight to the TokenizerManager.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "BaseReq",
     "CloseSessionReqInput",
     "ConfigureLoggingReq",
+    "ContinueGenerationReqInput",
     "DestroyWeightsUpdateGroupReqInput",
     "DestroyWeightsUpdateGroupReqOutput",
     "FlushCacheReqInput",
@@ -32,9 +34,11 @@ __all__ = [
     "InitWeightsUpdateGroupReqOutput",
     "OpenSessionReqInput",
     "OpenSessionReqOutput",
+    "PauseGenerationReqInput",
     "ProfileReq",
     "ProfileReqInput",
     "ProfileReqOutput",
+    "ProfileReqType",
     "ReleaseMemoryOccupationReqInput",
     "ReleaseMemoryOccupationReqOutput",
     "ResumeMemoryOccupationReqInput",
@@ -235,7 +239,15 @@ class SlowDownReqOutput(BaseReq):
 
 @dataclass
 class ProfileReqInput(BaseReq):
-    """/start_profile body."""
+    """/start_profile body (every field optional).
+
+    ``num_steps`` stops the trace by itself after that many forward steps (counted from
+    ``start_step`` when given, which delays the start to that forward step);
+    ``profile_by_stage`` writes one trace for prefill and one for decode, ``num_steps`` of
+    each. ``activities`` (default ["CPU", "GPU"]): "CPU", "GPU", "MEM", "CUDA_PROFILER".
+    ``profile_id`` is a mini-sglang extension: the trace-name prefix (SGLang always uses
+    the start time, which is also the default here).
+    """
 
     output_dir: Optional[str] = None
     start_step: Optional[int] = None
@@ -245,13 +257,19 @@ class ProfileReqInput(BaseReq):
     with_stack: Optional[bool] = None
     record_shapes: Optional[bool] = None
     merge_profiles: bool = False
+    profile_id: Optional[str] = None
+
+
+class ProfileReqType(Enum):
+    START_PROFILE = 1
+    STOP_PROFILE = 2
 
 
 @dataclass
 class ProfileReq(BaseReq):
-    """TokenizerManager -> scheduler; ``type`` is "START_PROFILE" or "STOP_PROFILE"."""
+    """TokenizerManager -> every scheduler rank (the DP controller fans it out)."""
 
-    type: str
+    type: ProfileReqType
     output_dir: Optional[str] = None
     start_step: Optional[int] = None
     num_steps: Optional[int] = None
@@ -267,6 +285,17 @@ class ProfileReq(BaseReq):
 class ProfileReqOutput(BaseReq):
     success: bool
     message: str
+
+
+@dataclass
+class PauseGenerationReqInput(BaseReq):
+    """/pause_generation. 0.5.4 takes no body: it aborts every in-flight request and holds
+    new generate requests in the TokenizerManager until /continue_generation."""
+
+
+@dataclass
+class ContinueGenerationReqInput(BaseReq):
+    """/continue_generation: release the generate requests held while paused."""
 
 
 @dataclass

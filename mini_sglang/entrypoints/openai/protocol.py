@@ -239,8 +239,14 @@ class Tool(BaseModel):
     function: Function
 
 
+class ToolChoiceFuncName(BaseModel):
+    name: Optional[str] = None
+
+
 class ToolChoice(BaseModel):
-    function: dict[str, Any]
+    """A named function: `{"type": "function", "function": {"name": ...}}`."""
+
+    function: ToolChoiceFuncName
     type: Literal["function"] = "function"
 
 
@@ -331,6 +337,18 @@ class ChatCompletionStreamResponse(BaseModel):
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: Optional[UsageInfo] = None
+
+
+# ---- /separate_reasoning, /parse_function_call (SGLang's native parser endpoints) --------
+class SeparateReasoningReqInput(BaseModel):
+    text: str
+    reasoning_parser: str
+
+
+class ParseFunctionCallReq(BaseModel):
+    text: str
+    tools: list[Tool] = Field(default_factory=list)
+    tool_call_parser: Optional[str] = None
 
 
 # ---- /tokenize, /detokenize ------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Mounts the OpenAI-compatible routes on the server's FastAPI app.
 
-/v1/completions, /v1/chat/completions, /v1/models/{model}, and /tokenize, /detokenize
-with their /v1 aliases. Bodies are parsed by FastAPI into the pydantic models of
+/v1/completions, /v1/chat/completions, /v1/models/{model}, /tokenize, /detokenize
+with their /v1 aliases, and SGLang's native parser endpoints /separate_reasoning and
+/parse_function_call. Bodies are parsed by FastAPI into the pydantic models of
 protocol.py, so malformed JSON and schema errors reach http_server's RequestValidationError
 handler (HTTP 400, OpenAI's error envelope); POSTs whose Content-Type is not
 application/json are refused the same way, before the body is validated (SGLang).
@@ -9,6 +10,7 @@ application/json are refused the same way, before the body is validated (SGLang)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -16,15 +18,21 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 
+from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
+    FunctionCallParser,
+)
 from mini_sglang.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
     ModelCard,
+    ParseFunctionCallReq,
+    SeparateReasoningReqInput,
     TokenizeRequest,
     TokenizeResponse,
 )
+from mini_sglang.entrypoints.openai.reasoning_parser import ReasoningParser
 from mini_sglang.entrypoints.openai.serving_base import create_error_response, json_response
 from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -147,3 +155,31 @@ def mount_openai_routes(app: FastAPI) -> None:
         else:
             text = [tm.tokenizer.decode(x, skip_special_tokens=skip) for x in tokens]
         return json_response(DetokenizeResponse(text=text))
+
+    @app.post("/separate_reasoning")
+    async def separate_reasoning_request(obj: SeparateReasoningReqInput) -> Response:
+        """{"reasoning_text", "text"} of `text` under the named reasoning parser (its
+        default forcing; non-stream rule)."""
+        from mini_sglang.entrypoints.http_server import error_response, orjson_response
+
+        try:
+            parser = ReasoningParser(model_type=obj.reasoning_parser)
+        except ValueError as e:  # SGLang answers 500 here; a bad name is the client's fault
+            return error_response(str(e))
+        reasoning_text, text = parser.parse_non_stream(obj.text)
+        return orjson_response({"reasoning_text": reasoning_text, "text": text})
+
+    @app.post("/parse_function_call")
+    async def parse_function_call_request(obj: ParseFunctionCallReq) -> Response:
+        """{"normal_text", "calls": [{"tool_index", "name", "parameters"}]} of `text`
+        under the named tool-call parser (non-stream rule)."""
+        from mini_sglang.entrypoints.http_server import error_response, orjson_response
+
+        try:
+            parser = FunctionCallParser(tools=obj.tools, tool_call_parser=obj.tool_call_parser)
+        except ValueError as e:
+            return error_response(str(e))
+        normal_text, calls = parser.parse_non_stream(obj.text)
+        return orjson_response(
+            {"normal_text": normal_text, "calls": [dataclasses.asdict(c) for c in calls]}
+        )

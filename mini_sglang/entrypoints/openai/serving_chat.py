@@ -1,12 +1,17 @@
-"""/v1/chat/completions (SGLang 0.5.4's OpenAIServingChat without tools and reasoning).
+"""/v1/chat/completions (SGLang 0.5.4's OpenAIServingChat).
 
 Messages are rendered with the tokenizer's Jinja chat template (add_generation_prompt=True,
-plus `chat_template_kwargs`) into prompt token ids. Sampling defaults: the request's value,
+the request's tools, plus `chat_template_kwargs`) into prompt token ids. With
+--reasoning-parser / --tool-call-parser the reply is split into reasoning_content, content
+and tool_calls (see chat_parsers.py). Sampling defaults: the request's value,
 else the model's generation_config.json, else OpenAI's. Streams follow SGLang exactly: per
 choice a first chunk with delta {"role":"assistant","content":""}, content chunks
 (finish_reason null), after generation one chunk per choice with an empty delta and
 finish_reason / matched_stop, a usage chunk (`choices: []`) only if
-stream_options.include_usage, then [DONE].
+stream_options.include_usage, then [DONE]. Reasoning goes out as chunks with
+delta.reasoning_content, calls as chunks with delta.tool_calls (the first piece of a call
+has its id and name, later pieces argument text), and a choice that called a tool and
+stopped naturally finishes with "tool_calls".
 """
 
 from __future__ import annotations
@@ -16,9 +21,19 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
+from mini_sglang.entrypoints.openai.chat_parsers import (
+    ChoiceStreamParser,
+    parse_reply,
+    request_enables_thinking,
+    template_forces_reasoning,
+    tool_call_constraint,
+    tools_for_template,
+    validate_tools,
+)
 from mini_sglang.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -36,6 +51,7 @@ from mini_sglang.entrypoints.openai.serving_base import (
     common_sampling_params,
     finish_fields,
     json_response,
+    logger,
     response_fields,
     sse,
     to_openai_style_logprobs,
@@ -67,17 +83,23 @@ class OpenAIServingChat(OpenAIServingBase):
         if isinstance(template, dict):  # named templates: the default one renders chats
             template = template.get("default", "")
         self.content_format = "openai" if _LOOPS_OVER_CONTENT.search(template) else "string"
+        server_args = tokenizer_manager.server_args
+        self.reasoning_parser: str | None = getattr(server_args, "reasoning_parser", None)
+        self.tool_call_parser: str | None = getattr(server_args, "tool_call_parser", None)
+        self.template_forces_reasoning = template_forces_reasoning(template)
+
+    def _force_reasoning(self, request: ChatCompletionRequest) -> bool:
+        """The reply starts inside a think block (the template or the request says so)."""
+        return self.template_forces_reasoning or request_enables_thinking(
+            request, self.reasoning_parser
+        )
 
     def _validate_request(self, request: ChatCompletionRequest) -> str | None:
         if not request.messages:
             return "Messages cannot be empty."
-        if request.tool_choice == "required" and not request.tools:
-            return "Tools cannot be empty if tool choice is set to required."
-        if request.tools and request.tool_choice != "none":
-            return (
-                "Tool calling (tools) needs a tool-call parser and a grammar backend, which "
-                "mini-sglang does not have yet."
-            )
+        error = validate_tools(request, self.tool_call_parser)
+        if error:
+            return error
         max_out = request.max_completion_tokens or request.max_tokens
         ctx = getattr(self.tokenizer_manager.server_args, "context_length", None)
         if max_out and ctx and max_out > ctx:
@@ -111,10 +133,21 @@ class OpenAIServingChat(OpenAIServingBase):
             prefix = messages.pop()["content"]
         kwargs = dict(request.chat_template_kwargs or {})
         kwargs.setdefault("reasoning_effort", request.reasoning_effort)
-        try:
-            ids = tokenizer.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=True, **kwargs
+        tools = tools_for_template(request)
+
+        def render(tools: list[dict] | None) -> Any:
+            return tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=True, tools=tools, **kwargs
             )
+
+        try:
+            try:
+                ids = render(tools)
+            except Exception:
+                if not tools:
+                    raise
+                # Templates such as Mistral's want the {"function": ...} wrapper (SGLang).
+                ids = render([t if "function" in t else {"function": t} for t in tools])
         except Exception as e:  # Jinja raises on conversations a template refuses
             raise ValueError(f"Failed to apply the chat template: {e}") from None
         # transformers 5 returns a BatchEncoding; older versions a list of ids.
@@ -143,11 +176,24 @@ class OpenAIServingChat(OpenAIServingBase):
                 msg["content"] = " ".join(part["text"] for part in content)
             else:
                 msg["content"] = [{"type": "text", "text": p["text"]} for p in content]
+        # Templates expect the arguments of earlier calls as a dict, clients send a JSON
+        # string (OpenAI's format).
+        for call in msg.get("tool_calls") or []:
+            if isinstance(call["function"].get("arguments"), str):
+                call["function"]["arguments"] = orjson.loads(call["function"]["arguments"])
         return {k: v for k, v in msg.items() if v is not None}
 
     def _convert_to_internal_request(self, request: ChatCompletionRequest) -> GenerateReqInput:
+        if request.tools and request.tool_choice != "none":
+            request.skip_special_tokens = False  # call markers may be special tokens
         prompt_ids = self._render_messages(request)
         params = common_sampling_params(request)
+        constraint = tool_call_constraint(request)
+        if constraint is not None:
+            if any(params.get(k) for k in ("regex", "ebnf", "json_schema", "structural_tag")):
+                logger.warning("Constrained decoding is not compatible with tool calls.")
+            else:
+                params["json_schema"] = constraint
         for name, default in _DEFAULT_SAMPLING.items():
             value = getattr(request, name)
             params[name] = (
@@ -199,11 +245,24 @@ class OpenAIServingChat(OpenAIServingBase):
         choices = []
         for idx, item in enumerate(ret):
             meta = item["meta_info"]
-            finish_reason, matched = finish_fields(meta)
+            reply = parse_reply(
+                item["text"],
+                meta.get("finish_reason"),
+                request,
+                self.reasoning_parser,
+                self.tool_call_parser,
+                self._force_reasoning(request),
+            )
+            finish_reason, matched = finish_fields({"finish_reason": reply.finish_reason})
             choices.append(
                 ChatCompletionResponseChoice(
                     index=idx,
-                    message=ChatMessage(role="assistant", content=item["text"] or None),
+                    message=ChatMessage(
+                        role="assistant",
+                        content=reply.text or None,
+                        reasoning_content=reply.reasoning_text or None,
+                        tool_calls=reply.tool_calls,
+                    ),
                     logprobs=self._chat_logprobs(meta, 0) if request.logprobs else None,
                     finish_reason=finish_reason,  # type: ignore[arg-type]
                     matched_stop=matched,
@@ -220,11 +279,13 @@ class OpenAIServingChat(OpenAIServingBase):
     ) -> AsyncIterator[bytes]:
         sent_text: dict[int, int] = {}
         sent_logprobs: dict[int, int] = {}
+        parsers: dict[int, ChoiceStreamParser] = {}
         finish: dict[int, tuple[str, int | str | None]] = {}
         last_meta: dict[int, dict[str, Any]] = {}  # choice index -> its latest meta_info
         last_id = ""
 
-        def chunk(rid: str, choice: ChatCompletionResponseStreamChoice) -> bytes:
+        def chunk(rid: str, index: int, delta: DeltaMessage, **kw: Any) -> bytes:
+            choice = ChatCompletionResponseStreamChoice(index=index, delta=delta, **kw)
             return sse(
                 ChatCompletionStreamResponse(
                     id=rid, created=int(time.time()), model=request.model, choices=[choice]
@@ -234,42 +295,50 @@ class OpenAIServingChat(OpenAIServingBase):
         async for content in self.tokenizer_manager.generate_request(adapted, raw_request):
             index: int = content.get("index", 0)
             meta: dict[str, Any] = content["meta_info"]
-            last_id = meta["id"]
+            rid = last_id = meta["id"]
             last_meta[index] = meta
             finish_reason, matched = finish_fields(meta)
             if finish_reason:
                 finish[index] = (finish_reason, matched)
             if index not in sent_text:
                 sent_text[index] = 0
-                first = DeltaMessage(role="assistant", content="")
-                yield chunk(
-                    meta["id"], ChatCompletionResponseStreamChoice(index=index, delta=first)
+                parsers[index] = ChoiceStreamParser(
+                    request,
+                    self.reasoning_parser,
+                    self.tool_call_parser,
+                    self._force_reasoning(request),
                 )
+                yield chunk(rid, index, DeltaMessage(role="assistant", content=""))
             delta = content["text"][sent_text[index] :]
-            if not delta:
-                # Tokens without new text (e.g. a stop string forming) keep their logprobs
-                # for the next content chunk.
-                continue
             sent_text[index] = len(content["text"])
+            parsed = parsers[index].feed(delta, finished=finish_reason is not None)
+            if parsed.reasoning_text:
+                yield chunk(rid, index, DeltaMessage(reasoning_content=parsed.reasoning_text))
+            if parsers[index].tools_active:
+                # SGLang sends answer text and call pieces without logprobs here.
+                if parsed.normal_text:
+                    yield chunk(rid, index, DeltaMessage(content=parsed.normal_text))
+                for call in parsed.tool_calls:
+                    yield chunk(rid, index, DeltaMessage(tool_calls=[call]))
+                continue
+            if not parsed.normal_text:
+                # Tokens without new answer text (e.g. a stop string forming, reasoning)
+                # keep their logprobs for the next content chunk.
+                continue
             logprobs = None
             if request.logprobs:
                 logprobs = self._chat_logprobs(meta, sent_logprobs.get(index, 0))
                 sent_logprobs[index] = len(meta.get("output_token_logprobs", []))
-            yield chunk(
-                meta["id"],
-                ChatCompletionResponseStreamChoice(
-                    index=index, delta=DeltaMessage(content=delta), logprobs=logprobs
-                ),
-            )
+            yield chunk(rid, index, DeltaMessage(content=parsed.normal_text), logprobs=logprobs)
         for index, (finish_reason, matched) in finish.items():
+            if finish_reason == "stop" and parsers[index].has_tool_calls:
+                finish_reason = "tool_calls"  # matched_stop stays (SGLang's stream does so)
             yield chunk(
                 last_id,
-                ChatCompletionResponseStreamChoice(
-                    index=index,
-                    delta=DeltaMessage(),
-                    finish_reason=finish_reason,  # type: ignore[arg-type]
-                    matched_stop=matched,
-                ),
+                index,
+                DeltaMessage(),
+                finish_reason=finish_reason,
+                matched_stop=matched,
             )
         if request.stream_options and request.stream_options.include_usage:
             metas = [last_meta[i] for i in sorted(last_meta)]
