@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.utils.device import to_device
+
 if TYPE_CHECKING:
     from mini_sglang.managers.schedule_batch import Req
 
@@ -66,8 +68,12 @@ class PenalizerOrchestrator:
                     if 0 <= t < vocab_size:
                         stop_mask[i, t] = True
 
+        # Through pinned memory (to_device): a pageable copy would stall the overlap loop.
         def col(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32).view(-1, 1).to(device)
+            return to_device(torch.tensor(values, dtype=torch.float32).view(-1, 1), device)
+
+        def ints(values: list[int]) -> torch.Tensor:
+            return to_device(torch.tensor(values, dtype=torch.int64), device)
 
         return cls(
             vocab_size=vocab_size,
@@ -75,13 +81,11 @@ class PenalizerOrchestrator:
             frequency=col([sp.frequency_penalty for sp in sps]),
             presence=col([sp.presence_penalty for sp in sps]),
             repetition=col([sp.repetition_penalty for sp in sps]),
-            output_counts=counts.to(device),
-            seen=seen.to(device),
-            min_new_tokens=torch.tensor([sp.min_new_tokens for sp in sps], dtype=torch.int64).to(
-                device
-            ),
-            generated=torch.tensor([len(r.output_ids) for r in reqs], dtype=torch.int64).to(device),
-            stop_mask=stop_mask.to(device),
+            output_counts=to_device(counts, device),
+            seen=to_device(seen, device),
+            min_new_tokens=ints([sp.min_new_tokens for sp in sps]),
+            generated=ints([len(r.output_ids) for r in reqs]),
+            stop_mask=to_device(stop_mask, device),
         )
 
     @classmethod
