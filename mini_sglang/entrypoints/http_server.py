@@ -321,6 +321,7 @@ def launch_server(server_args) -> None:
 
     import uvicorn
 
+    from mini_sglang.entrypoints.control_routes import mount_control_routes
     from mini_sglang.entrypoints.engine import launch_subprocesses
     from mini_sglang.entrypoints.openai.routes import mount_openai_routes
     from mini_sglang.entrypoints.weight_routes import mount_weight_routes
@@ -331,6 +332,7 @@ def launch_server(server_args) -> None:
     set_global_state(GlobalState(tm, info, server_args))
     mount_openai_routes(app)
     mount_weight_routes(app)
+    mount_control_routes(app)
 
     def on_term(signum, frame) -> None:
         logger.info("Received signal %d; shutting down.", signum)

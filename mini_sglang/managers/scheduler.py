@@ -31,6 +31,7 @@ from mini_sglang.managers.scheduler_grammar import SchedulerGrammarMixin
 from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
 from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
 from mini_sglang.managers.scheduler_prefill import SchedulerPrefillMixin
+from mini_sglang.managers.scheduler_profiler import SchedulerProfilerMixin
 from mini_sglang.managers.scheduler_retraction import SchedulerRetractionMixin
 from mini_sglang.managers.scheduler_update_weights import SchedulerUpdateWeightsMixin
 from mini_sglang.managers.tp_worker import TpModelWorker
@@ -52,6 +53,7 @@ class Scheduler(
     SchedulerMetricsMixin,
     SchedulerRetractionMixin,
     SchedulerUpdateWeightsMixin,
+    SchedulerProfilerMixin,
 ):
     def __init__(
         self,
@@ -112,6 +114,7 @@ class Scheduler(
         self._send_to_tokenizer = send_to_tokenizer or (lambda out: None)
         self.init_metrics()
         self.init_grammar()
+        self.init_profiler()
         self._dispatch: dict[type, Callable[[Any], Any]] = {
             TokenizedGenerateReqInput: self.handle_generate_request,
             BatchTokenizedGenerateReqInput: self.handle_batch_generate_request,
@@ -120,6 +123,7 @@ class Scheduler(
             GetInternalStateReq: self.get_internal_state,
         }
         self._dispatch.update(self.update_weights_dispatch())
+        self._dispatch.update(self.profiler_dispatch())
         logger.info(
             "max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%d, "
             "max_running_requests=%d, context_len=%d, available_gpu_mem=%s",
@@ -278,6 +282,7 @@ class Scheduler(
     def run_batch(self, batch: ScheduleBatch):
         """Launch the forward; the decode input of the next step is this step's device
         output, so the next step can be prepared before these tokens reach the host."""
+        self.count_forward_step(batch)  # the profiler starts/stops between steps
         batch.sampling_info.vocab_mask = self.build_vocab_mask(batch)
         result = self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
         batch.output_ids = result.next_token_ids

@@ -28,9 +28,11 @@ from mini_sglang.managers.io_struct import (
     GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    ProfileReqOutput,
     TokenizedGenerateReqInput,
 )
 from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
+from mini_sglang.managers.tokenizer_manager_control import wait_while_paused
 from mini_sglang.managers.tokenizer_manager_output import build_meta_info
 from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
 from mini_sglang.model_config import ModelConfig
@@ -94,7 +96,11 @@ class TokenizerManager:
             BatchStrOutput: self._handle_batch_output,
             FlushCacheReqOutput: self._handle_reply,
             GetInternalStateReqOutput: self._handle_reply,
+            ProfileReqOutput: self._handle_reply,
         }
+        # /pause_generation: new generate requests wait on this (tokenizer_manager_control).
+        self.is_pause = False
+        self.is_pause_cond = asyncio.Condition()
 
     # ---- the receive loop ----------------------------------------------------------
     def auto_create_handle_loop(self) -> None:
@@ -237,6 +243,7 @@ class TokenizerManager:
         self.auto_create_handle_loop()
         created = time.time()
         obj.normalize_batch_and_arguments()
+        await wait_while_paused(self)
         subs = [obj] if obj.is_single else [obj[i] for i in range(len(obj))]
         # Validate everything before sending anything: a bad sub-request fails the batch.
         tokenized = [self._tokenize_one(sub) for sub in subs]

@@ -1,0 +1,119 @@
+"""HTTP routes for profiling and pause / continue (SGLang 0.5.4's paths, bodies and replies).
+
+- GET|POST /start_profile, optional JSON body ProfileReqInput -> 200 text "Start profiling.\\n"
+- GET|POST /stop_profile -> 200 text "Stop profiling. This will take some time.\\n"
+  A scheduler refusal (start while a trace runs, stop without one, no usable activity) is
+  what 0.5.4's uncaught RuntimeError gives: 500 text "Internal Server Error"; the reason is
+  logged. A body that does not fit ProfileReqInput is SGLang's validation 400.
+- POST /pause_generation -> 200 {"message": "Generation paused successfully.", "status": "ok"}
+- POST /continue_generation -> 200 {"message": "Generation continued successfully.", "status": "ok"}
+  (bodies ignored, as in 0.5.4; semantics in managers/tokenizer_manager_control.py)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from mini_sglang.entrypoints.http_server import get_state, orjson_response
+from mini_sglang.managers import tokenizer_manager_control as tmc
+from mini_sglang.managers.io_struct import ProfileReqInput
+
+logger = logging.getLogger("mini_sglang")
+
+# Field -> accepted JSON types (pydantic's check in SGLang; bool is not an int here).
+_PROFILE_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "output_dir": (str,),
+    "start_step": (int,),
+    "num_steps": (int,),
+    "activities": (list,),
+    "profile_by_stage": (bool,),
+    "with_stack": (bool,),
+    "record_shapes": (bool,),
+    "merge_profiles": (bool,),
+    "profile_id": (str,),
+}
+_NULLABLE = {"output_dir", "start_step", "num_steps", "activities", "with_stack"}
+_NULLABLE |= {"record_shapes", "profile_id"}
+
+
+def _bad_request(message: str) -> Response:
+    # SGLang turns FastAPI's 422 for a body that fails validation into this 400.
+    body = {"object": "error", "message": message, "type": "Bad Request", "param": None}
+    return orjson_response({**body, "code": 400}, 400)
+
+
+def _internal_error() -> Response:
+    # What Starlette answers for the RuntimeError SGLang's route lets escape.
+    return Response("Internal Server Error", 500, media_type="text/plain; charset=utf-8")
+
+
+def parse_profile_body(raw: bytes) -> ProfileReqInput:
+    """ProfileReqInput from a (possibly empty) JSON body; unknown keys are ignored, a wrong
+    type raises ValueError."""
+    if not raw.strip():
+        return ProfileReqInput()
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"body: JSON decode error: {e}") from None
+    if body is None:
+        return ProfileReqInput()
+    if not isinstance(body, dict):
+        raise ValueError("body: Input should be a valid dictionary or object")
+    fields = {f.name for f in dataclasses.fields(ProfileReqInput)}
+    kwargs = {}
+    for key, value in body.items():
+        if key not in fields or key not in _PROFILE_FIELD_TYPES:
+            continue
+        if value is None and key in _NULLABLE:
+            kwargs[key] = None
+            continue
+        types = _PROFILE_FIELD_TYPES[key]
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise ValueError(f"body.{key}: Input should be of type {types[0].__name__}")
+        if key == "activities" and not all(isinstance(a, str) for a in value):
+            raise ValueError("body.activities: Input should be a list of strings")
+        kwargs[key] = value
+    return ProfileReqInput(**kwargs)
+
+
+def mount_control_routes(app: FastAPI) -> None:
+    """Add the profiling and pause routes to `app` (called once by launch_server)."""
+
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request) -> Response:
+        try:
+            obj = parse_profile_body(await request.body())
+        except ValueError as e:
+            return _bad_request(str(e))
+        try:
+            await tmc.start_profile(get_state().tokenizer_manager, obj)
+        except RuntimeError as e:
+            logger.error("/start_profile failed: %s", e)
+            return _internal_error()
+        return Response("Start profiling.\n", 200)
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile() -> Response:
+        try:
+            await tmc.stop_profile(get_state().tokenizer_manager)
+        except RuntimeError as e:
+            logger.error("/stop_profile failed: %s", e)
+            return _internal_error()
+        return Response("Stop profiling. This will take some time.\n", 200)
+
+    @app.post("/pause_generation")
+    async def pause_generation() -> Response:
+        await tmc.pause_generation(get_state().tokenizer_manager)
+        return orjson_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> Response:
+        await tmc.continue_generation(get_state().tokenizer_manager)
+        return orjson_response({"message": "Generation continued successfully.", "status": "ok"})

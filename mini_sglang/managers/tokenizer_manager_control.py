@@ -1,0 +1,82 @@
+"""TokenizerManager side of profiling and of pause / continue (SGLang 0.5.4 semantics).
+
+Profiling: one ProfileReq goes to every scheduler rank (and, with --dp-size N, to every
+replica, whose N replies are merged); a reply with success=False raises RuntimeError, which
+the HTTP layer turns into SGLang's 500. The profile id is the start time, unless given.
+
+Pause (0.5.4's TokenizerManager.pause_generation): mark the server paused and abort every
+in-flight request (they finish with an abort reason and free their KV as any abort does).
+While paused, `generate_request` parks each new request before tokenizing it, so nothing new
+reaches the scheduler, which idles; continue releases the parked requests in arrival order.
+Pausing twice or continuing while running are harmless no-ops beyond the abort.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Optional
+
+from mini_sglang.managers.io_struct import (
+    ProfileReq,
+    ProfileReqInput,
+    ProfileReqOutput,
+    ProfileReqType,
+)
+
+if TYPE_CHECKING:
+    from mini_sglang.managers.tokenizer_manager import TokenizerManager
+
+
+async def start_profile(
+    tm: TokenizerManager, obj: Optional[ProfileReqInput] = None
+) -> ProfileReqOutput:
+    obj = obj or ProfileReqInput()
+    # SGLang: stacks are on unless the request or SGLANG_PROFILE_WITH_STACK turns them off.
+    env_stack = os.getenv("SGLANG_PROFILE_WITH_STACK", "true").lower() in ("true", "1")
+    with_stack = obj.with_stack is not False and env_stack
+    req = ProfileReq(
+        type=ProfileReqType.START_PROFILE,
+        output_dir=obj.output_dir,
+        start_step=obj.start_step,
+        num_steps=obj.num_steps,
+        activities=obj.activities,
+        with_stack=with_stack,
+        record_shapes=obj.record_shapes,
+        profile_by_stage=obj.profile_by_stage,
+        profile_id=obj.profile_id or str(time.time()),
+        merge_profiles=obj.merge_profiles,
+    )
+    return await _execute_profile(tm, req)
+
+
+async def stop_profile(tm: TokenizerManager) -> ProfileReqOutput:
+    return await _execute_profile(tm, ProfileReq(type=ProfileReqType.STOP_PROFILE))
+
+
+async def _execute_profile(tm: TokenizerManager, req: ProfileReq) -> ProfileReqOutput:
+    # No timeout: writing a long trace can take minutes.
+    out = await tm._request_reply(req, ProfileReqOutput, timeout=None)
+    if not out.success:
+        raise RuntimeError(out.message)
+    return out
+
+
+async def pause_generation(tm: TokenizerManager) -> None:
+    async with tm.is_pause_cond:
+        tm.is_pause = True
+        tm.abort_request(abort_all=True)
+
+
+async def continue_generation(tm: TokenizerManager) -> None:
+    async with tm.is_pause_cond:
+        tm.is_pause = False
+        tm.is_pause_cond.notify_all()
+
+
+async def wait_while_paused(tm: TokenizerManager) -> None:
+    """Return at once unless paused; else when /continue_generation is called."""
+    if not tm.is_pause:
+        return
+    async with tm.is_pause_cond:
+        await tm.is_pause_cond.wait_for(lambda: not tm.is_pause)

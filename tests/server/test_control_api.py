@@ -1,0 +1,220 @@
+"""/start_profile, /stop_profile, /pause_generation and /continue_generation on the real
+multi-process server (the shared tiny-Llama `server`), with SGLang 0.5.4's replies.
+
+Profiling: a num_steps profile stops by itself and leaves a gzipped Chrome trace named
+`<profile id>-TP-0.trace.json.gz`; a manual one is written by /stop_profile; a second start
+or a stop without a start is 0.5.4's 500; a badly typed body is the validation 400;
+bench_serving --profile drives both routes (trace in the default dir, /tmp).
+Pause (0.5.4): in-flight requests are aborted, a /generate sent while paused is held (the
+scheduler never sees it) until /continue_generation, then completes with the same greedy
+output as an unpaused run; afterwards every KV slot is free and the idle check is clean.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.server.conftest import ServerHandle, parse_sse
+
+START_TEXT = "Start profiling.\n"
+STOP_TEXT = "Stop profiling. This will take some time.\n"
+PAUSED = {"message": "Generation paused successfully.", "status": "ok"}
+CONTINUED = {"message": "Generation continued successfully.", "status": "ok"}
+PROMPT_IDS = [11, 22, 33, 44, 55]
+
+
+def greedy(n: int, **kw: Any) -> dict:
+    return {"max_new_tokens": n, "temperature": 0.0, **kw}
+
+
+def load_trace(path: str | Path) -> dict:
+    """A gzipped Chrome trace with complete ("X") events, as torch.profiler writes it."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        trace = json.load(fh)
+    events = trace["traceEvents"]
+    assert isinstance(events, list) and events, path
+    assert any(e.get("ph") == "X" and e.get("name") for e in events), path
+    return trace
+
+
+def wait_for_files(pattern: str, timeout: float = 30.0) -> list[str]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        files = glob.glob(pattern)
+        if files:
+            time.sleep(0.2)  # the export writes a temp file and renames it; let it finish
+            return files
+        time.sleep(0.1)
+    raise AssertionError(f"no file matching {pattern} within {timeout}s")
+
+
+def generate(server: ServerHandle, input_ids: list[int], n: int, **kw: Any) -> dict:
+    r = server.post("/generate", json={"input_ids": input_ids, "sampling_params": greedy(n, **kw)})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture
+def no_profile_left(server: ServerHandle):
+    yield
+    server.post("/stop_profile")  # a failed test must not leave a trace running
+
+
+# ---- profiling --------------------------------------------------------------------------
+def test_profile_num_steps_stops_by_itself(server: ServerHandle, tmp_path: Path, no_profile_left):
+    r = server.post(
+        "/start_profile",
+        json={"output_dir": str(tmp_path), "num_steps": 3, "activities": ["CPU"]},
+    )
+    assert r.status_code == 200 and r.text == START_TEXT
+    for i in range(2):
+        generate(server, PROMPT_IDS[i:], 6, ignore_eos=True)
+    (path,) = wait_for_files(str(tmp_path / "*.trace.json.gz"))
+    # SGLang's name: the profile id (start time) and the TP rank.
+    assert re.fullmatch(r"\d+\.\d+-TP-0\.trace\.json\.gz", os.path.basename(path)), path
+    load_trace(path)
+    # Already stopped by num_steps: a stop now is 0.5.4's unhandled RuntimeError.
+    r = server.post("/stop_profile")
+    assert r.status_code == 500 and r.text == "Internal Server Error"
+
+
+def test_profile_manual_and_errors(server: ServerHandle, tmp_path: Path, no_profile_left):
+    r = server.post("/stop_profile")
+    assert (r.status_code, r.text) == (500, "Internal Server Error")
+    body = {
+        "output_dir": str(tmp_path / "sub"),  # created at stop
+        "profile_id": "manual",
+        "record_shapes": True,
+        "with_stack": False,
+        "unknown_key": 1,  # ignored, as FastAPI ignores it
+    }
+    r = server.post("/start_profile", json=body)
+    assert (r.status_code, r.text) == (200, START_TEXT)
+    r = server.post("/start_profile", json=body)  # already running
+    assert (r.status_code, r.text) == (500, "Internal Server Error")
+    generate(server, PROMPT_IDS, 4)
+    r = server.get("/stop_profile")
+    assert (r.status_code, r.text) == (200, STOP_TEXT)
+    # Written before the reply.
+    trace = load_trace(tmp_path / "sub" / "manual-TP-0.trace.json.gz")
+    assert any("Input Dims" in (e.get("args") or {}) for e in trace["traceEvents"])
+    r = server.post("/start_profile", json={"num_steps": "three"})
+    assert r.status_code == 400 and r.json()["code"] == 400
+    r = server.post("/stop_profile")
+    assert r.status_code == 500  # the bad body started nothing
+
+
+def test_bench_serving_profile(server: ServerHandle, tmp_path: Path, no_profile_left):
+    # bench_serving POSTs without a body: traces go to $SGLANG_TORCH_PROFILER_DIR or /tmp.
+    pattern = "/tmp/[0-9]*.[0-9]*-TP-0.trace.json.gz"
+    before = set(glob.glob(pattern))
+    cmd = [
+        sys.executable,
+        "-m",
+        "mini_sglang.bench_serving",
+        "--backend",
+        "sglang",
+        "--dataset-name",
+        "random-ids",
+        "--num-prompts",
+        "4",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "4",
+        "--port",
+        str(server.port),
+        "--output-file",
+        str(tmp_path / "bench.jsonl"),
+        "--disable-tqdm",
+        "--profile",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Profiler started" in proc.stdout and "Profiler stopped" in proc.stdout, proc.stdout
+    new = set(glob.glob(pattern)) - before
+    try:
+        assert len(new) == 1, new
+        load_trace(next(iter(new)))
+    finally:
+        for f in new:
+            os.remove(f)
+
+
+# ---- pause / continue -------------------------------------------------------------------
+def _in_thread(fn, *args: Any) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn(*args)
+        except Exception as e:  # reported by the test
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def _stream_long(server: ServerHandle, started: threading.Event) -> list[dict]:
+    body = {"input_ids": [3, 4, 5], "sampling_params": greedy(400, ignore_eos=True)}
+    body["stream"] = True
+    with requests.post(server.base_url + "/generate", json=body, stream=True, timeout=120) as r:
+        chunks = []
+        for chunk in r.iter_content(chunk_size=None):
+            chunks.append(chunk)
+            started.set()
+        return parse_sse(b"".join(chunks))
+
+
+def _scheduler_load(server: ServerHandle) -> tuple[int, int]:
+    state = server.get("/get_server_info").json()["internal_states"][0]
+    return state["num_running_reqs"], state["num_queue_reqs"]
+
+
+def test_pause_aborts_holds_and_continues(server: ServerHandle):
+    reference = generate(server, PROMPT_IDS, 8)["output_ids"]
+    started = threading.Event()
+    long_t, long_box = _in_thread(_stream_long, server, started)
+    assert started.wait(30), long_box
+    try:
+        r = server.post("/pause_generation")
+        assert r.status_code == 200 and r.json() == PAUSED
+        # 0.5.4: pausing aborts what is in flight.
+        long_t.join(30)
+        assert not long_t.is_alive() and "error" not in long_box, long_box
+        events = long_box["result"]
+        assert events[-1]["meta_info"]["finish_reason"]["type"] == "abort", events[-1]
+        assert sum(len(e["output_ids"]) for e in events) < 400
+        # A request sent while paused waits in the TokenizerManager, not the scheduler.
+        held_t, held_box = _in_thread(generate, server, PROMPT_IDS, 8)
+        time.sleep(1.5)
+        assert held_t.is_alive(), held_box
+        assert _scheduler_load(server) == (0, 0)
+        assert server.post("/pause_generation").json() == PAUSED  # pausing again is fine
+        time.sleep(0.5)
+        assert held_t.is_alive(), held_box
+    finally:
+        r = server.post("/continue_generation")
+    assert r.status_code == 200 and r.json() == CONTINUED
+    held_t.join(60)
+    assert not held_t.is_alive() and "error" not in held_box, held_box
+    out = held_box["result"]
+    assert out["output_ids"] == reference
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert server.post("/continue_generation").json() == CONTINUED  # not paused: no-op
+    assert generate(server, PROMPT_IDS, 8)["output_ids"] == reference
+    assert server.wait_memory_all_free()["failures"] == 0
