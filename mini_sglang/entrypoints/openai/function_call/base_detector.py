@@ -106,9 +106,10 @@ class CallStreamer:
         return out
 
     def close(self) -> list[ToolCallItem]:
-        """The reply ended inside this call: complete its arguments JSON as far as it
-        went (SGLang sends the same rest), so clients still get valid JSON."""
-        if self.complete or self.failed or not self.name_sent or self._value is None:
+        """The call broke off (reply ended, or malformed JSON followed): complete its
+        arguments JSON as far as it went (SGLang sends the same rest at the end of the
+        reply), so clients still get valid JSON."""
+        if self.complete or not self.name_sent or self._value is None:
             return []
         return self._send(json.dumps(call_arguments(self._value), ensure_ascii=False))
 
@@ -156,13 +157,14 @@ class BaseFormatDetector:
         call = self._call
         assert call is not None
         out.calls.extend(call.feed(self._buf))
-        if call.failed:  # the buffer still holds its text; formats skip to their next marker
-            self._call = None
-            return True
-        if not call.complete:
+        if not (call.failed or call.complete):
             return False
-        self._buf = self._buf[call.end :]
+        # A failed call leaves its text in the buffer: formats skip to their next marker.
+        if call.complete and not call.failed:
+            self._buf = self._buf[call.end :]
         self._call = None
-        if call.name_sent:
+        if call.name_sent:  # a named call keeps its index even if it broke off later
             self._next_index += 1
+        if call.failed:
+            out.calls.extend(call.close())
         return True
