@@ -8,7 +8,9 @@ Pause (0.5.4's TokenizerManager.pause_generation): mark the server paused and ab
 in-flight request (they finish with an abort reason and free their KV as any abort does).
 While paused, `generate_request` parks each new request before tokenizing it, so nothing new
 reaches the scheduler, which idles; continue releases the parked requests in arrival order.
-Pausing twice or continuing while running are harmless no-ops beyond the abort.
+Pausing twice or continuing while running are harmless no-ops beyond the abort. The
+/health probe is a generate request too, so, as in 0.5.4, /health answers 503 while paused
+(after SGLANG_HEALTH_CHECK_TIMEOUT); weight updates and other control requests still run.
 """
 
 from __future__ import annotations
