@@ -226,6 +226,20 @@ class Engine(EngineWeightsMixin):
     def flush_cache(self) -> bool:
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache()).success
 
+    def start_profile(self, **kwargs: Any) -> None:
+        """/start_profile's body as keyword arguments (output_dir, num_steps, activities, ...)."""
+        from mini_sglang.managers import tokenizer_manager_control as control
+        from mini_sglang.managers.io_struct_control import ProfileReqInput
+
+        tm = self.tokenizer_manager
+        self.loop.run_until_complete(control.start_profile(tm, ProfileReqInput(**kwargs)))
+
+    def stop_profile(self) -> None:
+        """Stop the profiler; every rank's trace is written when this returns."""
+        from mini_sglang.managers import tokenizer_manager_control as control
+
+        self.loop.run_until_complete(control.stop_profile(self.tokenizer_manager))
+
     def get_server_info(self) -> dict:
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
         return {

@@ -7,6 +7,8 @@ or through the context manager) must leave no child process behind.
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
 from collections.abc import Iterator
 
 import psutil
@@ -116,6 +118,17 @@ def test_invalid_request_raises_value_error(engine):
         engine.generate("hi", {"temperature": -1})
     # Still usable afterwards.
     assert len(engine.generate("hi", {**GREEDY, "max_new_tokens": 2})["output_ids"]) == 2
+
+
+def test_start_and_stop_profile_write_a_trace(engine, tmp_path):
+    engine.start_profile(output_dir=str(tmp_path), profile_id="eng")
+    engine.generate("hi", {**GREEDY, "max_new_tokens": 3})
+    engine.stop_profile()
+    (trace,) = tmp_path.glob("eng-TP-0*.trace.json.gz")
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert events
+    with pytest.raises(RuntimeError):
+        engine.stop_profile()  # not running any more
 
 
 def test_shutdown_leaves_no_children(engine):
