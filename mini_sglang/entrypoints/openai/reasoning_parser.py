@@ -134,7 +134,7 @@ class ReasoningDetector:
             return None
         self._reasoning_begun = True
         self._buf = self._buf[len(emit) :]
-        return ReasoningResult(reasoning_text=emit) if emit else None
+        return ReasoningResult(reasoning_text=emit)
 
     def _step_answer(self) -> ReasoningResult | None:
         if not self._answer_begun:
