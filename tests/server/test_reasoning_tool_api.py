@@ -303,3 +303,20 @@ def test_bad_tool_requests(pserver: ServerHandle) -> None:
         if message:
             assert body["message"].startswith(message), body
     assert requests.get(f"{pserver.base_url}/health", timeout=30).status_code == 200
+
+
+def test_reasoning_then_tool_call(pserver: ServerHandle) -> None:
+    """A think block followed by a call: reasoning_content, no content, tool_calls."""
+    regex = r"<think>\n[a-z]{1,8}\n</think>\n\n" + QWEN_CALL_REGEX.split(r"\.\n", 1)[1]
+    body = {"tools": [WEATHER], "regex": regex}
+    (choice,) = _chat(pserver, **body)["choices"]
+    message = choice["message"]
+    assert re.fullmatch(r"[a-z]{1,8}\n", message["reasoning_content"]), message
+    assert message["content"] is None and choice["finish_reason"] == "tool_calls"
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    _check_weather_args(call["function"]["arguments"])
+    streamed = _collect(_stream(pserver, **body))
+    assert streamed["reasoning"] == message["reasoning_content"] and streamed["content"] == ""
+    assert streamed["calls"] == {0: ["get_weather", call["function"]["arguments"]]}
+    assert streamed["finish"][0] == "tool_calls"
