@@ -23,6 +23,8 @@ import json
 
 import torch
 
+from mini_sglang.utils.cuda_timing import cuda_time_ms
+
 KERNELS = ("fi_tc", "fi_cc", "triton")
 
 
@@ -98,18 +100,6 @@ def kernel_fn(name: str, q, k, v, pool, args, workspace):
     return run
 
 
-def time_us(fn, iters: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return 1000 * start.elapsed_time(end) / iters
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--q-heads", type=int, default=32)
@@ -141,7 +131,7 @@ def main() -> None:
             for name in args.kernels:
                 fn = kernel_fn(name, q, k, v, pool, args, workspace)
                 err = (fn().float() - ref).abs().max().item() if ref is not None else float("nan")
-                us = time_us(fn)
+                us = 1000 * cuda_time_ms(fn, iters=50, warmup=5)
                 tbs = kv_bytes / us / 1e6
                 row += f"{us:>12.1f}{tbs:>7.2f}{err:>8.0e}"
                 if args.out:

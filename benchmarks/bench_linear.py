@@ -12,11 +12,14 @@ of a decode step, to set against bench_one_batch's ms/token.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from mini_sglang.utils.cuda_timing import cuda_time_ms
 
 MODELS_DIR = Path(__file__).parent / "models"
 
@@ -46,15 +49,8 @@ def time_linear(m: int, n: int, k: int, iters: int = 30) -> float:
     copies = max(2, -(-(256 << 20) // weight_bytes))
     ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-    for w in ws:
-        F.linear(x, w)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for i in range(iters):
-        F.linear(x, ws[i % copies])
-    end.record()
-    end.synchronize()
-    return 1000 * start.elapsed_time(end) / iters
+    turn = itertools.count()
+    return 1000 * cuda_time_ms(lambda: F.linear(x, ws[next(turn) % copies]), iters, copies)
 
 
 def main() -> None:

@@ -14,6 +14,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from mini_sglang.utils.cuda_timing import cuda_time_ms
+
 try:
     import triton
     import triton.language as tl
@@ -84,22 +86,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple) -> torch.Tensor:
     return out
 
 
-def _time(fn, iters: int = 20) -> float:
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def _pick(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
-    best, best_t = None, _time(lambda: F.linear(x, w))
+    best, best_t = None, cuda_time_ms(lambda: F.linear(x, w))
     for cfg in _CONFIGS:
         try:
-            t = _time(lambda cfg=cfg: gemv(x, w, cfg))
+            t = cuda_time_ms(lambda cfg=cfg: gemv(x, w, cfg))
         except Exception:  # a config the compiler rejects on this card
             continue
         if t < best_t * 0.95:
