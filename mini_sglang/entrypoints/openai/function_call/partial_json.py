@@ -9,6 +9,11 @@ are left out. Text that can never become JSON raises `MalformedJSON`.
 `stable_prefix(value)` is `json.dumps(value, ensure_ascii=False)` without the closers of
 the open containers and strings: a prefix of the final serialisation, which is what lets a
 stream send tool-call arguments before the JSON is complete.
+
+Hand-written rather than SGLang's `partial_json_parser` dependency: that library returns
+ordinary closed values (an open string comes back as a finished one), so a stream cannot
+tell which serialised text is final; SGLang works around it by diffing consecutive parses.
+Marking what is still open makes the final prefix exact, in one small module.
 """
 
 from __future__ import annotations
