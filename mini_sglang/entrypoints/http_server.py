@@ -13,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
-from mini_sglang.managers.io_struct import GenerateReqInput
+from mini_sglang.managers.io_struct import (
+    AbortReq,
+    BodyValidationError,
+    GenerateReqInput,
+    validate_dataclass,
+)
 from mini_sglang.managers.tokenizer_manager import RequestAborted
 
 logger = logging.getLogger("mini_sglang")
@@ -66,6 +72,22 @@ def sse_event(data: Any) -> bytes:
     return b"data: " + orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
 
 
+def validation_error_response(message: str) -> Response:
+    """SGLang's 400 for a body that fails its pydantic / dataclass validation."""
+    return orjson_response(
+        {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
+        400,
+    )
+
+
+def validate_body(cls: type, body: dict, fields: Iterable[str]) -> Any:
+    """`cls` (a dataclass) from the `fields` of `body` (other keys ignored), type-checked as
+    SGLang's FastAPI does; raises BodyValidationError. Checked in the HTTP process so that
+    no ill-typed value reaches the scheduler."""
+    wanted = set(fields)
+    return validate_dataclass(cls, {k: v for k, v in body.items() if k in wanted})
+
+
 app = FastAPI()
 
 
@@ -75,10 +97,7 @@ async def validation_exception_handler(request: Request, exc: RequestValidationE
     message = "; ".join(
         f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg')}" for e in exc.errors()
     )
-    return orjson_response(
-        {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
-        400,
-    )
+    return validation_error_response(message)
 
 
 class APIKeyMiddleware:
@@ -232,13 +251,19 @@ async def flush_cache() -> Response:
 
 @app.post("/abort_request")
 async def abort_request(request: Request) -> Response:
+    """{"rid": str, "abort_all": bool} -> 200 (empty). A body that is no object or has a
+    wrong-typed field is a 400 (a list rid used to crash the scheduler's prefix match)."""
     try:
         body = orjson.loads(await request.body() or b"{}")
     except orjson.JSONDecodeError as e:
         return error_response(f"Invalid JSON: {e}")
-    get_state().tokenizer_manager.abort_request(
-        rid=body.get("rid", "") or "", abort_all=bool(body.get("abort_all", False))
-    )
+    if not isinstance(body, dict):
+        return validation_error_response("body: Input should be a valid dictionary or object")
+    try:
+        obj = validate_body(AbortReq, body, ("rid", "abort_all"))
+    except BodyValidationError as e:
+        return validation_error_response(str(e))
+    get_state().tokenizer_manager.abort_request(rid=obj.rid or "", abort_all=obj.abort_all)
     return Response(status_code=200)
 
 
@@ -258,6 +283,8 @@ async def generate_request(request: Request) -> Response:
     tm = get_state().tokenizer_manager
     try:
         obj = GenerateReqInput.from_json_dict(await parse_json_body(request))
+    except BodyValidationError as e:
+        return validation_error_response(str(e))
     except (ValueError, TypeError) as e:
         return error_response(str(e))
     if obj.stream:

@@ -2,7 +2,10 @@
 
 `{"success", "message"}` (plus `num_paused_requests` from disk) with 200 on success and 400
 on failure; /get_weights_by_name returns the (truncated) nested list, or 400
-{"error": {"message"}}. A body that does not fit the request dataclass is a 400.
+{"error": {"message"}}. A body that does not fit the request dataclass (a missing field, a
+wrong JSON type) is SGLang's validation 400 {"object": "error", "message": "body.<field>:
+...", "type": "Bad Request", ...}, checked here so that no ill-typed value reaches the
+scheduler (where e.g. a list as group_name used to crash it).
 """
 
 from __future__ import annotations
@@ -14,9 +17,16 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from mini_sglang.entrypoints.http_server import error_response, get_state, orjson_response
+from mini_sglang.entrypoints.http_server import (
+    error_response,
+    get_state,
+    orjson_response,
+    validate_body,
+    validation_error_response,
+)
 from mini_sglang.managers import tokenizer_manager_parallel as tmp
 from mini_sglang.managers.io_struct import (
+    BodyValidationError,
     DestroyWeightsUpdateGroupReqInput,
     GetWeightsByNameReqInput,
     InitWeightsUpdateGroupReqInput,
@@ -27,7 +37,9 @@ from mini_sglang.managers.io_struct import (
 
 
 async def _parse(request: Request, cls: type) -> Any:
-    """The request dataclass from the JSON body (unknown keys ignored); ValueError if bad."""
+    """The request dataclass from the JSON body (unknown keys ignored), its fields checked
+    against their annotations as SGLang's FastAPI / pydantic does (lax: "3" is an int, 3 is
+    no str). Raises ValueError for bad JSON, BodyValidationError for a misfit body."""
     raw = await request.body()
     try:
         body = orjson.loads(raw) if raw else {}
@@ -38,10 +50,13 @@ async def _parse(request: Request, cls: type) -> Any:
     if request.method == "GET" and not body:
         body = dict(request.query_params)
     names = {f.name for f in dataclasses.fields(cls)} - {"rid", "http_worker_ipc"}
-    try:
-        return cls(**{k: v for k, v in body.items() if k in names})
-    except TypeError as e:
-        raise ValueError(str(e)) from None
+    return validate_body(cls, body, names)
+
+
+def _parse_error(e: ValueError) -> Response:
+    if isinstance(e, BodyValidationError):
+        return validation_error_response(str(e))
+    return error_response(str(e))
 
 
 def _reply(out: Any, **extra: Any) -> Response:
@@ -54,7 +69,7 @@ def _forwarding_route(req_cls: type, call: Any):
         try:
             obj = await _parse(request, req_cls)
         except ValueError as e:
-            return error_response(str(e))
+            return _parse_error(e)
         return _reply(await call(get_state().tokenizer_manager, obj))
 
     return route
@@ -68,7 +83,7 @@ def mount_weight_routes(app: FastAPI) -> None:
         try:
             obj = await _parse(request, UpdateWeightFromDiskReqInput)
         except ValueError as e:
-            return error_response(str(e))
+            return _parse_error(e)
         out = await tmp.update_weights_from_disk(get_state().tokenizer_manager, obj)
         return _reply(out, num_paused_requests=out.num_paused_requests)
 
@@ -94,9 +109,8 @@ def mount_weight_routes(app: FastAPI) -> None:
     async def get_weights_by_name(request: Request) -> Response:
         try:
             obj = await _parse(request, GetWeightsByNameReqInput)
-            obj.truncate_size = int(obj.truncate_size)
         except ValueError as e:
-            return error_response(str(e))
+            return _parse_error(e)
         ret = await tmp.get_weights_by_name(get_state().tokenizer_manager, obj)
         if ret is None:
             return error_response("Get parameter by name failed")
@@ -107,7 +121,7 @@ def mount_weight_routes(app: FastAPI) -> None:
         try:
             obj = await _parse(request, UpdateWeightVersionReqInput)
         except ValueError as e:
-            return error_response(str(e))
+            return _parse_error(e)
         tm = get_state().tokenizer_manager
         if obj.abort_all_requests:
             tm.abort_request(abort_all=True)

@@ -14,7 +14,10 @@ import copy
 import dataclasses
 import uuid
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Optional, Union
+
+from pydantic import TypeAdapter, ValidationError
 
 from mini_sglang.managers.io_struct_control import *  # noqa: F401,F403  (re-export)
 from mini_sglang.managers.io_struct_output import (  # noqa: F401  (re-export)
@@ -23,6 +26,32 @@ from mini_sglang.managers.io_struct_output import (  # noqa: F401  (re-export)
     BatchTokenIDOutput,
 )
 from mini_sglang.sampling.sampling_params import SamplingParams
+
+
+class BodyValidationError(ValueError):
+    """A JSON body whose fields do not fit the request type's annotations: what SGLang's
+    FastAPI / pydantic answers with 400 {"object": "error", "type": "Bad Request", ...}."""
+
+
+def validate_dataclass(cls: type, body: dict[str, Any]) -> Any:
+    """`cls(**body)` with every field checked against its annotation the way SGLang's
+    FastAPI / pydantic checks a request body (lax: "3" is an int, but 3 is no str).
+    Raises BodyValidationError naming each bad field ("body.<field>: <why>")."""
+    try:
+        return _adapter(cls).validate_python(body)
+    except ValidationError as e:
+        raise BodyValidationError(
+            "; ".join(
+                f"{'.'.join(str(p) for p in ('body', *err['loc']))}: {err['msg']}"
+                for err in e.errors()
+            )
+        ) from None
+
+
+@cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
 
 # Per-request fields that may be given once for the whole batch or as a list (one entry per
 # prompt), with their defaults; normalize_batch_and_arguments broadcasts them.
@@ -96,12 +125,16 @@ class GenerateReqInput:
 
     @classmethod
     def from_json_dict(cls, d: dict[str, Any]) -> GenerateReqInput:
-        """Build from a parsed JSON body, ignoring unknown top-level keys (SGLang 0.5.23)."""
+        """Build from a parsed JSON body, ignoring unknown top-level keys (SGLang 0.5.23).
+
+        Field types are checked as SGLang's pydantic does (BodyValidationError): an
+        ill-typed value such as a nested token_ids_logprob for one prompt or a string
+        top_logprobs_num must never reach the scheduler."""
         if not isinstance(d, dict):
             raise ValueError("The request body must be a JSON object.")
         # http_worker_ipc is routing state set by the server, never by a client.
         names = {f.name for f in dataclasses.fields(cls) if f.init} - {"http_worker_ipc"}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return validate_dataclass(cls, {k: v for k, v in d.items() if k in names})
 
     # ------------------------------------------------------------------ normalisation
     def normalize_batch_and_arguments(self) -> None:
@@ -180,6 +213,8 @@ class GenerateReqInput:
             raise ValueError("sampling_params should be a dict for a single request.")
         if self.rid is None:
             self.rid = uuid.uuid4().hex
+        elif not isinstance(self.rid, str):  # a list would be an unhashable request key
+            raise ValueError("The rid should be a string for a single request.")
         if self.return_logprob is None:
             self.return_logprob = False
         if self.logprob_start_len is None:
