@@ -215,15 +215,8 @@ class TokenizerManager:
                     "the completion. Please reduce the number of tokens in the input messages "
                     "or the completion to fit within the limit."
                 )
-        if (
-            obj.return_logprob
-            and obj.logprob_start_len is not None
-            and obj.logprob_start_len >= n_in
-        ):
-            raise ValueError(
-                f"logprob_start_len ({obj.logprob_start_len}) is greater than or equal to the "
-                f"length of the input ({n_in})."
-            )
+        if obj.return_logprob:
+            self._check_logprob_args(obj, n_in)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
             input_text=text,
@@ -236,6 +229,30 @@ class TokenizerManager:
             stream=obj.stream,
             data_parallel_rank=obj.data_parallel_rank,
         )
+
+    def _check_logprob_args(self, obj: GenerateReqInput, n_in: int) -> None:
+        """Range checks of the logprob options (types were checked at parsing). The
+        scheduler indexes logprob rows with them, so an out-of-range value used to crash it
+        (a token id past the vocab, top_logprobs_num above it)."""
+        vocab = self.model_config.vocab_size
+        start = obj.logprob_start_len
+        if start is not None and start >= n_in:
+            raise ValueError(
+                f"logprob_start_len ({start}) is greater than or equal to the "
+                f"length of the input ({n_in})."
+            )
+        if start is not None and start < -1:
+            raise ValueError(f"logprob_start_len must be -1 or at least 0, got {start}.")
+        if obj.top_logprobs_num is not None and not 0 <= obj.top_logprobs_num <= vocab:
+            raise ValueError(
+                f"top_logprobs_num must be in [0, {vocab}], got {obj.top_logprobs_num}."
+            )
+        for t in obj.token_ids_logprob or []:  # one prompt's list: flat ints only
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(
+                    f"token_ids_logprob must be a list of token ids in [0, {vocab - 1}], "
+                    f"got {t!r} in it."
+                )
 
     async def generate_request(self, obj: GenerateReqInput, request: Any = None) -> AsyncIterator:
         """Yields output dicts: one per stream event (single request), or for a batch one
