@@ -53,6 +53,10 @@ def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
 
 
+# Upper bound of the `n` sampling param. SGLang has none, but a batch is expanded into n
+# sub-request objects up front, so n = 2**31 exhausted the HTTP process's memory.
+MAX_PARALLEL_SAMPLES = 1024
+
 # Per-request fields that may be given once for the whole batch or as a list (one entry per
 # prompt), with their defaults; normalize_batch_and_arguments broadcasts them.
 _PER_REQUEST_FIELDS: dict[str, Any] = {
@@ -195,6 +199,8 @@ class GenerateReqInput:
             raise ValueError("sampling_params should be a dict or a list of dicts.")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be at least 1, got {n}.")
+        if n > MAX_PARALLEL_SAMPLES:
+            raise ValueError(f"n must be at most {MAX_PARALLEL_SAMPLES}, got {n}.")
         self.parallel_sample_num = n
         if n > 1 and self.is_single:
             # One prompt sampled n times is a batch of n (SGLang).
