@@ -38,6 +38,7 @@ from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.process import get_zmq_socket
+from mini_sglang.utils.unicode_check import ensure_valid_unicode
 
 logger = logging.getLogger("mini_sglang")
 
@@ -183,6 +184,7 @@ class TokenizerManager:
             if self.tokenizer is None:
                 raise ValueError("--skip-tokenizer-init is set: give input_ids instead of text.")
             text = obj.text
+            ensure_valid_unicode(text, "text")
             input_ids = self.tokenizer.encode(text)
         vocab = self.model_config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in input_ids):

@@ -24,6 +24,8 @@ try:  # Python 3.11+ keeps the regex parser here; sre_parse is a deprecated alia
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
+from mini_sglang.utils.unicode_check import ensure_valid_unicode
+
 logger = logging.getLogger(__name__)
 
 _SAMPLING_EPS = 1e-6
@@ -230,6 +232,7 @@ class SamplingParams:
                 self.stop_strs = [self.stop_strs]
             max_len = 0
             for stop_str in self.stop_strs:
+                ensure_valid_unicode(stop_str, "stop")
                 if tokenizer is not None:
                     n = len(tokenizer.encode(stop_str, add_special_tokens=False))
                 else:

@@ -36,6 +36,7 @@ from mini_sglang.entrypoints.openai.reasoning_parser import ReasoningParser
 from mini_sglang.entrypoints.openai.serving_base import create_error_response, json_response
 from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from mini_sglang.utils.unicode_check import ensure_valid_unicode
 
 logger = logging.getLogger("mini_sglang")
 
@@ -122,6 +123,12 @@ def mount_openai_routes(app: FastAPI) -> None:
         if not isinstance(max_len, int) or max_len > _MAX_JSON_INT:
             max_len = tm.context_len
         add = request.add_special_tokens
+        prompts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
+        try:
+            for p in prompts:
+                ensure_valid_unicode(p, "prompt")
+        except ValueError as e:
+            return create_error_response(str(e))
         if isinstance(request.prompt, str):
             ids = tm.tokenizer.encode(request.prompt, add_special_tokens=add)
             return json_response(
