@@ -29,6 +29,7 @@ from mini_sglang.managers.io_struct import (
     validate_dataclass,
 )
 from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.utils.unicode_check import json_safe
 
 logger = logging.getLogger("mini_sglang")
 
@@ -65,7 +66,7 @@ def orjson_response(content: Any, status_code: int = 200) -> Response:
 
 
 def error_response(message: str, status_code: int = 400) -> Response:
-    return orjson_response({"error": {"message": message}}, status_code)
+    return orjson_response({"error": {"message": json_safe(message)}}, status_code)
 
 
 def sse_event(data: Any) -> bytes:
@@ -74,10 +75,8 @@ def sse_event(data: Any) -> bytes:
 
 def validation_error_response(message: str) -> Response:
     """SGLang's 400 for a body that fails its pydantic / dataclass validation."""
-    return orjson_response(
-        {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
-        400,
-    )
+    body = {"object": "error", "message": json_safe(message), "type": "Bad Request"}
+    return orjson_response({**body, "param": None, "code": 400}, 400)
 
 
 def validate_body(cls: type, body: dict, fields: Iterable[str]) -> Any:
@@ -294,7 +293,7 @@ async def generate_request(request: Request) -> Response:
                 async for out in tm.generate_request(obj, request):
                     yield sse_event(out)
             except (ValueError, TypeError) as e:
-                yield sse_event({"error": {"message": str(e)}})
+                yield sse_event({"error": {"message": json_safe(str(e))}})
             except RequestAborted:
                 return
             yield b"data: [DONE]\n\n"

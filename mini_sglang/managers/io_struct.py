@@ -221,6 +221,9 @@ class GenerateReqInput:
             self.rid = uuid.uuid4().hex
         elif not isinstance(self.rid, str):  # a list would be an unhashable request key
             raise ValueError("The rid should be a string for a single request.")
+        for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
+            if isinstance(getattr(self, name), list):  # the scheduler compares them to ints
+                raise ValueError(f"{name} should be a single value for a single request.")
         if self.return_logprob is None:
             self.return_logprob = False
         if self.logprob_start_len is None:

@@ -553,16 +553,32 @@ REGRESSIONS: list[tuple[str, Any, int, str]] = [
     # n is expanded into n sub-request objects up front: 2**31 exhausted the memory.
     ("/generate", {"text": "hi", "sampling_params": {"n": 2**31}}, 400, "n must be at most 1024"),
     ("/v1/completions", {"model": "m", "prompt": "hi", "n": 10**9}, 400, "n must be at most 1024"),
-    # A lone surrogate made the HF tokenizer raise an opaque TypeError (500 on /tokenize).
-    ("/tokenize", {"prompt": "a\ud800"}, 400, "prompt is not valid Unicode: it contains a lone"),
-    ("/v1/completions", {"model": "m", "prompt": "\ud800", "max_tokens": 2}, 400, "not valid Unicode"),
+    # A lone surrogate made the HF tokenizer raise an opaque TypeError (500 on /tokenize),
+    # and failed serialising a response that echoes it (the rid) after generating.
+    ("/tokenize", {"prompt": "a\ud800"}, 400, "body: Invalid Unicode: "),
+    ("/v1/completions", {"model": "m", "prompt": "\ud800", "max_tokens": 2}, 400, "body: Invalid Unicode: "),
     (
         "/v1/chat/completions",
         {"model": "m", "messages": [{"role": "user", "content": "\udfff"}], "max_tokens": 2},
         400,
-        "A message's content is not valid Unicode",
+        "body: Invalid Unicode: ",
     ),
-    ("/v1/completions", {"model": "m", "prompt": "hi", "stop": ["\ud800"]}, 400, "stop is not valid"),
+    ("/v1/completions", {"model": "m", "prompt": "hi", "stop": ["\ud800"]}, 400, "body: Invalid Unicode: "),
+    # An error message quoting a lone surrogate could not be serialised: 500.
+    (
+        "/separate_reasoning",
+        {"text": "a", "reasoning_parser": "\ud800"},
+        400,
+        "Unsupported model type: \\ud800",
+    ),
+    ("/v1/chat/completions", {"model": "m", "messages": MSGS, "max_tokens": 1, "rid": "\ud800"}, 400, "Invalid Unicode"),
+    # A list logprob option on a single prompt reached an int comparison: TypeError.
+    (
+        "/generate",
+        {"text": "hi", "return_logprob": True, "top_logprobs_num": [3], "sampling_params": SP},
+        400,
+        "top_logprobs_num should be a single value for a single request.",
+    ),
 ]  # fmt: skip
 
 

@@ -24,6 +24,7 @@ from mini_sglang.entrypoints.openai.protocol import ErrorResponse, LogProbs, Usa
 from mini_sglang.managers.io_struct import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
 from mini_sglang.sampling.sampling_params import SamplingParams
+from mini_sglang.utils.unicode_check import json_safe
 
 logger = logging.getLogger("mini_sglang")
 
@@ -42,7 +43,7 @@ def create_error_response(
     status_code: int = 400,
     param: str | None = None,
 ) -> Response:
-    error = ErrorResponse(message=message, type=err_type, param=param, code=status_code)
+    error = ErrorResponse(message=json_safe(message), type=err_type, param=param, code=status_code)
     return json_response(error, status_code)
 
 
@@ -50,7 +51,7 @@ def streaming_error_event(
     message: str, err_type: str = "BadRequestError", code: int = 400
 ) -> bytes:
     """`data: {"error": {...ErrorResponse...}}` for errors after the stream started."""
-    error = ErrorResponse(message=message, type=err_type, param=None, code=code)
+    error = ErrorResponse(message=json_safe(message), type=err_type, param=None, code=code)
     return b"data: " + orjson.dumps({"error": error.model_dump()}) + b"\n\n"
 
 

@@ -59,7 +59,6 @@ from mini_sglang.entrypoints.openai.serving_base import (
 )
 from mini_sglang.entrypoints.openai.serving_completions import _extra_key
 from mini_sglang.managers.io_struct import GenerateReqInput
-from mini_sglang.utils.unicode_check import ensure_valid_unicode
 
 # OpenAI's defaults, used when neither the request nor generation_config.json sets a value.
 _DEFAULT_SAMPLING = {
@@ -129,12 +128,6 @@ class OpenAIServingChat(OpenAIServingBase):
                 "whose tokenizer_config.json defines one."
             )
         messages = [self._message_dict(m) for m in request.messages]
-        for m in messages:
-            content = m.get("content")
-            parts = content if isinstance(content, list) else [{"text": content}]
-            for part in parts:
-                if isinstance(part.get("text"), str):
-                    ensure_valid_unicode(part["text"], "A message's content")
         prefix = None
         if request.continue_final_message and messages[-1]["role"] == "assistant":
             prefix = messages.pop()["content"]
