@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.server.api_fuzz_cases import MSGS, Case, build_cases
+from tests.server.api_fuzz_cases import MSGS, PROFILE_DIR, Case, build_cases
 from tests.server.conftest import EOS_PROMPT, ServerHandle, TinyModel, launch_server, parse_sse
 
 # FUZZ_SEED / FUZZ_CASES explore further (e.g. before a release); the suite uses the default.
@@ -168,6 +169,7 @@ def fuzz_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHand
     )
     yield handle
     handle.stop()
+    shutil.rmtree(PROFILE_DIR, ignore_errors=True)  # traces of cases that started a profile
 
 
 def _greedy_ids(server: ServerHandle) -> list[int]:
