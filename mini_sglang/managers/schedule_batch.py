@@ -44,6 +44,7 @@ class BatchSnapshot:
     # Rows decode_start.. are decodes: all rows of a DECODE batch, none of an EXTEND batch,
     # the running requests appended to a MIXED batch.
     decode_start: int
+    has_grammar: bool  # some row is constrained (see ScheduleBatch.reqs)
 
     def is_decode_row(self, i: int) -> bool:
         return i >= self.decode_start
@@ -87,6 +88,18 @@ class ScheduleBatch:
         self.output_ids: torch.Tensor | None = None  # device, last sampled token per row
         self.sampling_info: SamplingBatchInfo | None = None
         self.return_logprob = False
+
+    @property
+    def reqs(self) -> list[Req]:
+        return self._reqs
+
+    @reqs.setter
+    def reqs(self, reqs: list[Req]) -> None:
+        """Membership changes only here (never in place), so per-row facts that stay fixed
+        while a request is in a batch are computed once per change, not once per step."""
+        self._reqs = reqs
+        self.has_grammar = any(r.grammar is not None for r in reqs)
+        self.has_logprob_reqs = any(r.return_logprob for r in reqs)
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -160,7 +173,7 @@ class ScheduleBatch:
             if p > r.already_computed:
                 r.cached_tokens += p - r.already_computed
             r.already_computed = s
-        self.return_logprob = any(r.return_logprob for r in reqs)
+        self.return_logprob = self.has_logprob_reqs
         self.extend_logprob_start_lens = [
             max(r.logprob_start_len - p, 0) if r.return_logprob else e
             for r, p, e in zip(reqs, self.prefix_lens, self.extend_lens)
@@ -191,7 +204,7 @@ class ScheduleBatch:
         self.seq_lens_dev = new_lens_dev
         self.seq_lens = self.seq_lens + 1
         self.input_ids = self.output_ids
-        self.return_logprob = any(r.return_logprob for r in self.reqs)
+        self.return_logprob = self.has_logprob_reqs
         self.decode_start = 0
         self.prefix_lens, self.extend_lens, self.extend_logprob_start_lens = [], [], []
 
@@ -281,6 +294,7 @@ class ScheduleBatch:
             out_cache_loc=self.out_cache_loc,
             extend_logprob_start_lens=list(self.extend_logprob_start_lens),
             decode_start=self.decode_start,
+            has_grammar=self.has_grammar,
         )
 
     def get_model_worker_batch(self) -> ModelWorkerBatch:

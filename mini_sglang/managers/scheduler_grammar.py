@@ -142,6 +142,8 @@ class SchedulerGrammarMixin:
         """The packed bitmask of allowed next tokens per row, on the device; None when no
         row is constrained. Needs every grammar row's previous token accepted already (see
         Scheduler._needs_settled_outputs for how overlap guarantees it)."""
+        if not batch.has_grammar:
+            return None
         rows = [
             (i, r.grammar)
             for i, r in enumerate(batch.reqs)
@@ -169,6 +171,9 @@ class SchedulerGrammarMixin:
 
     def pending_has_grammar(self: Scheduler) -> bool:
         """Whether the batch still in flight (overlap) has a constrained request."""
-        return self._pending is not None and any(
-            r.grammar is not None and not r.finished() for r in self._pending[0].reqs
+        pending = self._pending
+        return (
+            pending is not None
+            and pending[0].has_grammar
+            and any(r.grammar is not None and not r.finished() for r in pending[0].reqs)
         )
