@@ -128,6 +128,9 @@ class BaseFormatDetector:
         self._buf = ""
         self._call: CallStreamer | None = None
         self._next_index = 0
+        # The format's stream state; in "text" the buffer holds answer text kept back in
+        # case it is the start of a call marker.
+        self._mode = "text"
 
     def has_tool_call(self, text: str) -> bool:
         """Whether `text` contains this format's call marker."""
@@ -146,6 +149,9 @@ class BaseFormatDetector:
         out = StreamingParseResult()
         if self._call is not None:
             out.calls.extend(self._call.close())
+        if self._mode == "text":
+            out.normal_text += self._buf
+        self._buf = ""
         return out
 
     def _start_call(self, tools: Sequence[Any]) -> None:

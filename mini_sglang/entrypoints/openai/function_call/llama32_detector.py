@@ -113,10 +113,3 @@ class Llama32Detector(BaseFormatDetector):
             else:  # dead: a malformed call ends the parsing of this reply
                 self._buf = ""
         return out
-
-    def finish(self, tools: Sequence[Any]) -> StreamingParseResult:
-        out = super().finish(tools)
-        if self._mode == "text":
-            out.normal_text += self._buf
-        self._buf = ""
-        return out

@@ -87,10 +87,3 @@ class Qwen25Detector(BaseFormatDetector):
                 return ""  # leading whitespace before a call is stripped
             self._text_begun = True
         return text
-
-    def finish(self, tools: Sequence[Any]) -> StreamingParseResult:
-        out = super().finish(tools)
-        if self._mode == "text":
-            out.normal_text += self._buf
-        self._buf = ""
-        return out
