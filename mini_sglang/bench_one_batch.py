@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="write a torch.profiler kernel table of 20 decode steps to this file",
     )
+    parser.add_argument(
+        "--sync-debug",
+        action="store_true",
+        help="scheduler mode, CUDA: list the host<->device syncs of one run by call site",
+    )
     args = parser.parse_args(argv)
     server_args = ServerArgs.from_cli_args(args)
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
@@ -247,6 +252,14 @@ def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
     scheduler.test_outputs = outputs
     worker = scheduler.tp_worker
     run_scheduler(scheduler, 1, 16, 8, seed=99)  # warm-up
+    if args.sync_debug:
+        from mini_sglang.utils.sync_debug import find_syncs
+
+        bs, il, ol = args.batch_size[0], args.input_len[0], args.output_len[0]
+        sites = find_syncs(lambda: run_scheduler(scheduler, bs, il, ol, 5))
+        print(f"Host-device syncs in {ol} steps at bs={bs}: {sum(sites.values())}")
+        for site, n in sites.most_common():
+            print(f"  {n:6d}  {site}")
     if args.profile:
         import cProfile
         import pstats

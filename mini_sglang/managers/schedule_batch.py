@@ -123,7 +123,8 @@ class ScheduleBatch:
             table[rows, (prefix_dev - 1).clamp(min=0)].long(),
             torch.full_like(prefix_dev, -1),
         )
-        out = self.allocator.alloc_extend(prefix_dev, self.seq_lens_dev, last_loc, total)
+        # host lengths: the allocator counts pages from them without a device sync
+        out = self.allocator.alloc_extend(prefix_lens, seq_lens, last_loc, total)
         if out is None:
             raise OutOfKVMemoryError(
                 f"Prefill needs {total} KV slots, {self.allocator.available_size()} free"
@@ -195,7 +196,7 @@ class ScheduleBatch:
             out = self.allocator.alloc(bs)
         else:
             last_loc = table[rows, cols - 1].long()
-            out = self.allocator.alloc_decode(new_lens_dev, last_loc)
+            out = self.allocator.alloc_decode(new_lens_dev, last_loc, self.seq_lens + 1)
         if out is None:
             raise OutOfKVMemoryError(f"Decode needs {bs} KV slots")
         table[rows, cols] = out.to(torch.int32)

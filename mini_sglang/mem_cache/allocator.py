@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from mini_sglang.utils.device import to_device
+
 
 class BaseTokenToKVPoolAllocator:
     """Shared free-page bookkeeping; a "page" is one slot when page_size == 1.
@@ -138,7 +140,12 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """With one-slot pages there is no partial page to continue: just alloc(n)."""
         return self.alloc(extend_num_tokens)
 
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+    def alloc_decode(
+        self,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        seq_lens_cpu: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """One slot per request."""
         return self.alloc(len(seq_lens))
 
@@ -188,23 +195,30 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         8..11 -> 36..39 and position 12 -> 12 (page 3 stays partially filled).
         """
         ps = self.page_size
-        prefix_lens = prefix_lens.to(device=self.device, dtype=torch.int64)
-        seq_lens = seq_lens.to(device=self.device, dtype=torch.int64)
-        last_loc = last_loc.to(device=self.device, dtype=torch.int64)
-        extend_lens = seq_lens - prefix_lens
-        # Pages each request already has (its last may be partial) and needs in all.
-        pages_before = (prefix_lens + ps - 1) // ps
-        new_pages_per_req = (seq_lens + ps - 1) // ps - pages_before
-        pages = self._take_pages(int(new_pages_per_req.sum()))
+        # Page counts come from host copies of the lengths: counting them on the device
+        # would sync the host with the GPU queue (stalling overlap scheduling), as would a
+        # repeat_interleave without output_size.
+        prefix_cpu = prefix_lens.to(device="cpu", dtype=torch.int64)
+        seq_cpu = seq_lens.to(device="cpu", dtype=torch.int64)
+        if int((seq_cpu - prefix_cpu).sum()) != extend_num_tokens:
+            raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq - prefix)")
+        pages_before_cpu = (prefix_cpu + ps - 1) // ps
+        new_pages_cpu = (seq_cpu + ps - 1) // ps - pages_before_cpu
+        pages = self._take_pages(int(new_pages_cpu.sum()))
         if pages is None:
             return None
 
+        prefix_lens = to_device(prefix_cpu, self.device)
+        pages_before = to_device(pages_before_cpu, self.device)
+        new_pages_per_req = to_device(new_pages_cpu, self.device)
+        extend_lens = to_device(seq_cpu, self.device) - prefix_lens
+        last_loc = last_loc.to(device=self.device, dtype=torch.int64)
         # Vectorised over tokens: req id, position and the request's first new page.
         req_ids = torch.repeat_interleave(
-            torch.arange(len(seq_lens), device=self.device), extend_lens
+            torch.arange(len(seq_cpu), device=self.device),
+            extend_lens,
+            output_size=extend_num_tokens,
         )
-        if len(req_ids) != extend_num_tokens:
-            raise ValueError(f"extend_num_tokens {extend_num_tokens} != {len(req_ids)}")
         out_start = torch.cumsum(extend_lens, 0) - extend_lens
         page_start = torch.cumsum(new_pages_per_req, 0) - new_pages_per_req
         token_idx = torch.arange(extend_num_tokens, device=self.device)
@@ -218,23 +232,32 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         new_slot = pages[page_ord] * ps + pos % ps if len(pages) else old_slot
         return torch.where(in_old_page, old_slot, new_slot)
 
-    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> torch.Tensor | None:
+    def alloc_decode(
+        self,
+        seq_lens: torch.Tensor,
+        last_loc: torch.Tensor,
+        seq_lens_cpu: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """One slot per request for position seq_lens[r]-1 (seq_lens are the NEW lengths).
 
         last_loc[r] is the slot of position seq_lens[r]-2. A request whose new token starts
         a page (seq_len % page_size == 1) takes a fresh page; the others write last_loc+1.
         Example, page_size 4: seq_len 6, last_loc 21 -> 22; seq_len 5 -> first slot of a new
-        page (its previous page ended at position 3).
+        page (its previous page ended at position 3). seq_lens_cpu (the same lengths on the
+        host) lets the page count be taken without waiting for the GPU, as SGLang does;
+        without it, counting syncs when seq_lens lives on the GPU.
         """
         ps = self.page_size
         seq_lens = seq_lens.to(device=self.device, dtype=torch.int64)
         last_loc = last_loc.to(device=self.device, dtype=torch.int64)
-        needs_page = (seq_lens - 1) % ps == 0
-        pages = self._take_pages(int(needs_page.sum()))
+        host_lens = seq_lens if seq_lens_cpu is None else seq_lens_cpu
+        num_new_pages = int(((host_lens - 1) % ps == 0).sum())
+        pages = self._take_pages(num_new_pages)
         if pages is None:
             return None
-        if len(pages) == 0:
+        if num_new_pages == 0:
             return last_loc + 1
+        needs_page = (seq_lens - 1) % ps == 0
         page_ord = (torch.cumsum(needs_page.to(torch.int64), 0) - 1).clamp(min=0)
         return torch.where(needs_page, pages[page_ord] * ps, last_loc + 1)
 
