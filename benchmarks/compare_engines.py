@@ -58,7 +58,7 @@ print(json.dumps({"decode_ms_per_token": 1000 * dec, "output_tok_s": sum(o["meta
 }
 
 
-def run_ours(model_dir: str) -> dict:
+def run_ours(model_dir: str, extra_args: list[str]) -> dict:
     res: dict = {}
     out = subprocess.run(
         [
@@ -77,6 +77,7 @@ def run_ours(model_dir: str) -> dict:
             "1024",
             "--mode",
             "scheduler",
+            *extra_args,
         ],
         capture_output=True,
         text=True,
@@ -95,6 +96,7 @@ def run_ours(model_dir: str) -> dict:
             "dummy",
             "--preset",
             "nano-vllm",
+            *extra_args,
         ],
         capture_output=True,
         text=True,
@@ -129,8 +131,14 @@ def main() -> None:
         default="both",
         help="run one side only (e.g. when device time is short); the other column shows nan",
     )
+    ap.add_argument(
+        "--ours-args",
+        default="",
+        help="server flags for mini-sglang's runs, e.g. '--chunked-prefill-size 16384' to "
+        "match the second engine's 16384-token prefill batches",
+    )
     args = ap.parse_args()
-    ours = run_ours(args.model_dir) if args.only != "second" else {}
+    ours = run_ours(args.model_dir, args.ours_args.split()) if args.only != "second" else {}
     name, theirs = run_second(args.model_dir) if args.only != "ours" else ("none", None)
     print(f"{'measure':<36}{'mini-sglang':>14}{name:>14}")
     for key in ("decode_ms_per_token", "output_tok_s"):
@@ -142,7 +150,8 @@ def main() -> None:
         print(f"{name}: {theirs['error']}")
     if args.out:
         with open(args.out, "a") as f:
-            f.write(json.dumps({"model": args.model_dir, "ours": ours, name: theirs}) + "\n")
+            row = {"model": args.model_dir, "ours_args": args.ours_args, "ours": ours, name: theirs}
+            f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

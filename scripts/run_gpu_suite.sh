@@ -53,9 +53,11 @@ for step in "${steps[@]}"; do
         | tee "$OUT/gpu_default_model.log" | tail -15 ;;
     compare)
       # Side by side with sgl-project/mini-sglang (staged by scripts/stage_minisgl.sh; put
-      # .minisgl on PYTHONPATH), same card, same call.
+      # .minisgl on PYTHONPATH), same card, same call. OURS_ARGS: flags for our side, e.g.
+      # "--chunked-prefill-size 16384" (the second engine prefills 16384 tokens a batch).
       for m in $MODELS; do
-        python benchmarks/compare_engines.py --model-dir "/tmp/m/$m" --out "$OUT/compare.jsonl" 2>&1 \
+        python benchmarks/compare_engines.py --model-dir "/tmp/m/$m" --out "$OUT/compare.jsonl" \
+          --ours-args "${OURS_ARGS:-}" 2>&1 \
           | tee -a "$OUT/compare.log" | tail -6
       done ;;
     decode_ab)

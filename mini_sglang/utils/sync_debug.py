@@ -23,7 +23,7 @@ def find_syncs(fn: Callable[[], object]) -> collections.Counter[str]:
     sites: collections.Counter[str] = collections.Counter()
 
     def record(message, category, filename, lineno, file=None, line=None) -> None:
-        if "synchronizing" not in str(message):
+        if "synchronizing" not in str(message) or "prototype" in str(message):
             return
         frames = [f for f in traceback.extract_stack()[:-1] if "mini_sglang" in f.filename]
         f = frames[-1] if frames else None
