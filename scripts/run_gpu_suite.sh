@@ -57,7 +57,7 @@ for step in "${steps[@]}"; do
       # "--chunked-prefill-size 16384" (the second engine prefills 16384 tokens a batch).
       for m in $MODELS; do
         python benchmarks/compare_engines.py --model-dir "/tmp/m/$m" --out "$OUT/compare.jsonl" \
-          --ours-args "${OURS_ARGS:-}" 2>&1 \
+          --ours-args="${OURS_ARGS:-}" 2>&1 \
           | tee -a "$OUT/compare.log" | tail -6
       done ;;
     decode_ab)
