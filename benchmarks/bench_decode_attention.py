@@ -10,7 +10,8 @@ pool looks like), plans once, then times 50 calls with CUDA events for:
   fi_cc  the same with CUDA cores
   triton mini-sglang's split-KV kernel (triton_ops/decode_attention.py), 8 splits
 Each kernel's output is first checked against the fp32 softmax reference on the same data
-(max abs error printed), so a fast-but-wrong kernel shows up. "TB/s" counts the K and V
+(max abs error printed; nan where batch x context > 65536, too large for the reference),
+so a fast-but-wrong kernel shows up. "TB/s" counts the K and V
 bytes every call must read (batch x context x kv_heads x head_dim x 2 bytes x 2), the
 quantity a bandwidth-bound decode kernel is limited by (H100 ~3.35, H200 ~4.8 TB/s peak).
 Per layer of Llama-3.1-8B: --q-heads 32 --kv-heads 8 --head-dim 128; Qwen3-0.6B: 16 8 128.
