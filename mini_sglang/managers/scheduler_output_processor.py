@@ -37,6 +37,27 @@ class SchedulerOutputProcessorMixin:
         token here is surplus and the KV slot that step took for it is freed.
         """
         next_ids = result.token_list()
+        # One free for every request finishing here (SGLang groups them too): with pages,
+        # each free dedupes page ids on the device, which waits for the GPU queue.
+        self.allocator.free_group_begin()
+        try:
+            num_decoded = self._process_rows(batch, result, next_ids)
+        finally:
+            self.allocator.free_group_end()
+        if batch.forward_mode.is_extend() and batch.return_logprob:
+            self.add_input_logprobs(batch, result)
+        if batch.forward_mode.is_decode():
+            # SGLang decays the estimate on decode steps only (mixed steps leave it).
+            self.new_token_ratio = max(
+                self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
+            )
+        self.num_generated_tokens += num_decoded
+        self.stream_output(batch.reqs)
+
+    def _process_rows(
+        self, batch: BatchSnapshot, result: GenerationBatchResult, next_ids: list[int]
+    ) -> int:
+        """The per-row part of process_batch_result; returns the decode rows' token count."""
         num_decoded = 0
         for i, req in enumerate(batch.reqs):
             is_decode_row = batch.is_decode_row(i)
@@ -60,15 +81,7 @@ class SchedulerOutputProcessorMixin:
             elif not is_decode_row:
                 # The prompt just got its KV: insert it so later requests can share it.
                 self.tree_cache.cache_unfinished_req(req)
-        if batch.forward_mode.is_extend() and batch.return_logprob:
-            self.add_input_logprobs(batch, result)
-        if batch.forward_mode.is_decode():
-            # SGLang decays the estimate on decode steps only (mixed steps leave it).
-            self.new_token_ratio = max(
-                self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
-            )
-        self.num_generated_tokens += num_decoded
-        self.stream_output(batch.reqs)
+        return num_decoded
 
     def free_surplus_slot(self, batch: BatchSnapshot, i: int) -> None:
         """Free the KV slot a finished request took in a step launched before its finish
