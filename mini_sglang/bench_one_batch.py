@@ -252,7 +252,9 @@ def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
     scheduler.test_outputs = outputs
     worker = scheduler.tp_worker
     run_scheduler(scheduler, 1, 16, 8, seed=99)  # warm-up
-    if args.sync_debug:
+    if args.sync_debug and worker.device.type != "cuda":
+        print("--sync-debug needs a CUDA device (torch's sync debug mode); skipped")
+    elif args.sync_debug:
         from mini_sglang.utils.sync_debug import find_syncs
 
         bs, il, ol = args.batch_size[0], args.input_len[0], args.output_len[0]

@@ -41,3 +41,15 @@ def test_grouped_prefill_runs_and_frees_everything(tiny_llama_path: str):
     )  # fmt: skip
     assert [r["batch_size"] for r in out["results"]] == [5, 5]
     assert all(r["mean_decode_ms"] > 0 for r in out["results"])
+
+
+def test_scheduler_mode_sync_debug_on_cpu_says_it_needs_cuda(tiny_llama_path: str, capsys):
+    out = main(
+        [
+            "--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32",
+            "--mode", "scheduler", "--sync-debug", "--batch-size", "2", "--input-len", "8",
+            "--output-len", "4",
+        ]
+    )  # fmt: skip
+    assert "--sync-debug needs a CUDA device" in capsys.readouterr().out
+    assert [r["batch_size"] for r in out["results"]] == [2]
