@@ -43,17 +43,32 @@ def projections(model: str) -> dict[str, tuple[int, int]]:
     }
 
 
-def time_linear(m: int, n: int, k: int, iters: int = 30) -> float:
-    """Microseconds per F.linear([m, k] x [n, k]^T) in bf16, weights cold in L2."""
+def time_linear(m: int, n: int, k: int, iters: int = 30, op=F.linear) -> float:
+    """Microseconds per op([m, k], [n, k]) (default F.linear, i.e. x @ w^T) in bf16, weights
+    cold in L2."""
     weight_bytes = n * k * 2
     copies = max(2, -(-(256 << 20) // weight_bytes))
     ws = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)]
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     turn = itertools.count()
     # graph replay: the kernels' GPU time, as in a CUDA-graph decode step (see cuda_time_ms)
-    return 1000 * cuda_time_ms(
-        lambda: F.linear(x, ws[next(turn) % copies]), iters, copies, graph=True
-    )
+    return 1000 * cuda_time_ms(lambda: op(x, ws[next(turn) % copies]), iters, copies, graph=True)
+
+
+def time_triton_gemv(m: int, n: int, k: int) -> tuple[float, tuple] | None:
+    """(us, config) of layers/small_m_gemm.py's Triton GEMV at its best config, timed like
+    cuBLAS above; None where it does not apply (M above its limit)."""
+    from mini_sglang.layers.small_m_gemm import _CONFIGS, MAX_M, gemv
+
+    if m > MAX_M:
+        return None
+    timed = []
+    for cfg in _CONFIGS:
+        try:
+            timed.append((time_linear(m, n, k, op=lambda x, w, c=cfg: gemv(x, w, c)), cfg))
+        except Exception:  # a config the compiler rejects on this card (as _pick skips it)
+            continue
+    return min(timed) if timed else None
 
 
 def main() -> None:
@@ -62,6 +77,11 @@ def main() -> None:
     ap.add_argument("--model", choices=models, default="llama-3.1-8b")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 64, 128, 256])
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--triton",
+        action="store_true",
+        help="also time small_m_gemm's Triton GEMV (M <= 8), to check its per-shape pick",
+    )
     args = ap.parse_args()
     layers = config(args.model)["num_hidden_layers"]
     card = torch.cuda.get_device_name()
@@ -74,11 +94,14 @@ def main() -> None:
             tbs = n * k * 2 / us / 1e6
             tflops = 2 * m * n * k / us / 1e6
             step_us += us * (1 if name == "lm_head" else layers)
-            print(f"{m:>5}{name:>9}{n:>8}{k:>7}{us:>9.1f}{tbs:>7.2f}{tflops:>8.1f}")
+            tri = time_triton_gemv(m, n, k) if args.triton else None
+            extra = f"   triton {tri[0]:.1f} us {tri[1]}" if tri else ""
+            print(f"{m:>5}{name:>9}{n:>8}{k:>7}{us:>9.1f}{tbs:>7.2f}{tflops:>8.1f}{extra}")
             if args.out:
                 with open(args.out, "a") as f:
                     rec = {"model": args.model, "m": m, "gemm": name, "n": n, "k": k, "us": us,
-                           "weight_tb_s": tbs, "tflops": tflops, "card": card}  # fmt: skip
+                           "weight_tb_s": tbs, "tflops": tflops, "card": card,
+                           "triton_us": tri[0] if tri else None}  # fmt: skip
                     f.write(json.dumps(rec) + "\n")
         print(
             f"{m:>5} GEMMs of one decode step ({layers} layers + LM head): {step_us / 1000:.3f} ms"

@@ -99,7 +99,7 @@ for step in "${steps[@]}"; do
         done
       done
       for m in $MODELS; do  # and the decode GEMMs (cuBLAS) per batch size
-        python benchmarks/bench_linear.py --model "$m" --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
+        python benchmarks/bench_linear.py --model "$m" --triton --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
       done ;;
     save_jit)
       # bring the JIT caches back (flashinfer's, via .device/env.sh; Triton's) to refresh
