@@ -104,7 +104,9 @@ for step in "${steps[@]}"; do
     save_jit)
       # bring the JIT caches back (flashinfer's, via .device/env.sh; Triton's) to refresh
       # .device/flashinfer-cache.tgz for the next session
-      save_flashinfer_cache "$OUT"; tar czf "$OUT/triton-cache.tgz" -C ~ .triton 2>/dev/null; ls -la "$OUT"/*.tgz ;;
+      # (env.sh's save_flashinfer_cache function is not inherited by this child shell)
+      [ -d ~/.cache/flashinfer ] && tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer
+      tar czf "$OUT/triton-cache.tgz" -C ~ .triton 2>/dev/null; ls -la "$OUT"/*.tgz ;;
     serving)
       bash scripts/bench_serving_gpu.sh "/tmp/m/llama-3.1-8b" "$OUT" 2>&1 | tail -80 | tee -a "$OUT/serving.log" ;;
   esac
