@@ -110,6 +110,11 @@ def test_alloc_extend_and_decode_match_reference_on_fresh_pool(ps: int) -> None:
     out = a.alloc_decode(torch.tensor(seq_lens), torch.tensor(last_loc))
     expect = _reference_extend([s - 1 for s in seq_lens], seq_lens, last_loc, pages, ps)
     assert out.tolist() == (pages[:5] if ps == 1 else expect)
+    # The scheduler passes host copies of the lengths (the page count is taken from them,
+    # so it never waits for the GPU): same slots.
+    b = get_allocator(64 * ps, ps, debug=True)
+    host = torch.tensor(seq_lens)
+    assert b.alloc_decode(host.clone(), torch.tensor(last_loc), host).tolist() == out.tolist()
 
 
 @pytest.mark.parametrize("ps", [4, 16])
