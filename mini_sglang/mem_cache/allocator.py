@@ -140,13 +140,8 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """With one-slot pages there is no partial page to continue: just alloc(n)."""
         return self.alloc(extend_num_tokens)
 
-    def alloc_decode(
-        self,
-        seq_lens: torch.Tensor,
-        last_loc: torch.Tensor,
-        seq_lens_cpu: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
-        """One slot per request."""
+    def alloc_decode(self, seq_lens: torch.Tensor, *_: torch.Tensor | None) -> torch.Tensor | None:
+        """One slot per request (last_loc and host lengths do not matter with one-slot pages)."""
         return self.alloc(len(seq_lens))
 
 
