@@ -194,23 +194,24 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         # would sync the host with the GPU queue (stalling overlap scheduling), as would a
         # repeat_interleave without output_size.
         prefix_cpu = prefix_lens.to(device="cpu", dtype=torch.int64)
-        seq_cpu = seq_lens.to(device="cpu", dtype=torch.int64)
-        if int((seq_cpu - prefix_cpu).sum()) != extend_num_tokens:
+        extend_cpu = seq_lens.to(device="cpu", dtype=torch.int64) - prefix_cpu
+        if int(extend_cpu.sum()) != extend_num_tokens:
             raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq - prefix)")
+        # Pages each request already has (its last may be partial) and newly needs.
         pages_before_cpu = (prefix_cpu + ps - 1) // ps
-        new_pages_cpu = (seq_cpu + ps - 1) // ps - pages_before_cpu
+        new_pages_cpu = (prefix_cpu + extend_cpu + ps - 1) // ps - pages_before_cpu
         pages = self._take_pages(int(new_pages_cpu.sum()))
         if pages is None:
             return None
 
-        prefix_lens = to_device(prefix_cpu, self.device)
-        pages_before = to_device(pages_before_cpu, self.device)
-        new_pages_per_req = to_device(new_pages_cpu, self.device)
-        extend_lens = to_device(seq_cpu, self.device) - prefix_lens
+        per_req = torch.stack([prefix_cpu, extend_cpu, pages_before_cpu, new_pages_cpu])
+        prefix_lens, extend_lens, pages_before, new_pages_per_req = to_device(
+            per_req, self.device
+        ).unbind(0)  # one host->device copy
         last_loc = last_loc.to(device=self.device, dtype=torch.int64)
         # Vectorised over tokens: req id, position and the request's first new page.
         req_ids = torch.repeat_interleave(
-            torch.arange(len(seq_cpu), device=self.device),
+            torch.arange(len(extend_cpu), device=self.device),
             extend_lens,
             output_size=extend_num_tokens,
         )
