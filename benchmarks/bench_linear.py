@@ -55,7 +55,19 @@ def time_linear(m: int, n: int, k: int, iters: int = 30, op=F.linear) -> float:
     return 1000 * cuda_time_ms(lambda: op(x, ws[next(turn) % copies]), iters, copies, graph=True)
 
 
-def time_triton_gemv(m: int, n: int, k: int) -> tuple[float, tuple] | None:
+# --sweep: a wider grid than small_m_gemm's own list (BLOCK_N, BLOCK_K, warps, stages), to
+# find out whether any Triton GEMV config beats cuBLAS before widening that list
+SWEEP = [
+    (bn, bk, w, st)
+    for bn in (1, 2, 4, 8)
+    for bk in (1024, 2048, 4096)
+    for w in (4, 8)
+    for st in (1, 2, 3)
+    if bn * bk <= 16384
+]
+
+
+def time_triton_gemv(m: int, n: int, k: int, sweep: bool = False) -> tuple[float, tuple] | None:
     """(us, config) of layers/small_m_gemm.py's Triton GEMV at its best config, timed like
     cuBLAS above; None where it does not apply (M above its limit)."""
     from mini_sglang.layers.small_m_gemm import _CONFIGS, MAX_M, gemv
@@ -63,12 +75,26 @@ def time_triton_gemv(m: int, n: int, k: int) -> tuple[float, tuple] | None:
     if m > MAX_M:
         return None
     timed = []
-    for cfg in _CONFIGS:
+    for cfg in SWEEP if sweep else _CONFIGS:
         try:
             timed.append((time_linear(m, n, k, op=lambda x, w, c=cfg: gemv(x, w, c)), cfg))
         except Exception:  # a config the compiler rejects on this card (as _pick skips it)
             continue
     return min(timed) if timed else None
+
+
+def small_m_pick(m: int, n: int, k: int) -> str:
+    """What small_m_gemm's own per-shape pick (cold-L2 timing, one weight) chooses here, with
+    its timings of cuBLAS and of the chosen config."""
+    from mini_sglang.layers.small_m_gemm import MAX_M, _pick, time_candidates
+
+    if m > MAX_M:
+        return ""
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+    times = time_candidates(x, w)
+    best = _pick(x, w)
+    return f"{best or 'cuBLAS'} (cold: cuBLAS {1000 * times[None]:.1f}, best {1000 * min(times.values()):.1f} us)"
 
 
 def main() -> None:
@@ -82,7 +108,15 @@ def main() -> None:
         action="store_true",
         help="also time small_m_gemm's Triton GEMV (M <= 8), to check its per-shape pick",
     )
+    ap.add_argument("--sweep", action="store_true", help="with --triton: a wide config grid")
+    ap.add_argument(
+        "--cublaslt",
+        action="store_true",
+        help="time F.linear with torch's cuBLASLt backend instead of cuBLAS",
+    )
     args = ap.parse_args()
+    if args.cublaslt:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     layers = config(args.model)["num_hidden_layers"]
     card = torch.cuda.get_device_name()
     print(f"{args.model} on {card}")
@@ -94,14 +128,16 @@ def main() -> None:
             tbs = n * k * 2 / us / 1e6
             tflops = 2 * m * n * k / us / 1e6
             step_us += us * (1 if name == "lm_head" else layers)
-            tri = time_triton_gemv(m, n, k) if args.triton else None
+            tri = time_triton_gemv(m, n, k, args.sweep) if args.triton else None
             extra = f"   triton {tri[0]:.1f} us {tri[1]}" if tri else ""
+            if args.triton:
+                extra += f"   pick {small_m_pick(m, n, k)}"
             print(f"{m:>5}{name:>9}{n:>8}{k:>7}{us:>9.1f}{tbs:>7.2f}{tflops:>8.1f}{extra}")
             if args.out:
                 with open(args.out, "a") as f:
                     rec = {"model": args.model, "m": m, "gemm": name, "n": n, "k": k, "us": us,
-                           "weight_tb_s": tbs, "tflops": tflops, "card": card,
-                           "triton_us": tri[0] if tri else None}  # fmt: skip
+                           "weight_tb_s": tbs, "tflops": tflops, "card": card, "blas": "cublaslt" if args.cublaslt else "cublas",
+                           "triton_us": tri[0] if tri else None, "triton_cfg": tri[1] if tri else None}  # fmt: skip
                     f.write(json.dumps(rec) + "\n")
         print(
             f"{m:>5} GEMMs of one decode step ({layers} layers + LM head): {step_us / 1000:.3f} ms"

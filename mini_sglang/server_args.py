@@ -159,6 +159,7 @@ class ServerArgs:
     attention_backend: str | None = None
     prefill_attention_backend: str | None = None
     decode_attention_backend: str | None = None
+    triton_attention_num_kv_splits: int = 8
     sampling_backend: str | None = None
     grammar_backend: str | None = None
     constrained_json_disable_any_whitespace: bool = False

@@ -364,6 +364,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--attention-backend",), dict(type=_S, choices=ATTENTION_BACKEND_CHOICES, help="Attention kernels (torch_native, flashinfer, triton are implemented).")),
     (("--prefill-attention-backend",), dict(type=_S, choices=ATTENTION_BACKEND_CHOICES, help="Prefill attention kernels (priority over --attention-backend).")),
     (("--decode-attention-backend",), dict(type=_S, choices=ATTENTION_BACKEND_CHOICES, help="Decode attention kernels (priority over --attention-backend).")),
+    (("--triton-attention-num-kv-splits",), dict(type=_I, help="Key/value splits of the Triton decode kernel (each request's keys are read by this many programs, then merged).")),
     (("--sampling-backend",), dict(type=_S, choices=SAMPLING_BACKEND_CHOICES, help="Sampling kernels.")),
     (("--grammar-backend",), dict(type=_S, choices=GRAMMAR_BACKEND_CHOICES, help="Grammar-guided decoding backend.")),
     (("--constrained-json-disable-any-whitespace",), dict(action=_T, help="(xgrammar) Compact JSON: no free whitespace between JSON tokens.")),

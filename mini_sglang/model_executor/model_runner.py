@@ -25,6 +25,15 @@ from mini_sglang.model_loader.loader import get_model
 logger = logging.getLogger("mini_sglang")
 
 GiB = 1 << 30
+# Decode batches of at most this many requests run the Triton split-KV kernel when the decode
+# backend is flashinfer (ModelRunner.small_decode_max_bs), with this many splits per request.
+# H100, bench_one_batch runner mode, context ~530, batch 1/8/32/64 ms per step, flashinfer
+# vs Triton: Llama-3.1-8B 7.27/7.51/8.31/10.75 vs 6.28/6.92/7.89/9.73, Qwen3-0.6B
+# 1.98/2.10/2.71/3.49 vs 1.43/1.77/2.50/3.53; flashinfer's own kernel is ahead at batch 64+
+# (benchmarks/bench_decode_attention.py). 16 splits beat 8 and 32 at batch 1 (Llama-3.1-8B,
+# scheduler mode: 6.21 / 6.14 / 6.16 ms/token).
+SMALL_DECODE_MAX_BS = 32
+SMALL_DECODE_KV_SPLITS = 16
 
 
 def gpu_memory_gib(device: torch.device) -> tuple[float, float]:
@@ -66,18 +75,41 @@ class ModelRunner:
 
     def create_attention_backend(self):
         """The --attention-backend, or a hybrid when the prefill and decode overrides
-        (--prefill-attention-backend / --decode-attention-backend) differ."""
+        (--prefill-attention-backend / --decode-attention-backend) differ, or when small
+        flashinfer decode batches go to the Triton kernel (see small_decode_max_bs)."""
         base = self.attention_backend_name()
         prefill = self.server_args.prefill_attention_backend or base
         decode = self.server_args.decode_attention_backend or base
-        if prefill == decode:
+        small_bs = self.small_decode_max_bs(decode)
+        if prefill == decode and not small_bs:
             return create_attention_backend(prefill, self)
         from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
+        from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
-        logger.info("Hybrid attention: %s for prefill, %s for decode", prefill, decode)
-        return HybridAttnBackend(
-            create_attention_backend(prefill, self), create_attention_backend(decode, self)
+        if prefill != decode:
+            logger.info("Hybrid attention: %s for prefill, %s for decode", prefill, decode)
+        prefill_backend = create_attention_backend(prefill, self)
+        decode_backend = (
+            prefill_backend if prefill == decode else create_attention_backend(decode, self)
         )
+        small = TritonAttnBackend(self, SMALL_DECODE_KV_SPLITS) if small_bs else None
+        return HybridAttnBackend(prefill_backend, decode_backend, small, small_bs)
+
+    def small_decode_max_bs(self, decode: str) -> int:
+        """Decode batches up to this size run the Triton split-KV kernel instead of
+        flashinfer's: at batch 1, flashinfer's decode takes ~12 us per layer for a few MB
+        of keys (split-KV plus a merge kernel, both latency-bound, and a host-side plan per
+        step), the Triton kernel with 16 splits ~7 us. Only where the user
+        did not pick the decode backend, on CUDA with a model-dtype KV cache;
+        MINI_SGLANG_TRITON_DECODE_MAX_BS overrides the size (0 turns it off)."""
+        if (
+            decode != "flashinfer"
+            or self.server_args.decode_attention_backend is not None
+            or self.device.type != "cuda"
+            or self.kv_dtype != self.model_config.dtype
+        ):
+            return 0
+        return int(os.environ.get("MINI_SGLANG_TRITON_DECODE_MAX_BS", SMALL_DECODE_MAX_BS))
 
     def attention_backend_name(self) -> str:
         name = self.server_args.attention_backend or (

@@ -257,6 +257,45 @@ def test_backend_extend_then_decode_matches_torch_native(page_size):
         torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
 
 
+def test_hybrid_routes_small_decode_batches_to_their_backend():
+    """HybridAttnBackend with a small-decode side (what ModelRunner builds on CUDA: flashinfer
+    plus Triton for decode batches of <= N requests): a decode batch of one request is
+    planned and computed by the small side, a batch of two by the decode side, and both
+    give torch_native's output."""
+    from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
+    from mini_sglang.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
+    from mini_sglang.model_executor.forward_batch_info import ForwardMode
+
+    runner, r2t_pool, kv_pool, layer = _backend_setup(1)
+    native = TorchNativeAttnBackend(runner)
+    small = TritonAttnBackend(runner, num_kv_splits=4)
+    hybrid = HybridAttnBackend(native, native, small, small_decode_max_bs=1)
+    gen = torch.Generator().manual_seed(5)
+    lens, rows = [9, 30], [2, 3]
+    slots = _scatter_slots(lens, 1, gen)
+    for row, s in zip(rows, slots):
+        r2t_pool.req_to_token[row, : len(s)] = s.to(DEVICE, torch.int32)
+    k_buf, v_buf = kv_pool.get_kv_buffer(0)
+    h, d = layer.tp_q_head_num, layer.head_dim
+    for s in slots:
+        k_buf[s.to(DEVICE)] = torch.randn(len(s), KV_HEADS, d, generator=gen).to(DEVICE)
+        v_buf[s.to(DEVICE)] = torch.randn(len(s), KV_HEADS, d, generator=gen).to(DEVICE)
+    for n, small_side in ((1, True), (2, False)):
+        small.mid = None
+        q = torch.randn(n, h * d, generator=gen).to(DEVICE)
+        last = torch.stack([s[-1] for s in slots[:n]])
+        args = (ForwardMode.DECODE, rows[:n], lens[:n], last, r2t_pool, kv_pool)
+        fb = _forward_batch(*args, hybrid)
+        hybrid.init_forward_metadata(fb)
+        assert (small.mid is not None) == small_side
+        out = hybrid.forward(q, None, None, layer, fb, save_kv_cache=False)
+        ref_fb = _forward_batch(*args, native)
+        native.init_forward_metadata(ref_fb)
+        ref = native.forward(q, None, None, layer, ref_fb, save_kv_cache=False)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
 def test_decode_cuda_graph_replay_matches_reference():
     """Capture decode at bs 4 with seq_len 1 everywhere, then replay with other lengths:

@@ -19,7 +19,7 @@ def _flashinfer(runner):
 def _triton(runner):
     from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
-    return TritonAttnBackend(runner)
+    return TritonAttnBackend(runner, runner.server_args.triton_attention_num_kv_splits)
 
 
 ATTENTION_BACKENDS.setdefault("flashinfer", _flashinfer)

@@ -1,8 +1,12 @@
-"""HybridAttnBackend: one backend for prefill/extend, another for decode.
+"""HybridAttnBackend: one backend for prefill/extend, another for decode, and optionally a
+third for decode batches of at most `small_decode_max_bs` requests.
 
 Built when --prefill-attention-backend and --decode-attention-backend differ (SGLang's
-behaviour). Each forward goes wholly to one side, chosen by the batch's mode, so the two
-backends never share metadata; CUDA graphs (decode only) belong to the decode side.
+behaviour), or when small decode batches get their own backend (see
+ModelRunner.create_attention_backend: flashinfer's decode spends ~12 us per layer on one
+request's keys, the Triton split-KV kernel ~7 us). Each forward goes wholly to one side,
+chosen by the batch's mode and size, so the sides never share metadata; CUDA graphs
+(decode only) belong to the decode sides, each capturing the batch sizes it serves.
 """
 
 from __future__ import annotations
@@ -11,13 +15,30 @@ from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
 
 
 class HybridAttnBackend(AttentionBackend):
-    def __init__(self, prefill: AttentionBackend, decode: AttentionBackend) -> None:
+    def __init__(
+        self,
+        prefill: AttentionBackend,
+        decode: AttentionBackend,
+        small_decode: AttentionBackend | None = None,
+        small_decode_max_bs: int = 0,
+    ) -> None:
         self.prefill_backend = prefill
         self.decode_backend = decode
-        self.supports_cuda_graph = decode.supports_cuda_graph
+        self.small_decode_backend = small_decode
+        self.small_decode_max_bs = small_decode_max_bs if small_decode is not None else 0
+        self.supports_cuda_graph = decode.supports_cuda_graph and (
+            small_decode is None or small_decode.supports_cuda_graph
+        )
+
+    def _decode_side(self, bs: int) -> AttentionBackend:
+        if bs <= self.small_decode_max_bs:
+            return self.small_decode_backend  # type: ignore[return-value]
+        return self.decode_backend
 
     def _side(self, fb) -> AttentionBackend:
-        return self.decode_backend if fb.forward_mode.is_decode() else self.prefill_backend
+        if fb.forward_mode.is_decode():
+            return self._decode_side(fb.batch_size)
+        return self.prefill_backend
 
     def init_forward_metadata(self, fb) -> None:
         self._side(fb).init_forward_metadata(fb)
@@ -26,13 +47,16 @@ class HybridAttnBackend(AttentionBackend):
         return self.prefill_backend.forward_extend(q, k, v, layer, fb, save_kv_cache)
 
     def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True):
-        return self.decode_backend.forward_decode(q, k, v, layer, fb, save_kv_cache)
+        return self._decode_side(fb.batch_size).forward_decode(q, k, v, layer, fb, save_kv_cache)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self.decode_backend.init_cuda_graph_state(max_bs, max_num_tokens)
+        if self.small_decode_max_bs:
+            small = min(max_bs, self.small_decode_max_bs)
+            self.small_decode_backend.init_cuda_graph_state(small, small)  # type: ignore[union-attr]
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, fb) -> None:
-        self.decode_backend.init_forward_metadata_capture_cuda_graph(bs, fb)
+        self._decode_side(bs).init_forward_metadata_capture_cuda_graph(bs, fb)
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, fb) -> None:
-        self.decode_backend.init_forward_metadata_replay_cuda_graph(bs, fb)
+        self._decode_side(bs).init_forward_metadata_replay_cuda_graph(bs, fb)

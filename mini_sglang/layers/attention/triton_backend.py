@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
     from mini_sglang.model_executor.model_runner import ModelRunner
 
-DEFAULT_NUM_KV_SPLITS = 8
+DEFAULT_NUM_KV_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
 
 
 class TritonAttnBackend(AttentionBackend):
