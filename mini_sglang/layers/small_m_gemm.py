@@ -2,8 +2,8 @@
 
 At batch 1 a linear layer is a memory-bound GEMV; cuBLAS does not always pick a kernel that
 streams the weight at full bandwidth for these skinny shapes. `linear` times cuBLAS against
-a simple Triton GEMV once per (M, N, K, dtype) — outside CUDA-graph capture, during the
-warm-up runs that precede it — and then always uses the faster one. The timing replays a
+a simple Triton GEMV once per (power-of-two bucket of M, N, K, dtype) — outside CUDA-graph
+capture, during the warm-up runs that precede it — and then always uses the faster one. The timing replays a
 CUDA graph with the weight cold in L2 (see cuda_time_ms), the conditions of a decode step;
 timed hot, a weight that fits in L2 rewards the wrong kernel. Larger M, CPU and float32 go
 straight to F.linear.
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 MAX_M = 8
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
-# (M, N, K, dtype) -> None (cuBLAS) or the Triton config (BLOCK_N, BLOCK_K, num_warps[,
+# (M bucket, N, K, dtype) -> None (cuBLAS) or the Triton config (BLOCK_N, BLOCK_K, num_warps[,
 # num_stages])
 _choice: dict[tuple, tuple | None] = {}
 # Candidates, (BLOCK_N, BLOCK_K, num_warps[, num_stages]). The 4-tuples won Llama-3.1-8B's
