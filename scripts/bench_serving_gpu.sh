@@ -4,6 +4,8 @@
 #   then 100 prompts at 1 request/s (median TTFT and ITL); then a request-rate sweep
 #   (100 prompts, input/output up to 1024/256, rates 4-32) for the throughput/ITL plot.
 # Usage: bash scripts/bench_serving_gpu.sh MODEL_DIR OUT_DIR [PORT]
+# RATES overrides the sweep's rates; RATES= skips the sweep (the first two runs alone, ~5 min
+# on an H100). The server inherits the environment, e.g. MINI_SGLANG_TRITON_DECODE_MAX_BS=0.
 set -uo pipefail
 MODEL=$1; OUT=$2; PORT=${3:-30000}
 python -m mini_sglang.launch_server --model-path "$MODEL" --load-format dummy --port "$PORT" \
@@ -18,6 +20,6 @@ bench() { python -m mini_sglang.bench_serving --backend sglang --port "$PORT" \
   --dataset-name random-ids --random-range-ratio 0 --output-file "$OUT/serving.jsonl" "$@"; }
 bench --num-prompts 500 --random-input-len 4096 --random-output-len 2048 --request-rate inf
 bench --num-prompts 100 --random-input-len 4096 --random-output-len 2048 --request-rate 1
-for rate in 4 8 16 32; do
+for rate in ${RATES-4 8 16 32}; do
   bench --num-prompts 100 --random-input-len 1024 --random-output-len 256 --request-rate "$rate"
 done
