@@ -122,11 +122,18 @@ def time_candidates(x: torch.Tensor, w: torch.Tensor) -> dict[tuple | None, floa
     return times
 
 
-def _pick(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
-    times = time_candidates(x, w)
+def choose(times: dict[tuple | None, float]) -> tuple | None:
+    """The pick from time_candidates' timings: the fastest Triton config if it beats cuBLAS
+    by _MARGIN, else None (cuBLAS)."""
     best = min(times, key=times.__getitem__)
     if best is not None and times[best] > times[None] * _MARGIN:
-        best = None
+        return None
+    return best
+
+
+def _pick(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
+    times = time_candidates(x, w)
+    best = choose(times)
     logger.debug(
         "small-M GEMM M=%d N=%d K=%d: %s (%.1f us; cuBLAS %.1f us)",
         x.shape[0], w.shape[0], w.shape[1], best or "cuBLAS", 1000 * times[best], 1000 * times[None],
