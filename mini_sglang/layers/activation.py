@@ -1,4 +1,8 @@
-"""SiLU-and-multiply: the gated MLP activation, silu(x[..., :d]) * x[..., d:]."""
+"""SiLU-and-multiply: the gated MLP activation, silu(x[..., :d]) * x[..., d:].
+
+On CUDA: flashinfer's kernel, or at decode-sized batches (<= 8 rows) on GPUs with
+programmatic dependent launch fused_kernels.silu_and_mul, which overlaps the GEMV before it.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mini_sglang.layers.kernels import flashinfer_activation
+from mini_sglang.layers import fused_kernels
+from mini_sglang.layers.kernels import flashinfer_activation, pdl_enabled
+from mini_sglang.layers.small_m_gemm import MAX_M
 
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
+        if x.dim() == 2 and x.shape[0] <= MAX_M and x.stride(1) == 1 and pdl_enabled(x):
+            return fused_kernels.silu_and_mul(x, pdl=True)
         fi = flashinfer_activation() if x.is_cuda else None
         if fi is not None:
             return fi.silu_and_mul(x)

@@ -6,6 +6,12 @@
   (c) writes k and v straight into the KV pool at out_cache_loc,
   and returns q. Unfused, this is 2 RMSNorm + 1 RoPE + 2 index_put kernels plus copies.
 `store_kv`: k and v into the pool in one launch (instead of two index_put kernels).
+`rmsnorm`, `silu_and_mul`: RMSNorm (with the residual add fused in) and the gated activation.
+
+Every kernel here can launch as a programmatic dependent (pdl=True, see kernels.pdl_enabled):
+it is scheduled while the kernel before it drains, loads what no kernel of the step writes
+(weights), then waits (gdc_wait) before touching anything else. At batch 1, where a decode
+step is ~300 short kernels, that hides most of each launch-and-ramp gap.
 
 Layout example (Qwen3-0.6B, one token): qkv row = [q0..q15 | k0..k7 | v0..v7], 128 each;
 program (t, h) for h < 16 handles q head h; for 16 <= h < 24 it handles k head h - 16 and
@@ -21,6 +27,11 @@ try:
     import triton.language as tl
 except ImportError:  # CPU installs
     triton = None
+else:
+    try:  # programmatic dependent launch (Hopper+); Triton >= 3.4
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    except ImportError:
+        gdc_launch_dependents = gdc_wait = None
 
 
 def fused_ops_available(x: torch.Tensor, head_dim: int) -> bool:
@@ -49,9 +60,13 @@ if triton is not None:
         NUM_KV: tl.constexpr,
         D: tl.constexpr,
         HAS_NORM: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         t = tl.program_id(0)
         h = tl.program_id(1)
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         half = tl.arange(0, D // 2)
         pos = tl.load(positions + t)
         cos = tl.load(cos_sin + pos * D + half)
@@ -109,6 +124,89 @@ if triton is not None:
             tl.store(k_buf + slot * stride_kb + i, tl.load(k + t * stride_k + i, mask=m), mask=m)
             tl.store(v_buf + slot * stride_vb + i, tl.load(v + t * stride_v + i, mask=m), mask=m)
 
+    @triton.jit
+    def _rmsnorm_kernel(
+        x,
+        res,
+        w,
+        out,
+        stride_x,
+        stride_r,
+        stride_o,
+        N,
+        eps,
+        BLOCK: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < N
+        wv = tl.load(w + offs, mask=mask, other=0.0).to(tl.float32)  # never written in a step
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        h = tl.load(x + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            h += tl.load(res + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+            # round the sum to the model dtype first, as HF's residual stream is
+            hb = h.to(res.dtype.element_ty)
+            tl.store(res + row * stride_r + offs, hb, mask=mask)
+            h = hb.to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(h * h, 0) / N + eps)
+        y = (h * r).to(out.dtype.element_ty).to(tl.float32) * wv
+        tl.store(out + row * stride_o + offs, y.to(out.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _silu_and_mul_kernel(x, out, stride_x, stride_o, D, BLOCK: tl.constexpr, PDL: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < D
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
+        g = tl.load(x + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(x + row * stride_x + D + offs, mask=mask, other=0.0)
+        silu = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty)
+        tl.store(out + row * stride_o + offs, silu * u, mask=mask)
+
+
+def rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """RMSNorm(x) * weight as HF computes it, for x [M, N] with unit column stride.
+
+    With a residual it works in place, as flashinfer's fused_add_rmsnorm: residual += x, then
+    x = RMSNorm(residual) * weight, and x is returned. Without one the result is a new tensor.
+    """
+    m, n = x.shape
+    out = x if residual is not None else torch.empty_like(x)
+    if m:
+        res = residual if residual is not None else x
+        _rmsnorm_kernel[(m,)](
+            x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), n, eps,
+            BLOCK=triton.next_power_of_2(n), HAS_RES=residual is not None, PDL=pdl,
+            num_warps=8, launch_pdl=pdl,
+        )  # fmt: skip
+    return out
+
+
+def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """silu(x[:, :d]) * x[:, d:] for x [M, 2d], rounding silu to x's dtype before the product
+    as flashinfer and HF do."""
+    m, d = x.shape[0], x.shape[1] // 2
+    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    if m:
+        block = 1024
+        _silu_and_mul_kernel[(m, triton.cdiv(d, block))](
+            x, out, x.stride(0), out.stride(0), d, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+        )  # fmt: skip
+    return out
+
 
 def qk_norm_rope_store(
     qkv: torch.Tensor,
@@ -123,6 +221,7 @@ def qk_norm_rope_store(
     out_cache_loc: torch.Tensor,
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Returns q [T, num_q_heads * head_dim]; K/V of the T tokens land in the pool."""
     t = qkv.shape[0]
@@ -150,6 +249,8 @@ def qk_norm_rope_store(
         NUM_KV=num_kv_heads,
         D=head_dim,
         HAS_NORM=has_norm,
+        PDL=pdl,
+        launch_pdl=pdl,
     )
     return q
 

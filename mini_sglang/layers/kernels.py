@@ -10,6 +10,8 @@ import functools
 import os
 from types import ModuleType
 
+import torch
+
 
 @functools.cache
 def _flashinfer() -> ModuleType | None:
@@ -39,3 +41,22 @@ def flashinfer_sampling() -> ModuleType | None:
 
 def flashinfer_module() -> ModuleType | None:
     return _flashinfer()
+
+
+@functools.cache
+def _pdl_on_device(index: int) -> bool:
+    if os.environ.get("MINI_SGLANG_DISABLE_PDL") == "1":
+        return False
+    try:
+        from triton.language.extra.cuda import gdc_wait  # noqa: F401  (Triton >= 3.4)
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_enabled(x: torch.Tensor) -> bool:
+    """Whether our Triton kernels on x's device launch as programmatic dependents (PDL): a
+    Hopper or newer GPU, a Triton with grid dependency control, and MINI_SGLANG_DISABLE_PDL
+    unset. Such a kernel starts while the previous kernel on the stream drains and waits on
+    the device (gdc_wait) before reading that kernel's output."""
+    return x.is_cuda and _pdl_on_device(x.device.index if x.device.index is not None else 0)

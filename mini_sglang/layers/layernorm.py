@@ -1,7 +1,9 @@
 """RMSNorm, with the residual add fused in as SGLang's layers expect.
 
 `forward(x)` returns norm(x); `forward(x, residual)` returns (norm(x + residual), x + residual).
-On CUDA the flashinfer kernels are used when available; the torch path is the reference.
+On CUDA the flashinfer kernels are used when available; at decode-sized batches (<= 8 rows)
+on GPUs with programmatic dependent launch, fused_kernels.rmsnorm instead, which overlaps the
+GEMV before it (see fused_kernels). The torch path is the reference.
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mini_sglang.layers.kernels import flashinfer_norm
+from mini_sglang.layers import fused_kernels
+from mini_sglang.layers.kernels import flashinfer_norm, pdl_enabled
+from mini_sglang.layers.small_m_gemm import MAX_M
 
 
 class RMSNorm(nn.Module):
@@ -34,6 +38,9 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if x.dim() == 2 and x.shape[0] <= MAX_M and x.stride(1) == 1 and pdl_enabled(x):
+            out = fused_kernels.rmsnorm(x, self.weight.data, self.variance_epsilon, residual, True)
+            return out if residual is None else (out, residual)
         fi = flashinfer_norm() if x.is_cuda else None
         if fi is None or x.dim() != 2:
             return self.forward_native(x, residual)

@@ -85,6 +85,33 @@ def filter_probs(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     return filtered / filtered.sum(-1, keepdim=True)
 
 
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(-1) for [B, V] logits, first index on ties, as torch's.
+
+    torch's reduction gives each row one thread block, so at batch 1 the argmax over
+    Llama-3.1-8B's 128,256 logits took 28 us on an H100, a quarter of a GEMV. On CUDA, for
+    a few rows, each row is cut into `chunks` equal pieces reduced in parallel, then the
+    best piece is picked: the first piece holding the maximum, then the first index in it.
+    Worked example, V = 12, 4 chunks of 3: [1 5 2 | 0 5 1 | 9 9 0 | 3 3 3] -> chunk maxima
+    [5 5 9 3] at [1 1 0 0]; best chunk 2, so the index is 2 * 3 + 0 = 6.
+    """
+    b, v = logits.shape
+    chunks = 128
+    while v % chunks:
+        chunks //= 2
+    if not logits.is_cuda or b > 32 or chunks < 16 or not logits.is_contiguous():
+        return logits.argmax(dim=-1)
+    return argmax_by_chunks(logits, chunks)
+
+
+def argmax_by_chunks(logits: torch.Tensor, chunks: int) -> torch.Tensor:
+    """greedy_argmax's two passes, for contiguous [B, V] logits with V divisible by chunks."""
+    b, v = logits.shape
+    values, where = logits.view(b, chunks, v // chunks).max(dim=-1)
+    best = values.argmax(dim=-1, keepdim=True)
+    return (best * (v // chunks) + where.gather(1, best)).squeeze(1)
+
+
 class Sampler(nn.Module):
     def forward(
         self,
@@ -96,7 +123,7 @@ class Sampler(nn.Module):
         logits = info.apply_logits_bias(logits)
         logprobs = None
         if info.is_all_greedy:
-            next_ids = logits.argmax(dim=-1)
+            next_ids = greedy_argmax(logits)
             if return_logprob:
                 logprobs = torch.log_softmax(logits, dim=-1)
             return SamplerOutput(next_ids, logprobs)
@@ -122,7 +149,7 @@ class Sampler(nn.Module):
             else:
                 next_ids = self._draw(filter_probs(probs, info), info, positions)
         if info.has_greedy_rows:
-            next_ids = torch.where(info.top_ks <= 1, logits.argmax(dim=-1), next_ids)
+            next_ids = torch.where(info.top_ks <= 1, greedy_argmax(logits), next_ids)
         return SamplerOutput(next_ids, logprobs)
 
     @staticmethod

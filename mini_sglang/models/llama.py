@@ -16,6 +16,7 @@ from torch import nn
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.layers.activation import SiluAndMul
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
+from mini_sglang.layers.kernels import pdl_enabled
 from mini_sglang.layers.layernorm import RMSNorm
 from mini_sglang.layers.linear import (
     MergedColumnParallelLinear,
@@ -96,6 +97,7 @@ class LlamaAttention(nn.Module):
                 fb.out_cache_loc,
                 k_buf,
                 v_buf,
+                pdl=pdl_enabled(qkv),
             )
             return self.o_proj(self.attn(q, None, None, fb, save_kv_cache=False))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)

@@ -251,3 +251,18 @@ def test_unseeded_rows_are_random():
     logits = torch.zeros(200, V)
     ids = sample([make_req([0]) for _ in range(200)], logits).next_token_ids
     assert len(set(ids.tolist())) == V
+
+
+@pytest.mark.parametrize("chunks", [4, 16, 128])
+def test_argmax_by_chunks_matches_argmax_including_ties(chunks):
+    from mini_sglang.layers.sampler import argmax_by_chunks
+
+    torch.manual_seed(0)
+    # few distinct values, so most rows have their maximum in several places and chunks
+    logits = torch.randint(0, 5, (9, 128 * 12)).float()
+    logits[3, 7] = 5.0
+    logits[3, 900] = 5.0  # a tie across chunks: the first wins
+    logits[4] = -torch.inf
+    logits[4, 1000] = 0.0
+    assert torch.equal(argmax_by_chunks(logits, chunks), logits.argmax(dim=-1))
+    assert argmax_by_chunks(logits, chunks)[3].item() == 7

@@ -24,6 +24,7 @@ import torch
 
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
 from mini_sglang.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd
+from mini_sglang.layers.kernels import pdl_enabled
 
 if TYPE_CHECKING:
     from mini_sglang.layers.radix_attention import RadixAttention
@@ -139,6 +140,7 @@ class TritonAttnBackend(AttentionBackend):
             mid_o,
             mid_lse,
             layer.scaling,
+            pdl=pdl_enabled(q),
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 

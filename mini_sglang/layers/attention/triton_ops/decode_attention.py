@@ -24,6 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (Hopper+); Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
+
 LOG2E = 1.4426950408889634
 MIN_BLOCK_KV = 32  # split lengths are multiples of this
 
@@ -100,7 +105,11 @@ def _decode_stage1(
     BLOCK_N: tl.constexpr,
     MIN_KV: tl.constexpr,
     IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # everything this kernel reads may come from the kernel before it
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
     h_in_group = (tl.program_id(1) % HEAD_BLOCKS) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -160,7 +169,11 @@ def _decode_stage2(
     BLOCK_S: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -195,6 +208,7 @@ def decode_attention_fwd(
     mid_o: torch.Tensor,
     mid_lse: torch.Tensor,
     sm_scale: float,
+    pdl: bool = False,
 ) -> None:
     """Decode attention for `bs` requests, one query token each, written into `o`.
 
@@ -203,7 +217,8 @@ def decode_attention_fwd(
     req_pool_indices, seq_lens: [bs] device ints (seq_lens counts the new token, whose K/V
     must already be in the pool); mid_o: [>=bs, q_heads, num_splits, head_dim] float32 and
     mid_lse: [>=bs, q_heads, num_splits] float32 scratch, whose dim 2 sets the split count.
-    Every seq_len must be >= 1. Nothing is read back to the host.
+    Every seq_len must be >= 1. Nothing is read back to the host. pdl=True launches both
+    stages as programmatic dependents (see layers/fused_kernels.py).
     """
     bs, q_heads, head_dim = q.shape
     if bs == 0:
@@ -245,8 +260,10 @@ def decode_attention_fwd(
         BLOCK_N=32 if block_d > 128 else 64,
         MIN_KV=MIN_BLOCK_KV,
         IEEE=q.dtype == torch.float32,
+        PDL=pdl,
         num_warps=4,
         num_stages=2,
+        launch_pdl=pdl,
     )
     _decode_stage2[(bs, q_heads)](
         mid_o,
@@ -263,5 +280,7 @@ def decode_attention_fwd(
         BLOCK_S=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
+        PDL=pdl,
         num_warps=4 if block_d > 64 else 2,
+        launch_pdl=pdl,
     )

@@ -1,0 +1,161 @@
+"""Batch-1 decode's weight stream in one CUDA graph, with and without programmatic dependent
+launch (PDL) between its kernels.
+
+    python benchmarks/bench_decode_chain.py --model llama-3.1-8b [--layers 32] [--out r.jsonl]
+
+Per layer: add-RMSNorm, qkv GEMV, o GEMV (fed by the first columns of qkv, standing in for
+attention), add-RMSNorm, gate_up GEMV, SiLU-mul, down GEMV; then the final norm and the LM
+head. Each arm captures the whole chain in one graph and reports ms per replay and the
+weight bytes over that time. Arms:
+
+- cublas: F.linear and flashinfer's norm / activation (the path without small-M GEMMs)
+- picked: small_m_gemm's pick per shape without PDL (Triton or cuBLAS), flashinfer ops
+- picked_pdl: the same, Triton GEMVs launched with PDL
+- ours / ours_pdl: the picks small_m_gemm makes when PDL is on, fused_kernels' RMSNorm and
+  SiLU-mul: the decode path without / with PDL
+- triton / triton_pdl: the best Triton GEMV on every shape
+
+Each *_pdl arm's logits are compared with its twin's (same kernels, same order, no PDL):
+they must match exactly, so a missing wait shows up as a difference, not as a speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from bench_linear import config, projections
+
+from mini_sglang.layers import fused_kernels, small_m_gemm
+from mini_sglang.layers.kernels import flashinfer_activation, flashinfer_norm
+
+
+def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch.Tensor, int]:
+    shapes = projections(model)
+    torch.manual_seed(0)
+
+    def weight(name: str) -> torch.Tensor:
+        n, k = shapes[name]
+        return torch.randn(n, k, dtype=torch.bfloat16, device=dev) * (k**-0.5)
+
+    ws = [{name: weight(name) for name in ("qkv", "o", "gate_up", "down")} for _ in range(layers)]
+    return ws, weight("lm_head"), config(model)["hidden_size"]
+
+
+# arm -> (GEMV choice, small ops, PDL). GEMV choice: "cublas", "picked" (small_m_gemm's
+# pick with the margin it uses without PDL), "pdl_picked" (with the margin it uses with PDL),
+# "triton" (the best Triton config on every shape). Small ops: flashinfer's or fused_kernels'.
+ARMS = {
+    "cublas": ("cublas", "flashinfer", False),
+    "picked": ("picked", "flashinfer", False),
+    "picked_pdl": ("picked", "flashinfer", True),
+    "ours": ("pdl_picked", "ours", False),
+    "ours_pdl": ("pdl_picked", "ours", True),
+    "triton": ("triton", "ours", False),
+    "triton_pdl": ("triton", "ours", True),
+}
+
+
+def make_step(ws, lm_head, hidden: int, arm: str, configs: dict):
+    gemvs, ops, pdl = ARMS[arm]
+    fi_norm, fi_act = flashinfer_norm(), flashinfer_activation()
+    ones = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
+
+    def lin(x, w):
+        cfg = None if gemvs == "cublas" else configs[gemvs][tuple(w.shape)]
+        return F.linear(x, w) if cfg is None else small_m_gemm.gemv(x, w, cfg, pdl=pdl)
+
+    def norm(x, res):
+        if ops == "ours":
+            return fused_kernels.rmsnorm(x, ones, 1e-5, res, pdl=pdl)
+        fi_norm.fused_add_rmsnorm(x, res, ones, 1e-5)
+        return x
+
+    def act(x):
+        return fused_kernels.silu_and_mul(x, pdl=pdl) if ops == "ours" else fi_act.silu_and_mul(x)
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    h0 = torch.randn(1, hidden, dtype=torch.bfloat16, device="cuda", generator=gen)
+    h, res = h0.clone(), torch.zeros_like(h0)
+
+    def step() -> torch.Tensor:
+        h.copy_(h0)
+        res.zero_()
+        x = h
+        for lw in ws:
+            xn = norm(x, res)
+            qkv = lin(xn, lw["qkv"])
+            o = lin(qkv[:, : lw["o"].shape[1]].contiguous(), lw["o"])
+            xn = norm(o, res)
+            x = lin(act(lin(xn, lw["gate_up"])), lw["down"])
+        return lin(norm(x, res), lm_head)
+
+    return step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    layers = args.layers or config(args.model)["num_hidden_layers"]
+    ws, lm_head, hidden = build(args.model, layers)
+    configs: dict[str, dict] = {"picked": {}, "pdl_picked": {}, "triton": {}}
+    for w in (*ws[0].values(), lm_head):
+        x = torch.zeros(1, w.shape[1], dtype=w.dtype, device="cuda")
+        times = small_m_gemm.time_candidates(x, w)
+        key = tuple(w.shape)
+        configs["picked"][key] = small_m_gemm.choose(times)
+        configs["pdl_picked"][key] = small_m_gemm.choose(times, small_m_gemm.margin(x))
+        configs["triton"][key] = small_m_gemm.choose(times, float("inf"))
+        triton_us = 1000 * times[configs["triton"][key]]
+        print(f"{key}: picks {configs['picked'][key]} / {configs['pdl_picked'][key]} (with PDL);"
+              f" best Triton {configs['triton'][key]} {triton_us:.1f} us, cuBLAS {1000 * times[None]:.1f} us")  # fmt: skip
+    weight_bytes = sum(w.numel() * 2 for lw in ws for w in lw.values()) + lm_head.numel() * 2
+    logits: dict[str, torch.Tensor] = {}
+    rows = []
+    for arm in ARMS:
+        step = make_step(ws, lm_head, hidden, arm, configs)
+        try:
+            out = step()  # compile outside capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                out = step()
+            g.replay()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - report the arm and go on
+            print(f"{arm}: failed: {type(e).__name__}: {e}")
+            continue
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best = float("inf")
+        for _ in range(3):
+            start.record()
+            for _ in range(args.replays):
+                g.replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / args.replays)
+        logits[arm] = out.float().clone()
+        row = {"arm": arm, "model": args.model, "layers": layers, "ms": round(best, 4),
+               "TBps": round(weight_bytes / best / 1e9, 3), "device": torch.cuda.get_device_name()}  # fmt: skip
+        # a PDL arm runs its twin's kernels in the same order: any difference is a race
+        twin = arm.removesuffix("_pdl")
+        if twin != arm and twin in logits:
+            row["max_abs_diff_vs_" + twin] = (logits[arm] - logits[twin]).abs().max().item()
+        print(json.dumps(row))
+        rows.append(row)
+        del g
+    if args.out:
+        with Path(args.out).open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
