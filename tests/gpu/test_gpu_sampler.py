@@ -67,3 +67,12 @@ def test_greedy_rows_among_sampled_rows_take_argmax():
     ).next_token_ids
     assert torch.equal(ids[0::2], logits[0::2].argmax(-1))
     assert not torch.equal(ids[1::2], logits[1::2].argmax(-1))
+
+
+@pytest.mark.parametrize("b,v", [(1, 128256), (3, 151936), (8, 49152), (2, 32001)])
+def test_greedy_argmax_matches_argmax_on_cuda(b, v):
+    from mini_sglang.layers.sampler import greedy_argmax
+
+    torch.manual_seed(0)
+    logits = torch.randn(b, v, device="cuda").round(decimals=1)  # ties in most rows
+    assert torch.equal(greedy_argmax(logits), logits.argmax(dim=-1))
