@@ -1,7 +1,7 @@
 """Batch-1 decode's weight stream in one CUDA graph, with and without programmatic dependent
 launch (PDL) between its kernels.
 
-    python benchmarks/bench_decode_chain.py --model llama-3.1-8b [--layers 32] [--out r.jsonl]
+    python benchmarks/bench_decode_chain.py --model llama-3.1-8b [--layers 32] [--sweep] [--out r.jsonl]
 
 Per layer: add-RMSNorm, qkv GEMV, o GEMV (fed by the first columns of qkv, standing in for
 attention), add-RMSNorm, gate_up GEMV, SiLU-mul, down GEMV; then the final norm and the LM
@@ -17,6 +17,8 @@ weight bytes over that time. Arms:
 
 Each *_pdl arm's logits are compared with its twin's (same kernels, same order, no PDL):
 they must match exactly, so a missing wait shows up as a difference, not as a speed-up.
+--sweep then times the ours_pdl chain with each GEMV config (and cuBLAS) on one shape at a
+time: whether the standalone cold-L2 picks are also the best picks inside a PDL chain.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch
     return ws, weight("lm_head"), config(model)["hidden_size"]
 
 
-# arm -> (GEMV choice, small ops, PDL). GEMV choice: "cublas", "picked" (small_m_gemm's
+# arm -> (GEMV choice, small ops, PDL). GEMV choice: "cublas" (no configs), "picked" (small_m_gemm's
 # pick with the margin it uses without PDL), "pdl_picked" (with the margin it uses with PDL),
 # "triton" (the best Triton config on every shape). Small ops: flashinfer's or fused_kernels'.
 ARMS = {
@@ -59,13 +61,14 @@ ARMS = {
 }
 
 
-def make_step(ws, lm_head, hidden: int, arm: str, configs: dict):
-    gemvs, ops, pdl = ARMS[arm]
+def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
+    """The chain as a callable; gemv_cfgs maps a weight shape to its Triton config (None or
+    missing: cuBLAS)."""
     fi_norm, fi_act = flashinfer_norm(), flashinfer_activation()
     ones = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
 
     def lin(x, w):
-        cfg = None if gemvs == "cublas" else configs[gemvs][tuple(w.shape)]
+        cfg = gemv_cfgs.get(tuple(w.shape))
         return F.linear(x, w) if cfg is None else small_m_gemm.gemv(x, w, cfg, pdl=pdl)
 
     def norm(x, res):
@@ -96,11 +99,32 @@ def make_step(ws, lm_head, hidden: int, arm: str, configs: dict):
     return step
 
 
+def time_step(step, replays: int) -> tuple[float, torch.Tensor]:
+    """(best-of-3 ms per replay, output) of the chain captured in one CUDA graph."""
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(replays):
+            g.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / replays)
+    return best, out.clone()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true", help="each GEMV config per shape in the chain")
     ap.add_argument("--out")
     args = ap.parse_args()
     layers = args.layers or config(args.model)["num_hidden_layers"]
@@ -119,38 +143,36 @@ def main() -> None:
     weight_bytes = sum(w.numel() * 2 for lw in ws for w in lw.values()) + lm_head.numel() * 2
     logits: dict[str, torch.Tensor] = {}
     rows = []
-    for arm in ARMS:
-        step = make_step(ws, lm_head, hidden, arm, configs)
+    for arm, (gemvs, ops, pdl) in ARMS.items():
+        step = make_step(ws, lm_head, hidden, configs.get(gemvs, {}), ops, pdl)
         try:
-            out = step()  # compile outside capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = step()
-            g.replay()
-            torch.cuda.synchronize()
+            ms, out = time_step(step, args.replays)
         except Exception as e:  # noqa: BLE001 - report the arm and go on
             print(f"{arm}: failed: {type(e).__name__}: {e}")
             continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        best = float("inf")
-        for _ in range(3):
-            start.record()
-            for _ in range(args.replays):
-                g.replay()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / args.replays)
-        logits[arm] = out.float().clone()
-        row = {"arm": arm, "model": args.model, "layers": layers, "ms": round(best, 4),
-               "TBps": round(weight_bytes / best / 1e9, 3), "device": torch.cuda.get_device_name()}  # fmt: skip
+        logits[arm] = out.float()
+        row = {"arm": arm, "model": args.model, "layers": layers, "ms": round(ms, 4),
+               "TBps": round(weight_bytes / ms / 1e9, 3), "device": torch.cuda.get_device_name()}  # fmt: skip
         # a PDL arm runs its twin's kernels in the same order: any difference is a race
         twin = arm.removesuffix("_pdl")
         if twin != arm and twin in logits:
             row["max_abs_diff_vs_" + twin] = (logits[arm] - logits[twin]).abs().max().item()
         print(json.dumps(row))
         rows.append(row)
-        del g
+    if args.sweep:  # one shape's config at a time in the ours_pdl chain, the others as picked
+        for key in configs["pdl_picked"]:
+            for cfg in (None, *small_m_gemm._CONFIGS):
+                cfgs = {**configs["pdl_picked"], key: cfg}
+                try:
+                    ms, _ = time_step(
+                        make_step(ws, lm_head, hidden, cfgs, "ours", True), args.replays
+                    )
+                except Exception:  # noqa: BLE001 - a config the compiler rejects
+                    continue
+                row = {"arm": "sweep", "model": args.model, "shape": key, "config": cfg,
+                       "ms": round(ms, 4), "device": torch.cuda.get_device_name()}  # fmt: skip
+                print(json.dumps(row))
+                rows.append(row)
     if args.out:
         with Path(args.out).open("a") as f:
             for row in rows:
