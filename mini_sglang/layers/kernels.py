@@ -45,7 +45,8 @@ def flashinfer_module() -> ModuleType | None:
 
 @functools.cache
 def _pdl_on_device(index: int) -> bool:
-    if os.environ.get("MINI_SGLANG_DISABLE_PDL") == "1":
+    # griddepcontrol is PTX: NVIDIA only (ROCm reports MI300 as capability 9.x too)
+    if os.environ.get("MINI_SGLANG_DISABLE_PDL") == "1" or torch.version.hip is not None:
         return False
     try:
         from triton.language.extra.cuda import gdc_wait  # noqa: F401  (Triton >= 3.4)
