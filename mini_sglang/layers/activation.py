@@ -11,14 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_sglang.layers import fused_kernels
-from mini_sglang.layers.kernels import flashinfer_activation, pdl_enabled
-from mini_sglang.layers.small_m_gemm import MAX_M
+from mini_sglang.layers.kernels import flashinfer_activation
 
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
-        if x.dim() == 2 and x.shape[0] <= MAX_M and x.stride(1) == 1 and pdl_enabled(x):
+        if fused_kernels.small_batch_pdl_ops(x):
             return fused_kernels.silu_and_mul(x, pdl=True)
         fi = flashinfer_activation() if x.is_cuda else None
         if fi is not None:

@@ -27,11 +27,16 @@ try:
     import triton.language as tl
 except ImportError:  # CPU installs
     triton = None
-else:
-    try:  # programmatic dependent launch (Hopper+); Triton >= 3.4
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    except ImportError:
-        gdc_launch_dependents = gdc_wait = None
+
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled
+from mini_sglang.layers.small_m_gemm import MAX_M
+
+
+def small_batch_pdl_ops(x: torch.Tensor) -> bool:
+    """Whether rmsnorm and silu_and_mul below take over from flashinfer's kernels for x: a
+    2-D row-major batch of at most small_m_gemm.MAX_M rows (where the GEMVs around them are
+    our PDL-launched Triton ones) on a GPU with PDL."""
+    return x.dim() == 2 and x.shape[0] <= MAX_M and x.stride(1) == 1 and pdl_enabled(x)
 
 
 def fused_ops_available(x: torch.Tensor, head_dim: int) -> bool:

@@ -12,6 +12,11 @@ from types import ModuleType
 
 import torch
 
+try:  # grid dependency control for programmatic dependent launch (Hopper+); Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # no Triton (CPU installs) or an older one
+    gdc_launch_dependents = gdc_wait = None
+
 
 @functools.cache
 def _flashinfer() -> ModuleType | None:
@@ -48,11 +53,7 @@ def _pdl_on_device(index: int) -> bool:
     # griddepcontrol is PTX: NVIDIA only (ROCm reports MI300 as capability 9.x too)
     if os.environ.get("MINI_SGLANG_DISABLE_PDL") == "1" or torch.version.hip is not None:
         return False
-    try:
-        from triton.language.extra.cuda import gdc_wait  # noqa: F401  (Triton >= 3.4)
-    except ImportError:
-        return False
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return gdc_wait is not None and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 # PDL pays where a step is many short kernels: decode at small batch. At larger batches it

@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from mini_sglang.layers import fused_kernels
-from mini_sglang.layers.kernels import flashinfer_norm, pdl_enabled
-from mini_sglang.layers.small_m_gemm import MAX_M
+from mini_sglang.layers.kernels import flashinfer_norm
 
 
 class RMSNorm(nn.Module):
@@ -38,8 +37,10 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if x.dim() == 2 and x.shape[0] <= MAX_M and x.stride(1) == 1 and pdl_enabled(x):
-            out = fused_kernels.rmsnorm(x, self.weight.data, self.variance_epsilon, residual, True)
+        if fused_kernels.small_batch_pdl_ops(x):
+            out = fused_kernels.rmsnorm(
+                x, self.weight.data, self.variance_epsilon, residual, pdl=True
+            )
             return out if residual is None else (out, residual)
         fi = flashinfer_norm() if x.is_cuda else None
         if fi is None or x.dim() != 2:

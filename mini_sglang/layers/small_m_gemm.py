@@ -3,10 +3,10 @@
 At batch 1 a linear layer is a memory-bound GEMV; cuBLAS does not always pick a kernel that
 streams the weight at full bandwidth for these skinny shapes. `linear` times cuBLAS against
 a simple Triton GEMV once per (power-of-two bucket of M, N, K, dtype) — outside CUDA-graph
-capture, during the warm-up runs that precede it — and then always uses the faster one. The timing replays a
-CUDA graph with the weight cold in L2 (see cuda_time_ms), the conditions of a decode step;
-timed hot, a weight that fits in L2 rewards the wrong kernel. Larger M, CPU and float32 go
-straight to F.linear.
+capture, during the warm-up runs that precede it — and then always uses the faster one. The
+timing replays a CUDA graph with the weight cold in L2 (see cuda_time_ms), the conditions of
+a decode step; timed hot, a weight that fits in L2 rewards the wrong kernel. Larger M, CPU
+and float32 go straight to F.linear.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from mini_sglang.layers.kernels import pdl_enabled
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
 try:
@@ -57,10 +57,6 @@ _PDL_MARGIN = 1.10
 
 
 if triton is not None:
-    try:  # programmatic dependent launch (Hopper+); Triton >= 3.4
-        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    except ImportError:
-        gdc_launch_dependents = gdc_wait = None
 
     @triton.jit
     def _gemv_kernel(

@@ -24,10 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # programmatic dependent launch (Hopper+); Triton >= 3.4
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:
-    gdc_launch_dependents = gdc_wait = None
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
 
 LOG2E = 1.4426950408889634
 MIN_BLOCK_KV = 32  # split lengths are multiples of this
