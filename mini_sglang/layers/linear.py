@@ -13,6 +13,8 @@ holds 4 q heads and 1 kv head; its fused weight is [(4 + 1 + 1) * 64, hidden] la
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -23,7 +25,7 @@ from mini_sglang.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from mini_sglang.layers.small_m_gemm import linear
+from mini_sglang.layers.small_m_gemm import linear, linear_silu_mul
 
 
 def _make_param(shape: tuple[int, ...], loader) -> nn.Parameter:
@@ -91,6 +93,20 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         shard = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         param.data.narrow(0, offset, shard).copy_(loaded.narrow(0, self.tp_rank * shard, shard))
+
+    def forward_silu_mul(
+        self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """act(forward(x)) for a [gate; up] projection and act = SiLU-and-multiply; at small
+        batches the activation happens in the GEMV's epilogue (small_m_gemm.linear_silu_mul)."""
+        fused = None
+        if (
+            self.bias is None
+            and len(self.output_sizes) == 2
+            and self.output_sizes[0] == self.output_sizes[1]
+        ):
+            fused = linear_silu_mul(x, self.weight)
+        return act(self.forward(x)) if fused is None else fused
 
 
 class QKVParallelLinear(ColumnParallelLinear):

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 MAX_M = 8
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
+_FUSE_SILU_MUL = os.environ.get("MINI_SGLANG_DISABLE_GEMV_SILU_FUSION") != "1"
 # (M bucket, N, K, dtype) -> None (cuBLAS) or the Triton config (BLOCK_N, BLOCK_K, num_warps[,
 # num_stages])
 _choice: dict[tuple, tuple | None] = {}
@@ -73,52 +74,65 @@ if triton is not None:
         BN: tl.constexpr,
         BK: tl.constexpr,
         PDL: tl.constexpr,
+        SILU_MUL: tl.constexpr,
     ):
+        # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
+        # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
+        # program 3 reads gate rows 6, 7 and up rows 14342, 14343, and writes columns 6, 7.
         pid = tl.program_id(0)
         rn = pid * BN + tl.arange(0, BN)
         rm = tl.arange(0, BM)
         rk = tl.arange(0, BK)
+        w_rows = w + rn[:, None] * swn
+        w_mask = rn[:, None] < N
         # The weight is never written during a step, so its first tile is loaded before the
         # wait: under programmatic dependent launch (PDL) this kernel starts while the one
         # producing x drains, and only the x loads wait (gdc_wait) for that kernel's writes.
-        wt = tl.load(
-            w + rn[:, None] * swn + rk[None, :],
-            mask=(rn[:, None] < N) & (rk[None, :] < K),
-            other=0.0,
-        ).to(tl.float32)
+        wt = tl.load(w_rows + rk[None, :], mask=w_mask & (rk[None, :] < K), other=0.0)
+        if SILU_MUL:
+            wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & (rk[None, :] < K), other=0.0)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        xt = tl.load(
-            x + rm[:, None] * sxm + rk[None, :],
-            mask=(rm[:, None] < M) & (rk[None, :] < K),
-            other=0.0,
-        ).to(tl.float32)
-        acc = tl.sum(xt[:, None, :] * wt[None, :, :], axis=2)
+        x_rows = x + rm[:, None] * sxm
+        x_mask = rm[:, None] < M
+        xt = tl.load(x_rows + rk[None, :], mask=x_mask & (rk[None, :] < K), other=0.0)
+        xt = xt.to(tl.float32)[:, None, :]
+        acc = tl.sum(xt * wt.to(tl.float32)[None, :, :], axis=2)
+        if SILU_MUL:
+            acc_up = tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
         for k0 in range(BK, K, BK):
             rk = k0 + tl.arange(0, BK)
-            wt = tl.load(
-                w + rn[:, None] * swn + rk[None, :],
-                mask=(rn[:, None] < N) & (rk[None, :] < K),
-                other=0.0,
-            ).to(tl.float32)
-            xt = tl.load(
-                x + rm[:, None] * sxm + rk[None, :],
-                mask=(rm[:, None] < M) & (rk[None, :] < K),
-                other=0.0,
-            ).to(tl.float32)
-            acc += tl.sum(xt[:, None, :] * wt[None, :, :], axis=2)
+            k_mask = rk[None, :] < K
+            wt = tl.load(w_rows + rk[None, :], mask=w_mask & k_mask, other=0.0)
+            xt = tl.load(x_rows + rk[None, :], mask=x_mask & k_mask, other=0.0)
+            xt = xt.to(tl.float32)[:, None, :]
+            acc += tl.sum(xt * wt.to(tl.float32)[None, :, :], axis=2)
+            if SILU_MUL:
+                wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
+                acc_up += tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
+        y = acc.to(out.dtype.element_ty)
+        if SILU_MUL:
+            # rounded as gemv's bf16 output and then fused_kernels.silu_and_mul would round
+            g = y.to(tl.float32)
+            y = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty) * acc_up.to(out.dtype.element_ty)
         tl.store(
-            out + rm[:, None] * som + rn[None, :],
-            acc.to(out.dtype.element_ty),
-            mask=(rm[:, None] < M) & (rn[None, :] < N),
+            out + rm[:, None] * som + rn[None, :], y, mask=(rm[:, None] < M) & (rn[None, :] < N)
         )
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple, pdl: bool = False) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, w: torch.Tensor, cfg: tuple, pdl: bool = False, silu_mul: bool = False
+) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
     stages]); without stages Triton's default software pipelining depth is used. pdl=True
-    launches it as a programmatic dependent of the previous kernel on the stream (Hopper+)."""
+    launches it as a programmatic dependent of the previous kernel on the stream (Hopper+).
+
+    silu_mul=True applies the gated MLP's activation in the epilogue: w is [gate; up] and the
+    result [M, N/2] is silu(x @ gate^T) * (x @ up^T), equal bit for bit to
+    fused_kernels.silu_and_mul of the unfused gemv with BLOCK_N / 2; a program still reads
+    BLOCK_N weight rows, BLOCK_N / 2 of each half.
+    """
     m, k = x.shape
     n = w.shape[0]
     bn, bk, warps = cfg[:3]
@@ -126,6 +140,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple, pdl: bool = False) -> tor
     bm = max(1, triton.next_power_of_2(m))
     if bm > 1:
         bk = max(32, bk // bm)  # keep the per-thread register tile bounded
+    if silu_mul:
+        assert n % 2 == 0 and bn >= 2, (n, cfg)
+        n, bn = n // 2, bn // 2
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x,
@@ -141,6 +158,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: tuple, pdl: bool = False) -> tor
         BN=bn,
         BK=bk,
         PDL=pdl,
+        SILU_MUL=silu_mul,
         num_warps=warps,
         launch_pdl=pdl,
         **extra,
@@ -184,7 +202,9 @@ def _pick(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
     return best
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def _config(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
+    """The Triton config to compute x @ w^T with, or None where F.linear (cuBLAS) serves:
+    CPU, float32, more than MAX_M rows, or cuBLAS timed faster."""
     if (
         not _ENABLED
         or triton is None
@@ -194,7 +214,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
         or x.dtype not in (torch.bfloat16, torch.float16)
         or not x.is_contiguous()
     ):
-        return F.linear(x, w, bias)
+        return None
     # One pick per power-of-two bucket of M: the kernel pads M to that size anyway (BM), and
     # the CUDA-graph warm-up (batches 1, 2, 4, 8) then covers every bucket, so no pick ever
     # runs mid-serving, e.g. for the LM head of a prefill batch of 3 requests. A pick costs
@@ -204,10 +224,24 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     key = (bucket, w.shape[0], w.shape[1], x.dtype)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
-            return F.linear(x, w, bias)
+            return None
         _choice[key] = _pick(x.new_zeros((bucket, x.shape[1])), w)
-    cfg = _choice[key]
+    return _choice[key]
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, bias), through the Triton GEMV where _config picks it."""
+    cfg = _config(x, w)
     if cfg is None:
         return F.linear(x, w, bias)
     out = gemv(x, w, cfg, pdl=pdl_enabled(x))
     return out + bias if bias is not None else out
+
+
+def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """silu(x @ gate^T) * (x @ up^T) for w = [gate; up] in one Triton GEMV where linear would
+    use the Triton GEMV for x @ w^T, else None: the caller then runs linear and the
+    activation itself. At batch 1 this saves the SiLU-mul kernel of every MLP.
+    MINI_SGLANG_DISABLE_GEMV_SILU_FUSION=1 always returns None."""
+    cfg = _config(x, w) if _FUSE_SILU_MUL else None
+    return None if cfg is None else gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True)

@@ -116,6 +116,31 @@ def test_silu_and_mul_matches_reference(m, d, pdl):
     torch.testing.assert_close(silu_and_mul(x, pdl=pdl), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 2 * 14336, 4096), (3, 2 * 3072, 1024), (8, 2 * 1000, 896)])
+def test_gemv_with_silu_mul_epilogue_equals_gemv_then_silu_mul(m, n, k):
+    """The gate/up projection's fused form (SiLU-mul in the GEMV's epilogue) rounds as the
+    two kernels do, so for every config it must equal them bit for bit."""
+    from mini_sglang.layers.fused_kernels import silu_and_mul
+    from mini_sglang.layers.small_m_gemm import _CONFIGS, gemv, linear_silu_mul
+
+    torch.manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.05
+    for cfg in _CONFIGS:
+        half = (cfg[0] // 2, *cfg[1:])
+        try:
+            ref = silu_and_mul(gemv(x, w, half))
+        except Exception:  # a config the compiler rejects on this card
+            continue
+        assert torch.equal(gemv(x, w, cfg, silu_mul=True), ref), cfg
+    # the dispatching entry point: fused where the Triton GEMV is picked, else None
+    fused = linear_silu_mul(x, w)
+    ref = torch.nn.functional.linear(x, w)
+    ref = torch.nn.functional.silu(ref[:, : n // 2]) * ref[:, n // 2 :]
+    if fused is not None:
+        torch.testing.assert_close(fused, ref, atol=2e-2, rtol=2e-2)
+
+
 def test_pdl_chain_in_a_cuda_graph_matches_the_chain_without_pdl():
     """Programmatic dependent launch lets a kernel start before the one it reads from has
     finished; with a missing wait the result would differ from the serial run."""
