@@ -6,6 +6,8 @@
 It drives the real ScheduleBatch -> ModelRunner path (KV allocation, CUDA graphs, sampling)
 without the scheduler process, and reports prefill latency, decode ms/token and, on CUDA,
 the forward occupancy: the share of decode wall time the GPU spends inside the forward.
+With --tp-size N it starts one process per TP rank (GPUs base_gpu_id + rank * gpu_id_step),
+each running the same batches in lockstep; rank 0 reports, as in SGLang.
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ import argparse
 import dataclasses
 import json
 import logging
+import multiprocessing.connection
+import os
 import statistics
+import sys
 import time
+import traceback
 
 import torch
 
+from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.managers.tp_worker import TpModelWorker
@@ -149,14 +156,17 @@ def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int
     return ttft, (total - ttft) / max(output_len - 1, 1)
 
 
-def profile_decode(worker: TpModelWorker, bs: int, input_len: int, path: str) -> None:
-    """Kernel-level profile of 20 decode steps (the prefill runs before it starts)."""
+def profile_decode(worker: TpModelWorker, bs: int, input_len: int, path: str | None) -> None:
+    """Kernel-level profile of 20 decode steps (the prefill runs before it starts), written
+    to path unless it is None (TP ranks other than 0 run the steps and write nothing)."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
     run_once(worker, bs, input_len, 21, on_decode_start=prof.start)
     prof.stop()
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+    if path is None:
+        return
     with open(path, "w") as f:
         f.write(table)
         f.write("\n\n")
@@ -193,10 +203,25 @@ def main(argv: list[str] | None = None) -> dict:
     )
     args = parser.parse_args(argv)
     server_args = ServerArgs.from_cli_args(args)
+    if server_args.dp_size > 1 or server_args.nnodes > 1:
+        parser.error(
+            "bench_one_batch runs one TP group on this machine: use --dp-size 1 --nnodes 1"
+        )
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
+    if server_args.tp_size > 1:
+        return _run_tp_group(server_args, args)
+    return _run_rank(server_args, args, 0)
+
+
+def _run_rank(server_args: ServerArgs, args, tp_rank: int) -> dict:
+    """The benchmark on one rank (the TP group, if any, already joined); only rank 0 prints
+    and writes the result file."""
+    gpu_id = server_args.base_gpu_id + tp_rank * server_args.gpu_id_step
+    if tp_rank > 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (this rank's process ends with the run)
     if args.mode == "scheduler":
-        return {"results": _main_scheduler(server_args, args)}
-    worker = TpModelWorker(server_args)
+        return {"results": _main_scheduler(server_args, args, gpu_id, tp_rank)}
+    worker = TpModelWorker(server_args, gpu_id=gpu_id)
     results = []
     run_once(worker, 1, 16, 4)  # warm-up
     for bs in args.batch_size:
@@ -229,26 +254,32 @@ def main(argv: list[str] | None = None) -> dict:
                         "mean_decode_ms": 1000 * total_decode / len(dec),
                         "forward_occupancy": occupancy,
                         "device": str(worker.device),
+                        "tp_size": get_tp_size(),
                         "model_path": server_args.model_path,
                         "attention_backend": server_args.attention_backend,
                         "cuda_graph": not server_args.disable_cuda_graph,
                     }
                 )
     if args.profile:
-        profile_decode(worker, args.batch_size[0], args.input_len[0], args.profile)
-    if args.result_filename:
+        path = args.profile if tp_rank == 0 else None
+        profile_decode(worker, args.batch_size[0], args.input_len[0], path)
+    if args.result_filename and tp_rank == 0:
         with open(args.result_filename, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
     return {"results": results, "server_args": dataclasses.asdict(server_args)}
 
 
-def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
+def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) -> list[dict]:
     from mini_sglang.managers.scheduler import Scheduler
     from mini_sglang.managers.tp_worker import ForwardTimer
 
     outputs: list = []
-    scheduler = Scheduler(server_args, send_to_detokenizer=outputs.append)
+    # Every rank gets the same requests straight into its Scheduler (a server's rank 0
+    # broadcasts them instead), so the ranks' loops take the same steps.
+    scheduler = Scheduler(
+        server_args, gpu_id=gpu_id, tp_rank=tp_rank, send_to_detokenizer=outputs.append
+    )
     scheduler.test_outputs = outputs
     worker = scheduler.tp_worker
     run_scheduler(scheduler, 1, 16, 8, seed=99)  # warm-up
@@ -262,7 +293,7 @@ def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
         print(f"Host-device syncs in {ol} steps at bs={bs}: {sum(sites.values())}")
         for site, n in sites.most_common():
             print(f"  {n:6d}  {site}")
-    if args.profile:
+    if args.profile and tp_rank == 0:
         import cProfile
         import pstats
 
@@ -297,15 +328,74 @@ def _main_scheduler(server_args: ServerArgs, args) -> list[dict]:
                         "decode_ms_per_token": 1000 * per_token,
                         "forward_occupancy": occupancy,
                         "overlap": scheduler.overlap,
+                        "tp_size": get_tp_size(),
                         "model_path": server_args.model_path,
                         "device": str(scheduler.device),
                     }
                 )
-    if args.result_filename:
+    if args.result_filename and tp_rank == 0:
         with open(args.result_filename, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
     return results
+
+
+def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, conn) -> None:
+    from mini_sglang.entrypoints.parallel_launch import (
+        configure_cpu_threads,
+        init_scheduler_tp_group,
+    )
+
+    try:
+        configure_cpu_threads(server_args)
+        init_scheduler_tp_group(server_args, port_args, tp_rank)
+        out = _run_rank(server_args, args, tp_rank)
+        conn.send(out if tp_rank == 0 else None)
+    except BaseException:
+        conn.send(
+            RuntimeError(f"bench_one_batch TP rank {tp_rank} failed:\n{traceback.format_exc()}")
+        )
+        raise
+
+
+def _run_tp_group(server_args: ServerArgs, args) -> dict:
+    """Run the benchmark on tp_size spawned rank processes; returns rank 0's report, or
+    raises the first rank's error (ending the other ranks, which would wait forever in a
+    collective)."""
+    import multiprocessing as mp
+
+    from mini_sglang.server_args import PortArgs
+
+    port_args = PortArgs.init_new(server_args)
+    ctx = mp.get_context("spawn")
+    ranks = []
+    for tp_rank in range(server_args.tp_size):
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_tp_rank_process, args=(server_args, args, port_args, tp_rank, writer)
+        )
+        proc.start()
+        writer.close()  # so a rank that dies without reporting reads as EOF here
+        ranks.append((proc, reader))
+    report, pending = None, {reader: proc for proc, reader in ranks}
+    try:
+        while pending:
+            for reader in multiprocessing.connection.wait(list(pending)):
+                proc = pending.pop(reader)
+                try:
+                    msg = reader.recv()
+                except EOFError:
+                    msg = RuntimeError(f"bench_one_batch TP rank exited with code {proc.exitcode}")
+                if isinstance(msg, BaseException):
+                    raise msg
+                report = msg if msg is not None else report
+    finally:
+        for proc, _ in ranks:
+            if proc.is_alive() and pending:
+                proc.kill()
+            proc.join()
+    assert report is not None
+    return report
 
 
 if __name__ == "__main__":

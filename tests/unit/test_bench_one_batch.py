@@ -53,3 +53,31 @@ def test_scheduler_mode_sync_debug_on_cpu_says_it_needs_cuda(tiny_llama_path: st
     )  # fmt: skip
     assert "--sync-debug needs a CUDA device" in capsys.readouterr().out
     assert [r["batch_size"] for r in out["results"]] == [2]
+
+
+@pytest.mark.parametrize("mode", ["runner", "scheduler"])
+def test_tp_size_2_runs_one_process_per_rank(tiny_llama_path: str, tmp_path, mode):
+    """--tp-size 2 starts two gloo ranks that run the batches in lockstep (the row's tp_size
+    is what the model saw); rank 0 alone writes the result file."""
+    result_file = tmp_path / "rows.jsonl"
+    out = main(
+        [
+            "--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32",
+            "--tp-size", "2", "--mode", mode, "--batch-size", "2", "--input-len", "8",
+            "--output-len", "4", "--result-filename", str(result_file),
+        ]
+    )  # fmt: skip
+    assert [(r["batch_size"], r["tp_size"]) for r in out["results"]] == [(2, 2)]
+    assert len(result_file.read_text().splitlines()) == 1
+
+
+def test_tp_size_error_on_a_rank_is_raised(tiny_llama_path: str):
+    # 3 ranks cannot split the tiny model's 4 heads: every rank fails at start-up, and the
+    # error names the rank instead of leaving the parent waiting.
+    with pytest.raises(RuntimeError, match="TP rank"):
+        main(
+            [
+                "--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32",
+                "--tp-size", "3", "--batch-size", "1", "--input-len", "4", "--output-len", "2",
+            ]
+        )  # fmt: skip
