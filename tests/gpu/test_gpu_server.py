@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.server.conftest import ServerHandle, launch_server, parse_sse
+from tests.server.conftest import GPU_STARTUP_TIMEOUT_S, ServerHandle, launch_server, parse_sse
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -34,7 +34,14 @@ def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandl
     except RuntimeError as e:
         pytest.skip(str(e))
     logs: Path = tmp_path_factory.mktemp("gpu_server_logs")
-    handle = launch_server(path, "--device", "cuda", log_dir=logs, max_total_tokens=32768)
+    handle = launch_server(
+        path,
+        "--device",
+        "cuda",
+        log_dir=logs,
+        max_total_tokens=32768,
+        startup_timeout=GPU_STARTUP_TIMEOUT_S,
+    )
     yield handle
     handle.stop()
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.gpu.test_gpu_correctness import TOL, _build_gpu_tiny_model
-from tests.server.conftest import ServerHandle, launch_server
+from tests.server.conftest import GPU_STARTUP_TIMEOUT_S, ServerHandle, launch_server
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
@@ -50,6 +50,7 @@ def tp2_server(request, tp_model, tmp_path_factory) -> Iterator[ServerHandle]:
         "0.5",
         log_dir=tmp_path_factory.mktemp("tp2_logs"),
         max_total_tokens=8192,
+        startup_timeout=GPU_STARTUP_TIMEOUT_S,
     )
     yield handle
     handle.stop()

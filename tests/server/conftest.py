@@ -32,6 +32,9 @@ import requests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0
+# A GPU server's first start on a fresh machine JIT-compiles flashinfer's and our Triton
+# kernels (each TP rank on its own) before it captures CUDA graphs.
+GPU_STARTUP_TIMEOUT_S = 600.0
 # The prompt whose greedy continuation contains the tiny model's EOS token (see tiny_model).
 EOS_PROMPT = "The capital of France is"
 # EOS is the greedy token at this position of EOS_PROMPT's continuation (first occurrence).
@@ -247,10 +250,14 @@ def wait_ready(handle: ServerHandle, timeout: float = STARTUP_TIMEOUT_S) -> None
 
 
 def launch_server(
-    model_path: str | None, *extra_args: str, log_dir: Path, **kw: Any
+    model_path: str | None,
+    *extra_args: str,
+    log_dir: Path,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
+    **kw: Any,
 ) -> ServerHandle:
     handle = start_server(model_path, *extra_args, log_dir=log_dir, **kw)
-    wait_ready(handle)
+    wait_ready(handle, startup_timeout)
     return handle
 
 
