@@ -28,7 +28,7 @@ try:
 except ImportError:  # CPU installs
     triton = None
 
-from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled, silu_mul
 from mini_sglang.layers.small_m_gemm import MAX_M
 
 
@@ -172,8 +172,7 @@ if triton is not None:
             gdc_wait()
         g = tl.load(x + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x + row * stride_x + D + offs, mask=mask, other=0.0)
-        silu = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty)
-        tl.store(out + row * stride_o + offs, silu * u, mask=mask)
+        tl.store(out + row * stride_o + offs, silu_mul(g, u), mask=mask)
 
 
 def rmsnorm(

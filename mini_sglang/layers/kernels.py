@@ -17,6 +17,22 @@ try:  # grid dependency control for programmatic dependent launch (Hopper+); Tri
 except ImportError:  # no Triton (CPU installs) or an older one
     gdc_launch_dependents = gdc_wait = None
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU installs
+    triton = silu_mul = None
+
+if triton is not None:
+
+    @triton.jit
+    def silu_mul(g, u):
+        """silu(g) * u inside a Triton kernel, g float32 and u in the model dtype: silu is
+        rounded to u's dtype before the product, as flashinfer and HF round. One definition
+        for fused_kernels.silu_and_mul and the GEMV epilogue (small_m_gemm), which must agree
+        bit for bit."""
+        return (g / (1.0 + tl.exp(-g))).to(u.dtype) * u
+
 
 @functools.cache
 def _flashinfer() -> ModuleType | None:

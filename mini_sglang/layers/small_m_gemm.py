@@ -17,7 +17,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled, silu_mul
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
 try:
@@ -113,9 +113,8 @@ if triton is not None:
                 acc_up += tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
         y = acc.to(out.dtype.element_ty)
         if SILU_MUL:
-            # rounded as gemv's bf16 output and then fused_kernels.silu_and_mul would round
-            g = y.to(tl.float32)
-            y = (g / (1.0 + tl.exp(-g))).to(out.dtype.element_ty) * acc_up.to(out.dtype.element_ty)
+            # rounded as gemv's output and then fused_kernels.silu_and_mul would round
+            y = silu_mul(y.to(tl.float32), acc_up.to(out.dtype.element_ty))
         tl.store(
             out + rm[:, None] * som + rn[None, :], y, mask=(rm[:, None] < M) & (rn[None, :] < N)
         )
