@@ -15,6 +15,7 @@ from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.layers.activation import SiluAndMul
+from mini_sglang.layers.attention.base_attn_backend import QKNormRope
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
 from mini_sglang.layers.kernels import pdl_enabled
 from mini_sglang.layers.layernorm import RMSNorm
@@ -77,11 +78,27 @@ class LlamaAttention(nn.Module):
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
         )
 
+    def _qk_norm_rope(self) -> QKNormRope:
+        if not self.qk_norm:
+            return QKNormRope(self.rotary_emb.cos_sin_cache)
+        return QKNormRope(
+            self.rotary_emb.cos_sin_cache,
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.variance_epsilon,
+        )
+
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         if self.use_fused and fused_ops_available(qkv, self.head_dim):
+            if fb.forward_mode.is_decode():
+                out = fb.attn_backend.forward_decode_from_qkv(
+                    qkv, positions, self._qk_norm_rope(), self.attn, fb
+                )
+                if out is not None:
+                    return self.o_proj(out)
             # q/k norm + RoPE + K/V store in one kernel (see layers/fused_kernels.py).
             k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(self.attn.layer_id)
             q = qk_norm_rope_store(

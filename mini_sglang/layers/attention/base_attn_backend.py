@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,6 +20,18 @@ if TYPE_CHECKING:
     from mini_sglang.layers.radix_attention import RadixAttention
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
     from mini_sglang.model_executor.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class QKNormRope:
+    """How a model turns its qkv projection into q and k: neox RoPE from cos_sin_cache
+    (float32 [max_pos, head_dim], cos then sin, RotaryEmbedding's), preceded by a per-head
+    RMSNorm with these weights when they are given (Qwen3)."""
+
+    cos_sin_cache: torch.Tensor
+    q_norm_weight: torch.Tensor | None = None
+    k_norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
 
 
 class AttentionBackend(ABC):
@@ -59,6 +72,20 @@ class AttentionBackend(ABC):
         if forward_batch.forward_mode.is_decode():
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_decode_from_qkv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rope: QKNormRope,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor | None:
+        """Decode attention straight from the qkv projection's output [bs, (q_heads + 2 *
+        kv_heads) * head_dim]: q/k norm and RoPE per `rope`, the new K/V written into the
+        pool, output [bs, q_heads * head_dim] as forward_decode's. None where the backend has
+        no such kernel; the model then prepares q, k, v itself and calls forward."""
+        return None
 
     # CUDA-graph hooks (decode only); backends without graph support keep the defaults.
     supports_cuda_graph = False

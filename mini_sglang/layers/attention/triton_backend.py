@@ -18,12 +18,14 @@ the runner refills before replay, so replay has nothing else to plan.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
 
-from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
+from mini_sglang.layers.attention.base_attn_backend import AttentionBackend, QKNormRope
 from mini_sglang.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd
+from mini_sglang.layers.attention.triton_ops.decode_from_qkv import decode_from_qkv_fwd
 from mini_sglang.layers.kernels import pdl_enabled
 
 if TYPE_CHECKING:
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     from mini_sglang.model_executor.model_runner import ModelRunner
 
 DEFAULT_NUM_KV_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
+# forward_decode_from_qkv's single kernel (RoPE + K/V store + split-KV stage 1); =1 restores
+# the separate qk_norm_rope_store kernel, for A/B runs
+_DECODE_FROM_QKV = os.environ.get("MINI_SGLANG_DISABLE_DECODE_FROM_QKV") != "1"
 
 
 class TritonAttnBackend(AttentionBackend):
@@ -143,6 +148,41 @@ class TritonAttnBackend(AttentionBackend):
             pdl=pdl_enabled(q),
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    def forward_decode_from_qkv(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        rope: QKNormRope,
+        layer: RadixAttention,
+        fb: ForwardBatch,
+    ) -> torch.Tensor | None:
+        d = layer.head_dim
+        if not _DECODE_FROM_QKV or d & (d - 1) or qkv.stride(-1) != 1:
+            return None
+        k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        bs = qkv.shape[0]
+        o = torch.empty((bs, layer.tp_q_head_num, d), dtype=qkv.dtype, device=qkv.device)
+        assert self.mid is not None and self.mid[0].shape[0] >= bs, "decode metadata not set"
+        decode_from_qkv_fwd(
+            qkv,
+            positions,
+            rope.cos_sin_cache,
+            rope.q_norm_weight,
+            rope.k_norm_weight,
+            rope.eps,
+            fb.out_cache_loc,
+            k_buf,
+            v_buf,
+            o,
+            self.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            *self.mid,
+            layer.scaling,
+            pdl=pdl_enabled(qkv),
+        )
+        return o.view(bs, -1)
 
     # ---- CUDA graphs (decode) ------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:

@@ -262,6 +262,15 @@ def decode_attention_fwd(
         num_stages=2,
         launch_pdl=pdl,
     )
+    merge_splits(mid_o, mid_lse, o, pdl)
+
+
+def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Tensor, pdl: bool) -> None:
+    """Stage 2: o [bs, q_heads, head_dim] from the splits' partial outputs and log-sum-exps
+    (stage 1's scratch, see decode_attention_fwd)."""
+    bs, q_heads, head_dim = o.shape
+    num_splits = mid_lse.shape[2]
+    block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_stage2[(bs, q_heads)](
         mid_o,
         mid_lse,
