@@ -117,3 +117,63 @@ def test_decode_from_qkv_with_pdl_equals_without():
         )  # fmt: skip
         outs.append(o)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_backends_route_decode_from_qkv_and_match_the_unfused_path():
+    """Through HybridAttnBackend as ModelRunner builds it (Triton for decode batches <= 1):
+    a batch of one gets the fused kernel, whose output and new K/V equal RotaryEmbedding +
+    the torch_native backend's; a batch of two goes to torch_native, which has no such
+    kernel (None: the model then takes the unfused path)."""
+    from mini_sglang.layers.attention.base_attn_backend import QKNormRope
+    from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
+    from mini_sglang.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
+    from mini_sglang.layers.rotary_embedding import RotaryEmbedding
+    from mini_sglang.model_executor.forward_batch_info import ForwardMode
+    from tests.unit.test_triton_attention import _backend_setup, _forward_batch, _scatter_slots
+
+    runner, r2t_pool, kv_pool, layer = _backend_setup(1, head_dim=64, group=4)
+    native = TorchNativeAttnBackend(runner)
+    hybrid = HybridAttnBackend(native, native, TritonAttnBackend(runner, 4), 1)
+    h, d = layer.tp_q_head_num, layer.head_dim
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    rope = RotaryEmbedding(d, 256, inv_freq, 1.0).to(DEVICE)
+    gen = torch.Generator().manual_seed(7)
+    lens, rows = [70, 9], [2, 3]
+    slots = _scatter_slots(lens, 1, gen)
+    k_buf, v_buf = kv_pool.get_kv_buffer(0)
+    for row, s in zip(rows, slots):
+        r2t_pool.req_to_token[row, : len(s)] = s.to(DEVICE, torch.int32)
+        k_buf[s.to(DEVICE)] = torch.randn(len(s), KV_HEADS, d, generator=gen).to(DEVICE)
+        v_buf[s.to(DEVICE)] = torch.randn(len(s), KV_HEADS, d, generator=gen).to(DEVICE)
+
+    qkv = torch.randn(1, (h + 2 * KV_HEADS) * d, generator=gen).to(DEVICE)
+    args = (ForwardMode.DECODE, rows[:1], lens[:1], slots[0][-1:], r2t_pool, kv_pool)
+    fb = _forward_batch(*args, hybrid)
+    fb.positions = torch.tensor([lens[0] - 1], device=DEVICE)
+    hybrid.init_forward_metadata(fb)
+    out = hybrid.forward_decode_from_qkv(
+        qkv, fb.positions, QKNormRope(rope.cos_sin_cache), layer, fb
+    )
+    new_kv = k_buf[slots[0][-1]].clone(), v_buf[slots[0][-1]].clone()
+
+    q, k, v = qkv.split([h * d, KV_HEADS * d, KV_HEADS * d], dim=-1)
+    q, k = rope.forward_native(fb.positions, q.clone(), k.clone())
+    ref_fb = _forward_batch(*args, native)
+    native.init_forward_metadata(ref_fb)
+    ref = native.forward(q, k.view(1, KV_HEADS, d), v.reshape(1, KV_HEADS, d), layer, ref_fb)
+    assert out is not None and out.shape == (1, h * d)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(new_kv[0], k_buf[slots[0][-1]], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(new_kv[1], v_buf[slots[0][-1]], atol=0, rtol=0)
+
+    two = (ForwardMode.DECODE, rows, lens, torch.stack([s[-1] for s in slots]), r2t_pool, kv_pool)
+    fb2 = _forward_batch(*two, hybrid)
+    hybrid.init_forward_metadata(fb2)
+    qkv2 = torch.randn(2, qkv.shape[1], generator=gen).to(DEVICE)
+    assert (
+        hybrid.forward_decode_from_qkv(
+            qkv2, fb2.positions, QKNormRope(rope.cos_sin_cache), layer, fb2
+        )
+        is None
+    )
