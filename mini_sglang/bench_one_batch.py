@@ -345,7 +345,11 @@ def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, con
         configure_cpu_threads,
         init_scheduler_tp_group,
     )
+    from mini_sglang.utils.process import set_parent_death_signal
 
+    # A killed or timed-out benchmark must not leave ranks holding the GPUs (and skewing
+    # the next run's numbers), as the server's scheduler processes do not.
+    set_parent_death_signal()
     try:
         configure_cpu_threads(server_args)
         init_scheduler_tp_group(server_args, port_args, tp_rank)

@@ -81,3 +81,53 @@ def test_tp_size_error_on_a_rank_is_raised(tiny_llama_path: str):
                 "--tp-size", "3", "--batch-size", "1", "--input-len", "4", "--output-len", "2",
             ]
         )  # fmt: skip
+
+
+def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
+    """Killing bench_one_batch (a timeout, Ctrl-C twice) takes its rank processes with it,
+    instead of leaving them running on the devices."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "mini_sglang.bench_one_batch",
+        "--model-path",
+        tiny_llama_path,
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--tp-size",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "200",
+        "--batch-size",
+        *["1"] * 5000,
+    ]  # fmt: skip  (5000 runs of 200 steps: far longer than the test)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ranks: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.5)
+            children = psutil.Process(proc.pid).children()
+            ranks = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        assert len(ranks) == 2, "the rank processes did not start"
+        time.sleep(3)  # let them get into the model
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        _, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive, f"rank processes outlived the benchmark: {[p.pid for p in alive]}"
+    finally:
+        proc.kill()
+        for rank in ranks:
+            if rank.is_running():
+                rank.kill()
