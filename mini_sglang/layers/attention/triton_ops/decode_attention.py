@@ -28,6 +28,9 @@ from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
 
 LOG2E = 1.4426950408889634
 MIN_BLOCK_KV = 32  # split lengths are multiples of this
+# query heads per stage-1 program: tl.dot needs M >= 16, so with GROUP < 16 the extra rows
+# are masked off, and GROUP > 16 takes ceil(GROUP / 16) programs per kv head
+BLOCK_H = 16
 
 
 @triton.jit
@@ -223,8 +226,7 @@ def decode_attention_fwd(
     kv_heads = k_buffer.shape[1]
     group = q_heads // kv_heads
     num_splits = mid_lse.shape[2]
-    block_h = 16  # tl.dot needs M >= 16: with GROUP < 16 the extra rows are masked off
-    head_blocks = triton.cdiv(group, block_h)
+    head_blocks = triton.cdiv(group, BLOCK_H)
     block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_stage1[(bs, kv_heads * head_blocks, num_splits)](
         q,
@@ -238,6 +240,34 @@ def decode_attention_fwd(
         sm_scale * LOG2E,
         q.stride(0),
         q.stride(1),
+        *pool_and_scratch_strides(k_buffer, v_buffer, req_to_token, mid_o, mid_lse),
+        GROUP=group,
+        HEAD_BLOCKS=head_blocks,
+        NUM_SPLITS=num_splits,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_H=BLOCK_H,
+        BLOCK_N=32 if block_d > 128 else 64,
+        MIN_KV=MIN_BLOCK_KV,
+        IEEE=q.dtype == torch.float32,
+        PDL=pdl,
+        num_warps=4,
+        num_stages=2,
+        launch_pdl=pdl,
+    )
+    merge_splits(mid_o, mid_lse, o, pdl)
+
+
+def pool_and_scratch_strides(
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+) -> tuple[int, ...]:
+    """The stride arguments that stage-1 kernels take after their query strides, in order:
+    K (slot, head), V (slot, head), req_to_token (row), mid_o (b, h, split), mid_lse (b, h)."""
+    return (
         k_buffer.stride(0),
         k_buffer.stride(1),
         v_buffer.stride(0),
@@ -248,21 +278,7 @@ def decode_attention_fwd(
         mid_o.stride(2),
         mid_lse.stride(0),
         mid_lse.stride(1),
-        GROUP=group,
-        HEAD_BLOCKS=head_blocks,
-        NUM_SPLITS=num_splits,
-        HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
-        BLOCK_H=block_h,
-        BLOCK_N=32 if block_d > 128 else 64,
-        MIN_KV=MIN_BLOCK_KV,
-        IEEE=q.dtype == torch.float32,
-        PDL=pdl,
-        num_warps=4,
-        num_stages=2,
-        launch_pdl=pdl,
     )
-    merge_splits(mid_o, mid_lse, o, pdl)
 
 
 def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Tensor, pdl: bool) -> None:

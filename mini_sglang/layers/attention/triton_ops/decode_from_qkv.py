@@ -33,10 +33,12 @@ import triton
 import triton.language as tl
 
 from mini_sglang.layers.attention.triton_ops.decode_attention import (
+    BLOCK_H,
     LOG2E,
     MIN_BLOCK_KV,
     _dot,
     merge_splits,
+    pool_and_scratch_strides,
 )
 from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
 
@@ -186,8 +188,7 @@ def decode_from_qkv_fwd(
     kv_heads = k_buffer.shape[1]
     group = q_heads // kv_heads
     num_splits = mid_lse.shape[2]
-    block_h = 16  # tl.dot needs M >= 16: with GROUP < 16 the extra rows are masked off
-    head_blocks = triton.cdiv(group, block_h)
+    head_blocks = triton.cdiv(group, BLOCK_H)
     has_norm = q_norm_weight is not None
     _decode_from_qkv_stage1[(bs, kv_heads * head_blocks, num_splits)](
         qkv,
@@ -206,23 +207,14 @@ def decode_from_qkv_fwd(
         mid_lse,
         sm_scale * LOG2E,
         qkv.stride(0),
-        k_buffer.stride(0),
-        k_buffer.stride(1),
-        v_buffer.stride(0),
-        v_buffer.stride(1),
-        req_to_token.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
+        *pool_and_scratch_strides(k_buffer, v_buffer, req_to_token, mid_o, mid_lse),
         NUM_Q=q_heads,
         NUM_KV=kv_heads,
         GROUP=group,
         HEAD_BLOCKS=head_blocks,
         NUM_SPLITS=num_splits,
         D=head_dim,
-        BLOCK_H=block_h,
+        BLOCK_H=BLOCK_H,
         BLOCK_N=32 if head_dim > 128 else 64,
         MIN_KV=MIN_BLOCK_KV,
         HAS_NORM=has_norm,
