@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
 # JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [compare] [tp] [default_model] [kernels] [save_jit]
+#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [compare] [tp] [default_model] [kernels] [save_jit]
 # With no arguments tests, one_batch, offline and serving run. MODELS overrides the model list
 # (default: both). `tp` needs a 2-GPU kind; `default_model` needs the GGUF parts staged by
 # scripts/stage_default_model_parts.sh (parts 1 and 2 in /tmp/smol, part 3 in .smol_c).
@@ -80,6 +80,24 @@ for step in "${steps[@]}"; do
         env ${arm_env[$arm]} python -m mini_sglang.bench_offline_throughput --model-path /tmp/m/llama-3.1-8b \
           --load-format dummy ${arm_flags[$arm]} --preset nano-vllm 2>&1 \
           | grep -E "Output token throughput|Error" | sed "s/^/$arm /" | tee -a "$OUT/decode_ab.log"
+      done ;;
+    ab)
+      # A/B of environment settings on the batch-1 latency target (scheduler mode, in 128,
+      # out 1024), arms alternating AB_ROUNDS times (default 2) so machine drift hits every
+      # arm alike. AB_ARMS: ';'-separated env assignments, an empty arm = defaults, e.g.
+      #   AB_ARMS=";MINI_SGLANG_DISABLE_DECODE_FROM_QKV=1" MODELS=llama-3.1-8b ... ab
+      # Rows go to $OUT/ab_arm<i>.jsonl, i = the arm's position in AB_ARMS.
+      IFS=';' read -ra arms <<< "${AB_ARMS:-}"
+      [ ${#arms[@]} -eq 0 ] && arms=("")
+      for round in $(seq "${AB_ROUNDS:-2}"); do
+        for i in "${!arms[@]}"; do
+          for m in $MODELS; do
+            env ${arms[$i]} python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" \
+              --load-format dummy --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+              --result-filename "$OUT/ab_arm$i.jsonl" 2>&1 | grep -E "Scheduler|Error" \
+              | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/ab.log"
+          done
+        done
       done ;;
     profile)
       # kernel table of 20 decode steps at batch 256 (the nano-vllm workload's full batch),
