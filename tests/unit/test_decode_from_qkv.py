@@ -106,8 +106,10 @@ def test_decode_from_qkv_with_pdl_equals_without():
     k_buf, v_buf, r2t, rows, slots = _make_pool(lens, 1, 128, torch.bfloat16, seed=0)
     qkv = torch.randn(1, 12 * 128, device=DEVICE, dtype=torch.bfloat16)
     cos_sin = _cos_sin(512, 128).to(DEVICE)
+    if not pdl_enabled(qkv):  # both runs would be the plain launch: nothing to compare
+        pytest.skip("needs a GPU with programmatic dependent launch (Hopper+)")
     outs = []
-    for pdl in (False, pdl_enabled(qkv)):
+    for pdl in (False, True):
         o = torch.empty(1, 8, 128, dtype=torch.bfloat16, device=DEVICE)
         mid = (torch.empty(1, 8, 16, 128, device=DEVICE), torch.empty(1, 8, 16, device=DEVICE))
         decode_from_qkv_fwd(
