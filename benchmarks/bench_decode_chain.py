@@ -14,6 +14,13 @@ weight bytes over that time. Arms:
 - ours / ours_pdl: the picks small_m_gemm makes when PDL is on, fused_kernels' RMSNorm and
   SiLU-mul: the decode path without / with PDL
 - triton / triton_pdl: the best Triton GEMV on every shape
+- qkv_fused / qkv_fused_pdl: the decode path at batch 1 (llama.norms_in_gemvs): down adds
+  into the residual in its epilogue and qkv normalises it as it loads it (g loaded beside x);
+  the post-attention add-RMSNorm stays a kernel
+- fused / fused_pdl: both add-RMSNorms folded into the GEMVs (o adds into the residual too,
+  gate_up normalises it); no norm kernel runs inside a layer
+- folded / folded_pdl: the same with g folded into the qkv and gate_up weights beforehand, so
+  those GEMVs load no g (the timing of that layout; the weights here are random anyway)
 
 Each *_pdl arm's logits are compared with its twin's (same kernels, same order, no PDL):
 they must match exactly, so a missing wait shows up as a difference, not as a speed-up.
@@ -49,7 +56,8 @@ def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch
 
 # arm -> (GEMV choice, small ops, PDL). GEMV choice: "cublas" (no configs), "picked" (small_m_gemm's
 # pick with the margin it uses without PDL), "pdl_picked" (with the margin it uses with PDL),
-# "triton" (the best Triton config on every shape). Small ops: flashinfer's or fused_kernels'.
+# "triton" (the best Triton config on every shape), "variant_picked" (small_m_gemm's pick for
+# each fused variant, made on first use). Small ops: flashinfer's or fused_kernels'.
 ARMS = {
     "cublas": ("cublas", "flashinfer", False),
     "picked": ("picked", "flashinfer", False),
@@ -58,6 +66,12 @@ ARMS = {
     "ours_pdl": ("pdl_picked", "ours", True),
     "triton": ("triton", "ours", False),
     "triton_pdl": ("triton", "ours", True),
+    "qkv_fused": ("variant_picked", "qkv_fused", False),
+    "qkv_fused_pdl": ("variant_picked", "qkv_fused", True),
+    "fused": ("variant_picked", "fused", False),
+    "fused_pdl": ("variant_picked", "fused", True),
+    "folded": ("variant_picked", "folded", False),
+    "folded_pdl": ("variant_picked", "folded", True),
 }
 
 
@@ -83,6 +97,38 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
     gen = torch.Generator(device="cuda").manual_seed(1)
     h0 = torch.randn(1, hidden, dtype=torch.bfloat16, device="cuda", generator=gen)
     h, res = h0.clone(), torch.zeros_like(h0)
+
+    def fused_lin(x, w, residual=None, norm=False, silu_mul=False):
+        """One GEMV of the norms-in-GEMVs dataflows (ops "qkv_fused", "fused", "folded"), with
+        gemv_cfgs' config for its shape (a --sweep) or else the model's pick for the variant."""
+        variant = (
+            ("norm",) * norm + ("silu_mul",) * silu_mul + ("residual",) * (residual is not None)
+        )
+        pick = () if variant == ("silu_mul",) else variant  # as linear_silu_mul picks
+        cfg = gemv_cfgs.get(tuple(w.shape)) or small_m_gemm._config(x, w, pick)
+        assert cfg is not None, f"cuBLAS picked for {tuple(w.shape)} {variant}"
+        g = ones if ops != "folded" and norm else None
+        eps = 1e-5 if norm else None
+        return small_m_gemm.gemv(
+            x, w, cfg, pdl=pdl, silu_mul=silu_mul, residual=residual, norm_weight=g, eps=eps
+        )
+
+    def fused_step() -> torch.Tensor:
+        res.copy_(h0)
+        for lw in ws:
+            qkv = fused_lin(res, lw["qkv"], norm=True)
+            attn = qkv[:, : lw["o"].shape[1]].contiguous()
+            if ops == "qkv_fused":
+                xn = fused_kernels.rmsnorm(lin(attn, lw["o"]), ones, 1e-5, res, pdl=pdl)
+                act = fused_lin(xn, lw["gate_up"], silu_mul=True)
+            else:
+                fused_lin(attn, lw["o"], residual=res)
+                act = fused_lin(res, lw["gate_up"], norm=True, silu_mul=True)
+            fused_lin(act, lw["down"], residual=res)
+        return fused_lin(fused_kernels.rmsnorm(res, ones, 1e-5, pdl=pdl), lm_head)
+
+    if ops in ("qkv_fused", "fused", "folded"):
+        return fused_step
 
     def step() -> torch.Tensor:
         h.copy_(h0)
@@ -125,6 +171,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--sweep", action="store_true", help="each GEMV config per shape in the chain")
+    ap.add_argument("--sweep-arm", default="ours_pdl", help="the chain --sweep varies")
+    ap.add_argument("--arms", nargs="*", default=list(ARMS), help="arms to time")
     ap.add_argument("--out")
     args = ap.parse_args()
     layers = args.layers or config(args.model)["num_hidden_layers"]
@@ -143,7 +191,8 @@ def main() -> None:
     weight_bytes = sum(w.numel() * 2 for lw in ws for w in lw.values()) + lm_head.numel() * 2
     logits: dict[str, torch.Tensor] = {}
     rows = []
-    for arm, (gemvs, ops, pdl) in ARMS.items():
+    for arm in args.arms:
+        gemvs, ops, pdl = ARMS[arm]
         step = make_step(ws, lm_head, hidden, configs.get(gemvs, {}), ops, pdl)
         try:
             ms, out = time_step(step, args.replays)
@@ -159,17 +208,22 @@ def main() -> None:
             row["max_abs_diff_vs_" + twin] = (logits[arm] - logits[twin]).abs().max().item()
         print(json.dumps(row))
         rows.append(row)
-    if args.sweep:  # one shape's config at a time in the ours_pdl chain, the others as picked
+    for key, cfg in small_m_gemm._choice.items():
+        if key[-1]:  # a fused variant's pick
+            print(f"variant pick {key[1:3]} {key[-1]}: {cfg}")
+    if args.sweep:  # one shape's config at a time in the sweep arm's chain, the others as picked
+        sweep_gemvs, sweep_ops, _ = ARMS[args.sweep_arm]
         for key in configs["pdl_picked"]:
-            for cfg in (None, *small_m_gemm._CONFIGS):
-                cfgs = {**configs["pdl_picked"], key: cfg}
+            fused = sweep_ops in ("qkv_fused", "fused", "folded")
+            for cfg in (None, *small_m_gemm._CONFIGS)[fused:]:
+                cfgs = {**configs.get(sweep_gemvs, {}), key: cfg}
                 try:
                     ms, _ = time_step(
-                        make_step(ws, lm_head, hidden, cfgs, "ours", True), args.replays
+                        make_step(ws, lm_head, hidden, cfgs, sweep_ops, True), args.replays
                     )
                 except Exception:  # noqa: BLE001 - a config the compiler rejects
                     continue
-                row = {"arm": "sweep", "model": args.model, "shape": key, "config": cfg,
+                row = {"arm": "sweep " + args.sweep_arm, "model": args.model, "shape": key, "config": cfg,
                        "ms": round(ms, 4), "device": torch.cuda.get_device_name()}  # fmt: skip
                 print(json.dumps(row))
                 rows.append(row)

@@ -158,7 +158,8 @@ def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int
 
 def profile_decode(worker: TpModelWorker, bs: int, input_len: int, path: str | None) -> None:
     """Kernel-level profile of 20 decode steps (the prefill runs before it starts), written
-    to path unless it is None (TP ranks other than 0 run the steps and write nothing)."""
+    to path unless it is None (TP ranks other than 0 run the steps and write nothing), with
+    the kernel timeline as a Chrome trace at path + ".trace.json"."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
@@ -167,6 +168,7 @@ def profile_decode(worker: TpModelWorker, bs: int, input_len: int, path: str | N
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
     if path is None:
         return
+    prof.export_chrome_trace(path + ".trace.json")
     with open(path, "w") as f:
         f.write(table)
         f.write("\n\n")

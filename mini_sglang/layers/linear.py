@@ -14,6 +14,7 @@ holds 4 q heads and 1 kv head; its fused weight is [(4 + 1 + 1) * 64, hidden] la
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,7 +26,10 @@ from mini_sglang.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from mini_sglang.layers.small_m_gemm import linear, linear_silu_mul
+from mini_sglang.layers.small_m_gemm import linear, linear_add_, linear_rmsnorm, linear_silu_mul
+
+if TYPE_CHECKING:
+    from mini_sglang.layers.layernorm import RMSNorm
 
 
 def _make_param(shape: tuple[int, ...], loader) -> nn.Parameter:
@@ -76,6 +80,14 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = linear(x, self.weight, self.bias)
         return tensor_model_parallel_all_gather(out) if self.gather_output else out
+
+    def forward_rmsnorm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """forward(norm(x)); at small batches the norm happens inside the GEMV
+        (small_m_gemm.linear_rmsnorm)."""
+        fused = None
+        if self.bias is None and not self.gather_output:
+            fused = linear_rmsnorm(x, self.weight, norm.weight.data, norm.variance_epsilon)
+        return self.forward(norm(x)) if fused is None else fused
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -173,3 +185,10 @@ class RowParallelLinear(nn.Module):
             out = tensor_model_parallel_all_reduce(out)
         # The bias is added once, after the reduction, so it is not counted tp_size times.
         return out + self.bias if self.bias is not None else out
+
+    def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """residual += forward(x), in place; on one rank at small batches the add happens in
+        the GEMV's epilogue (small_m_gemm.linear_add_)."""
+        if self.tp_size == 1 and self.bias is None and linear_add_(x, self.weight, residual):
+            return
+        residual.add_(self.forward(x))

@@ -7,6 +7,11 @@ capture, during the warm-up runs that precede it — and then always uses the fa
 timing replays a CUDA graph with the weight cold in L2 (see cuda_time_ms), the conditions of
 a decode step; timed hot, a weight that fits in L2 rewards the wrong kernel. Larger M, CPU
 and float32 go straight to F.linear.
+
+The GEMV also takes work from the kernels around it: the gated MLP's SiLU-and-multiply in
+its epilogue (linear_silu_mul), an RMSNorm of x in its prologue (linear_rmsnorm) and a
+residual add in its epilogue (linear_add_). A prologue or epilogue can change which config
+is fastest, so the norm and residual variants are timed as themselves.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ logger = logging.getLogger(__name__)
 MAX_M = 8
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
 _FUSE_SILU_MUL = os.environ.get("MINI_SGLANG_DISABLE_GEMV_SILU_FUSION") != "1"
-# (M bucket, N, K, dtype) -> None (cuBLAS) or the Triton config (BLOCK_N, BLOCK_K, num_warps[,
-# num_stages])
+_FUSE_NORM = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
+# (M bucket, N, K, dtype, fused variant) -> None (cuBLAS) or the Triton config (BLOCK_N,
+# BLOCK_K, num_warps[, num_stages])
 _choice: dict[tuple, tuple | None] = {}
 # Candidates, (BLOCK_N, BLOCK_K, num_warps[, num_stages]). The 4-tuples won Llama-3.1-8B's
 # shapes at M=1 on an H100 in bench_linear's sweeps (narrow row blocks, so many CTAs; long K
@@ -70,11 +76,16 @@ if triton is not None:
         sxm,
         swn,
         som,
+        norm_w,
+        eps,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
         PDL: tl.constexpr,
         SILU_MUL: tl.constexpr,
+        ADD_RES: tl.constexpr,
+        NORM: tl.constexpr,
+        NORM_G: tl.constexpr,
     ):
         # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
         # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
@@ -91,13 +102,20 @@ if triton is not None:
         wt = tl.load(w_rows + rk[None, :], mask=w_mask & (rk[None, :] < K), other=0.0)
         if SILU_MUL:
             wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & (rk[None, :] < K), other=0.0)
+        if NORM_G:
+            gt = tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         x_rows = x + rm[:, None] * sxm
         x_mask = rm[:, None] < M
         xt = tl.load(x_rows + rk[None, :], mask=x_mask & (rk[None, :] < K), other=0.0)
-        xt = xt.to(tl.float32)[:, None, :]
+        xt = xt.to(tl.float32)
+        if NORM:  # RMSNorm(x) * g = rstd * (x * g): sum x^2 along, scale at the end
+            sq = xt * xt  # reduced once after the loop, not per tile
+            if NORM_G:
+                xt = xt * gt[None, :]
+        xt = xt[:, None, :]
         acc = tl.sum(xt * wt.to(tl.float32)[None, :, :], axis=2)
         if SILU_MUL:
             acc_up = tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
@@ -106,22 +124,44 @@ if triton is not None:
             k_mask = rk[None, :] < K
             wt = tl.load(w_rows + rk[None, :], mask=w_mask & k_mask, other=0.0)
             xt = tl.load(x_rows + rk[None, :], mask=x_mask & k_mask, other=0.0)
-            xt = xt.to(tl.float32)[:, None, :]
+            xt = xt.to(tl.float32)
+            if NORM:
+                sq += xt * xt
+                if NORM_G:
+                    gt = tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)
+                    xt = xt * gt[None, :]
+            xt = xt[:, None, :]
             acc += tl.sum(xt * wt.to(tl.float32)[None, :, :], axis=2)
             if SILU_MUL:
                 wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
                 acc_up += tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
+        if NORM:
+            rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
+            acc = acc * rstd
+            if SILU_MUL:
+                acc_up = acc_up * rstd
         y = acc.to(out.dtype.element_ty)
         if SILU_MUL:
             # rounded as gemv's output and then fused_kernels.silu_and_mul would round
             y = silu_mul(y.to(tl.float32), acc_up.to(out.dtype.element_ty))
-        tl.store(
-            out + rm[:, None] * som + rn[None, :], y, mask=(rm[:, None] < M) & (rn[None, :] < N)
-        )
+        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if ADD_RES:
+            # out holds the residual: y + residual, rounded as the add of fused_kernels.rmsnorm
+            # rounds; a program reads and writes only its own columns
+            r = tl.load(out + rm[:, None] * som + rn[None, :], mask=out_mask, other=0.0)
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(out.dtype.element_ty)
+        tl.store(out + rm[:, None] * som + rn[None, :], y, mask=out_mask)
 
 
 def gemv(
-    x: torch.Tensor, w: torch.Tensor, cfg: tuple, pdl: bool = False, silu_mul: bool = False
+    x: torch.Tensor,
+    w: torch.Tensor,
+    cfg: tuple,
+    pdl: bool = False,
+    silu_mul: bool = False,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
     stages]); without stages Triton's default software pipelining depth is used. pdl=True
@@ -131,6 +171,16 @@ def gemv(
     result [M, N/2] is silu(x @ gate^T) * (x @ up^T), equal bit for bit to
     fused_kernels.silu_and_mul of the unfused gemv with BLOCK_N / 2; a program still reads
     BLOCK_N weight rows, BLOCK_N / 2 of each half.
+
+    norm_weight g (with eps) computes RMSNorm(x) * g @ w^T instead, the norm folded into the
+    dot products (rstd * sum_k w[n, k] * x[k] * g[k]): each program sums x^2 along the x it
+    loads anyway, so no norm kernel runs first. Not bit for bit the unfused result, which
+    rounds the normalised x to the model dtype before the GEMV.
+
+    eps alone (no norm_weight) computes RMSNorm(x) @ w^T: for a w whose columns the norm's
+    weight already scales.
+
+    residual r [M, N] makes the result r + x @ w^T, written into r in place (returned).
     """
     m, k = x.shape
     n = w.shape[0]
@@ -142,7 +192,12 @@ def gemv(
     if silu_mul:
         assert n % 2 == 0 and bn >= 2, (n, cfg)
         n, bn = n // 2, bn // 2
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    assert norm_weight is None or eps is not None, "norm_weight needs eps"
+    if residual is not None:
+        assert residual.shape == (m, n) and residual.stride(1) == 1, residual.shape
+        out = residual
+    else:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x,
         w,
@@ -153,11 +208,16 @@ def gemv(
         x.stride(0),
         w.stride(0),
         out.stride(0),
+        norm_weight if norm_weight is not None else w,  # unread without NORM_G
+        eps or 0.0,
         BM=bm,
         BN=bn,
         BK=bk,
         PDL=pdl,
         SILU_MUL=silu_mul,
+        ADD_RES=residual is not None,
+        NORM=eps is not None,
+        NORM_G=norm_weight is not None,
         num_warps=warps,
         launch_pdl=pdl,
         **extra,
@@ -165,13 +225,28 @@ def gemv(
     return out
 
 
-def time_candidates(x: torch.Tensor, w: torch.Tensor) -> dict[tuple | None, float]:
+def _variant_kwargs(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> dict:
+    """gemv's keyword arguments for timing a fused variant: "silu_mul", "norm" (RMSNorm with
+    g loaded) and "residual" (added in place) name gemv's options."""
+    kwargs: dict = {"silu_mul": "silu_mul" in variant}
+    if "norm" in variant:
+        kwargs.update(eps=1e-6, norm_weight=torch.ones_like(x[0]))
+    if "residual" in variant:
+        kwargs["residual"] = x.new_zeros((x.shape[0], w.shape[0] // (1 + kwargs["silu_mul"])))
+    return kwargs
+
+
+def time_candidates(
+    x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()
+) -> dict[tuple | None, float]:
     """Milliseconds per x @ w^T, weight cold in L2, for cuBLAS (key None) and each Triton
-    config the compiler accepts on this card."""
+    config the compiler accepts on this card, the Triton kernel as the given fused variant
+    (see _variant_kwargs): a prologue or epilogue can change which config is fastest."""
     times: dict[tuple | None, float] = {None: cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)}
+    kwargs = _variant_kwargs(x, w, variant)
     for cfg in _CONFIGS:
         try:
-            times[cfg] = cuda_time_ms(lambda cfg=cfg: gemv(x, w, cfg), cold_l2=True)
+            times[cfg] = cuda_time_ms(lambda cfg=cfg: gemv(x, w, cfg, **kwargs), cold_l2=True)
         except Exception:  # a config the compiler rejects on this card
             continue
     return times
@@ -191,19 +266,21 @@ def margin(x: torch.Tensor) -> float:
     return _PDL_MARGIN if pdl_enabled(x) else _MARGIN
 
 
-def _pick(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
-    times = time_candidates(x, w)
+def _pick(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple | None:
+    times = time_candidates(x, w, variant)
     best = choose(times, margin(x))
     logger.debug(
-        "small-M GEMM M=%d N=%d K=%d: %s (%.1f us; cuBLAS %.1f us)",
-        x.shape[0], w.shape[0], w.shape[1], best or "cuBLAS", 1000 * times[best], 1000 * times[None],
+        "small-M GEMM M=%d N=%d K=%d %s: %s (%.1f us; cuBLAS %.1f us)",
+        x.shape[0], w.shape[0], w.shape[1], variant, best or "cuBLAS", 1000 * times[best],
+        1000 * times[None],
     )  # fmt: skip
     return best
 
 
-def _config(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
-    """The Triton config to compute x @ w^T with, or None where F.linear (cuBLAS) serves:
-    CPU, float32, more than MAX_M rows, or cuBLAS timed faster."""
+def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> tuple | None:
+    """The Triton config to compute x @ w^T with as the fused variant (see _variant_kwargs;
+    () is the plain GEMV), or None where F.linear (cuBLAS) serves: CPU, float32, more than
+    MAX_M rows, or cuBLAS timed faster."""
     if (
         not _ENABLED
         or triton is None
@@ -220,11 +297,11 @@ def _config(x: torch.Tensor, w: torch.Tensor) -> tuple | None:
     # ~0.1 s of graph captures; timing each new M at run time cost 15% of Llama-3.1-8B's
     # nano-vllm throughput.
     bucket = triton.next_power_of_2(x.shape[0])
-    key = (bucket, w.shape[0], w.shape[1], x.dtype)
+    key = (bucket, w.shape[0], w.shape[1], x.dtype, variant)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return None
-        _choice[key] = _pick(x.new_zeros((bucket, x.shape[1])), w)
+        _choice[key] = _pick(x.new_zeros((bucket, x.shape[1])), w, variant)
     return _choice[key]
 
 
@@ -244,3 +321,27 @@ def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     MINI_SGLANG_DISABLE_GEMV_SILU_FUSION=1 always returns None."""
     cfg = _config(x, w) if _FUSE_SILU_MUL else None
     return None if cfg is None else gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True)
+
+
+def linear_rmsnorm(
+    x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float
+) -> torch.Tensor | None:
+    """RMSNorm(x) * norm_weight @ w^T in one Triton GEMV (see gemv's norm_weight) where linear
+    would use the Triton GEMV, else None and the caller runs the norm itself.
+    MINI_SGLANG_DISABLE_GEMV_NORM_FUSION=1 always returns None."""
+    cfg = _config(x, w, ("norm",)) if _FUSE_NORM else None
+    return (
+        None
+        if cfg is None
+        else gemv(x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps)
+    )
+
+
+def linear_add_(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> bool:
+    """residual += x @ w^T in place, in the Triton GEMV's epilogue, where linear would use the
+    Triton GEMV; returns False (residual untouched) otherwise."""
+    cfg = _config(x, w, ("residual",)) if _FUSE_NORM else None
+    if cfg is None:
+        return False
+    gemv(x, w, cfg, pdl=pdl_enabled(x), residual=residual)
+    return True

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.layers import fused_kernels
 from mini_sglang.layers.activation import SiluAndMul
 from mini_sglang.layers.attention.base_attn_backend import QKNormRope
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
@@ -29,6 +30,16 @@ from mini_sglang.layers.radix_attention import RadixAttention
 from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from mini_sglang.model_executor.forward_batch_info import ForwardBatch
+
+_NORMS_IN_GEMVS = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
+
+
+def norms_in_gemvs(x: torch.Tensor) -> bool:
+    """Whether decoder layers run the norms-in-GEMVs dataflow for hidden states x: where
+    our PDL-launched Triton kernels serve (fused_kernels.small_batch_pdl_ops), on one rank
+    (with TP the residual add waits for the all-reduce). Every step of that dataflow falls back
+    to an unfused kernel on its own, so this only decides where it pays."""
+    return _NORMS_IN_GEMVS and get_tp_size() == 1 and fused_kernels.small_batch_pdl_ops(x)
 
 
 def head_dim_of(config) -> int:
@@ -91,14 +102,17 @@ class LlamaAttention(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
+        return self.o_proj(self.attend(positions, self.qkv_proj(hidden), fb))
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """Attention output [tokens, heads * head_dim] (before o_proj) from the qkv projection."""
         if self.use_fused and fused_ops_available(qkv, self.head_dim):
             if fb.forward_mode.is_decode():
                 out = fb.attn_backend.forward_decode_from_qkv(
                     qkv, positions, self._qk_norm_rope(), self.attn, fb
                 )
                 if out is not None:
-                    return self.o_proj(out)
+                    return out
             # q/k norm + RoPE + K/V store in one kernel (see layers/fused_kernels.py).
             k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(self.attn.layer_id)
             q = qk_norm_rope_store(
@@ -116,13 +130,13 @@ class LlamaAttention(nn.Module):
                 v_buf,
                 pdl=pdl_enabled(qkv),
             )
-            return self.o_proj(self.attn(q, None, None, fb, save_kv_cache=False))
+            return self.attn(q, None, None, fb, save_kv_cache=False)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, fb))
+        return self.attn(q, k, v, fb)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -136,10 +150,33 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | None,
         fb: ForwardBatch,
         residual: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(hidden, residual) for the next layer. At small batches on one GPU (see
+        norms_in_gemvs) the residual stream is updated in place and hidden comes back None:
+        down_proj adds into the residual in its epilogue and the next layer's qkv_proj
+        normalises it inside its GEMV, so the input add-RMSNorm kernel does not run. The
+        post-attention one does: folded into gate_up_proj, whose GEMV is the largest and
+        then loads the norm's weight beside x in every program, it cost more than it saved
+        (Llama-3.1-8B batch 1, H100: 5.61 vs 5.48 ms/token unfused; this dataflow 5.46 vs
+        5.49-5.51; docs/benchmarks.md, session 18)."""
+        stream = residual if hidden is None else hidden
+        if norms_in_gemvs(stream):
+            if residual is None:
+                residual = hidden  # the first layer: the embeddings start the stream
+            elif hidden is not None:
+                residual.add_(hidden)
+            attn, mlp = self.self_attn, self.mlp
+            qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
+            o = attn.o_proj(attn.attend(positions, qkv, fb))
+            hidden, residual = self.post_attention_layernorm(o, residual)
+            act = mlp.gate_up_proj.forward_silu_mul(hidden, mlp.act_fn)
+            mlp.down_proj.forward_add_(act, residual)
+            return None, residual
+        if hidden is None:  # after a norms-in-GEMVs layer
+            hidden, residual = residual, None
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -169,6 +206,8 @@ class LlamaModel(nn.Module):
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, fb, residual)
+        if hidden is None:
+            return self.norm(residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -292,3 +292,16 @@ def test_early_finishes_match_hf_and_free_memory(tiny: TinyModel, variant: str) 
             assert res.output_ids == ref[: lengths[i]], i
             assert res.finish_reason == {"type": "length", "length": lengths[i]}
     assert_memory_all_free(sched)
+
+
+def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, monkeypatch) -> None:
+    """The decoder's small-batch dataflow where down_proj adds into the residual and the next
+    qkv_proj normalises it itself (llama.norms_in_gemvs), forced on for every batch: on
+    CPU each step of it takes its unfused fallback, so this checks the dataflow (the residual
+    stream updated in place, hidden None between layers, the final norm) end to end."""
+    import mini_sglang.models.llama as llama
+
+    monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
+    sched = make_scheduler(tiny.path)
+    _assert_same_as_hf(tiny, run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS))
+    assert_memory_all_free(sched)

@@ -3,6 +3,8 @@ decodes as one batch, and returns every KV slot afterwards."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mini_sglang.bench_one_batch import _prefill_groups, main
@@ -53,6 +55,21 @@ def test_scheduler_mode_sync_debug_on_cpu_says_it_needs_cuda(tiny_llama_path: st
     )  # fmt: skip
     assert "--sync-debug needs a CUDA device" in capsys.readouterr().out
     assert [r["batch_size"] for r in out["results"]] == [2]
+
+
+def test_profile_writes_the_kernel_table_and_the_trace(tiny_llama_path: str, tmp_path):
+    """--profile PATH: the torch.profiler table at PATH and the timeline that
+    benchmarks/trace_kernel_summary.py reads at PATH.trace.json (CPU ops only here)."""
+    path = tmp_path / "p.txt"
+    main(
+        [
+            "--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32",
+            "--batch-size", "1", "--input-len", "8", "--output-len", "4", "--profile", str(path),
+        ]
+    )  # fmt: skip
+    assert "Self CPU" in path.read_text()
+    trace = json.loads((tmp_path / "p.txt.trace.json").read_text())
+    assert {"aten::mm", "aten::addmm"} & {e.get("name") for e in trace["traceEvents"]}
 
 
 @pytest.mark.parametrize("mode", ["runner", "scheduler"])
