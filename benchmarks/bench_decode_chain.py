@@ -58,20 +58,19 @@ def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch
 # pick with the margin it uses without PDL), "pdl_picked" (with the margin it uses with PDL),
 # "triton" (the best Triton config on every shape), "variant_picked" (small_m_gemm's pick for
 # each fused variant, made on first use). Small ops: flashinfer's or fused_kernels'.
-ARMS = {
-    "cublas": ("cublas", "flashinfer", False),
-    "picked": ("picked", "flashinfer", False),
-    "picked_pdl": ("picked", "flashinfer", True),
-    "ours": ("pdl_picked", "ours", False),
-    "ours_pdl": ("pdl_picked", "ours", True),
-    "triton": ("triton", "ours", False),
-    "triton_pdl": ("triton", "ours", True),
-    "qkv_fused": ("variant_picked", "qkv_fused", False),
-    "qkv_fused_pdl": ("variant_picked", "qkv_fused", True),
-    "fused": ("variant_picked", "fused", False),
-    "fused_pdl": ("variant_picked", "fused", True),
-    "folded": ("variant_picked", "folded", False),
-    "folded_pdl": ("variant_picked", "folded", True),
+_TWINNED = {
+    "picked": ("picked", "flashinfer"),
+    "ours": ("pdl_picked", "ours"),
+    "triton": ("triton", "ours"),
+    "qkv_fused": ("variant_picked", "qkv_fused"),
+    "fused": ("variant_picked", "fused"),
+    "folded": ("variant_picked", "folded"),
+}
+# every arm but cublas also runs as <arm>_pdl, the same chain launched with PDL
+ARMS = {"cublas": ("cublas", "flashinfer", False)} | {
+    name + suffix: (*choice, pdl)
+    for name, choice in _TWINNED.items()
+    for suffix, pdl in (("", False), ("_pdl", True))
 }
 
 
