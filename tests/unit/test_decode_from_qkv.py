@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
+from mini_sglang.layers.attention.base_attn_backend import QKNormRope  # noqa: E402
 from mini_sglang.layers.attention.triton_ops.decode_from_qkv import (  # noqa: E402
     decode_from_qkv_fwd,
 )
@@ -76,7 +77,7 @@ def test_decode_from_qkv_matches_torch(group, head_dim, num_splits, page_size, q
     mid_lse = torch.empty(len(lens), q_heads, num_splits, device=DEVICE)
     scale = head_dim**-0.5
     decode_from_qkv_fwd(
-        qkv, positions, cos_sin, q_w, k_w, EPS, loc, k_buf, v_buf, o, r2t, rows,
+        qkv, positions, QKNormRope(cos_sin, q_w, k_w, EPS), loc, k_buf, v_buf, o, r2t, rows,
         torch.tensor(lens, device=DEVICE), mid_o, mid_lse, scale,
     )  # fmt: skip
 
@@ -113,7 +114,7 @@ def test_decode_from_qkv_with_pdl_equals_without():
         o = torch.empty(1, 8, 128, dtype=torch.bfloat16, device=DEVICE)
         mid = (torch.empty(1, 8, 16, 128, device=DEVICE), torch.empty(1, 8, 16, device=DEVICE))
         decode_from_qkv_fwd(
-            qkv, torch.tensor([299], device=DEVICE), cos_sin, None, None, 0.0,
+            qkv, torch.tensor([299], device=DEVICE), QKNormRope(cos_sin),
             slots[0][-1:].to(DEVICE), k_buf, v_buf, o, r2t, rows,
             torch.tensor(lens, device=DEVICE), *mid, 128**-0.5, pdl=pdl,
         )  # fmt: skip
@@ -126,7 +127,6 @@ def test_backends_route_decode_from_qkv_and_match_the_unfused_path():
     a batch of one gets the fused kernel, whose output and new K/V equal RotaryEmbedding +
     the torch_native backend's; a batch of two goes to torch_native, which has no such
     kernel (None: the model then takes the unfused path)."""
-    from mini_sglang.layers.attention.base_attn_backend import QKNormRope
     from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
     from mini_sglang.layers.attention.torch_native_backend import TorchNativeAttnBackend
     from mini_sglang.layers.attention.triton_backend import TritonAttnBackend

@@ -167,10 +167,7 @@ class TritonAttnBackend(AttentionBackend):
         decode_from_qkv_fwd(
             qkv,
             positions,
-            rope.cos_sin_cache,
-            rope.q_norm_weight,
-            rope.k_norm_weight,
-            rope.eps,
+            rope,
             fb.out_cache_loc,
             k_buf,
             v_buf,

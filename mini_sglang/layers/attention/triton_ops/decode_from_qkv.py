@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mini_sglang.layers.attention.base_attn_backend import QKNormRope
 from mini_sglang.layers.attention.triton_ops.decode_attention import (
     BLOCK_H,
     LOG2E,
@@ -155,10 +156,7 @@ def _decode_from_qkv_stage1(
 def decode_from_qkv_fwd(
     qkv: torch.Tensor,
     positions: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    q_norm_weight: torch.Tensor | None,
-    k_norm_weight: torch.Tensor | None,
-    eps: float,
+    rope: QKNormRope,
     out_cache_loc: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
@@ -175,8 +173,7 @@ def decode_from_qkv_fwd(
 
     qkv: [bs, (q_heads + 2 * kv_heads) * head_dim], rows [q heads | k heads | v heads], last
     dim contiguous; positions, out_cache_loc: [bs] (the new token's position and KV slot);
-    cos_sin_cache: float32 [max_pos, head_dim], cos then sin (RotaryEmbedding's); q/k norm
-    weights [head_dim] or None (no q/k norm); o: [bs, q_heads, head_dim]; the rest as
+    rope: the RoPE cos/sin cache and optional q/k norm; o: [bs, q_heads, head_dim]; the rest as
     decode_attention_fwd, whose seq_lens count the new token. head_dim must be a power of two.
     The new token's K/V are written into the pool at out_cache_loc, as qk_norm_rope_store
     would; its key slot in req_to_token is not read.
@@ -189,14 +186,15 @@ def decode_from_qkv_fwd(
     group = q_heads // kv_heads
     num_splits = mid_lse.shape[2]
     head_blocks = triton.cdiv(group, BLOCK_H)
-    has_norm = q_norm_weight is not None
+    has_norm = rope.q_norm_weight is not None
+    cos_sin = rope.cos_sin_cache
     _decode_from_qkv_stage1[(bs, kv_heads * head_blocks, num_splits)](
         qkv,
         positions,
-        cos_sin_cache,
-        q_norm_weight if has_norm else cos_sin_cache,  # unread without HAS_NORM
-        k_norm_weight if has_norm else cos_sin_cache,
-        eps,
+        cos_sin,
+        rope.q_norm_weight if has_norm else cos_sin,  # unread without HAS_NORM
+        rope.k_norm_weight if has_norm else cos_sin,
+        rope.eps,
         out_cache_loc,
         k_buffer,
         v_buffer,
