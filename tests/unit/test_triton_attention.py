@@ -29,32 +29,15 @@ from mini_sglang.layers.attention.triton_ops import (  # noqa: E402
     decode_attention_fwd,
     extend_attention_fwd,
 )
+from tests.conftest import fix_triton_interpreter_index  # noqa: E402
 
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 DTYPES = [torch.float32, torch.bfloat16] if CUDA else [torch.float32]
 KV_HEADS = 2
 
 
-def _fix_interpreter_index() -> None:
-    """Triton 3.6's interpreter implements tensor.__index__ (used by range() with tensor
-    bounds) as int(array) on a 1-element 1-D array, which numpy >= 2.4 rejects. Take the
-    element explicitly instead; the patch is installed inside each kernel launch's scope."""
-    from triton.runtime import interpreter
-
-    if getattr(interpreter, "_mini_sglang_index_fix", False):
-        return
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    interpreter._mini_sglang_index_fix = True
-
-
 if not CUDA:
-    _fix_interpreter_index()
+    fix_triton_interpreter_index()
 
 
 # ---- pool layout and reference --------------------------------------------------------
