@@ -132,6 +132,8 @@ def test_consumer_finishes_the_norm(silu, dtype):
     out = gemv(handed.xs, w2, CFG, silu_mul=silu, sumsq_in=handed.sumsq, eps=handed.eps)
     y = torch.nn.functional.linear(_normed(residual, g, handed.eps), w2.float().cpu())
     ref = torch.nn.functional.silu(y[:, :24]) * y[:, 24:] if silu else y
-    torch.testing.assert_close(out.float().cpu(), ref, **_tol(dtype))
+    # bf16: xs, y and silu(y) are each rounded, products reach ~6 (ulp 0.03 there)
+    tol = _tol(dtype) if dtype == torch.float32 else {"atol": 3e-2, "rtol": 2e-2}
+    torch.testing.assert_close(out.float().cpu(), ref, **tol)
     # the torch fallback of a consumer without a Triton GEMV computes the same
     torch.testing.assert_close(handed.project(w2).float().cpu(), y, **_tol(dtype))
