@@ -43,6 +43,7 @@ from bench_linear import config, projections
 
 from mini_sglang.layers import fused_kernels, small_m_gemm
 from mini_sglang.layers.kernels import flashinfer_activation, flashinfer_norm
+from mini_sglang.layers.prescaled_norm import new_sumsq_rows
 
 
 def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch.Tensor, int]:
@@ -106,8 +107,8 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
     def fused_lin(x, w, residual=None, norm=False, silu_mul=False, prescale=None, rstd_in=None):
         """One GEMV of the norms-in-GEMVs dataflows (ops "qkv_fused", "fused", "folded",
         "handoff"), with gemv_cfgs' config for its shape (a --sweep) or else the model's pick
-        for the variant. prescale: a sumsq row to hand the norm on through (with residual);
-        rstd_in: the sumsq row of the PrescaledNorm x is the xs of."""
+        for the variant. prescale: the counters to hand the norm on through (with residual);
+        rstd_in: the counters of the PrescaledNorm x is the xs of."""
         variant = (
             ("norm",) * norm
             + ("silu_mul",) * silu_mul
@@ -129,7 +130,7 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
     def handoff_step() -> torch.Tensor:
         """The decode path at batch 1 (LlamaDecoderLayer.forward_norms_in_gemvs)."""
         res.copy_(h0)
-        sums = torch.zeros((2 * len(ws), 1), dtype=torch.int64, device="cuda")
+        sums = new_sumsq_rows(2 * len(ws), res)
         xs = None
         for i, lw in enumerate(ws):
             if xs is None:

@@ -208,7 +208,7 @@ class RowParallelLinear(nn.Module):
     ) -> tuple[torch.Tensor | PrescaledNorm, torch.Tensor]:
         """(norm(residual + forward(x)), residual + forward(x)), as RMSNorm's fused add. On one
         rank at small batches the GEMV's epilogue adds into residual in place and hands the
-        norm on as a PrescaledNorm (sumsq: a zeroed int64 [M] for it,
+        norm on as a PrescaledNorm (sumsq: zeroed counters for it, one handoff of
         prescaled_norm.new_sumsq_rows), for the next GEMV to finish (forward_normed,
         forward_silu_mul); otherwise the norm kernel runs."""
         if self.tp_size == 1 and self.bias is None:

@@ -14,9 +14,10 @@ whose 7,168 programs each read all of x, loading g too cost more than the norm k
 replaced (docs/benchmarks.md, session 18).
 
 Worked example, one row, hidden 4, g = [1, 2, 1, 2], the producer with 2 programs of 2
-columns: the new h = [1, -1, 2, 0]; program 0 writes xs[0:2] = [1, -2] and adds 1 + 1 = 2,
-program 1 writes xs[2:4] = [2, 0] and adds 4 + 0 = 4; sumsq = 6, rms = sqrt(6 / 4 + eps),
-and the consumer returns (xs @ w^T) / rms = (RMSNorm(h) * g) @ w^T.
+columns: the new h = [1, -1, 2, 0]; program 0 writes xs[0:2] = [1, -2] and adds 1 + 1 = 2
+into slot 0, program 1 writes xs[2:4] = [2, 0] and adds 4 + 0 = 4 into slot 1; the consumer
+sums the slots, 6, so rms = sqrt(6 / 4 + eps), and returns (xs @ w^T) / rms =
+(RMSNorm(h) * g) @ w^T.
 
 Rounding differs from the unfused kernels (h * g is rounded to the model dtype instead of
 h * rstd); greedy tokens still match HF (tests/gpu/test_gpu_correctness.py).
@@ -36,8 +37,9 @@ from mini_sglang.layers.kernels import pdl_enabled
 
 @dataclass
 class PrescaledNorm:
-    """RMSNorm(h) * g of a residual stream h [M, K], as xs = h * g (model dtype) and sumsq[m]
-    = sum_k h[m, k]^2 in int64 units of small_m_gemm.SUMSQ_SCALE, for a GEMV to consume."""
+    """RMSNorm(h) * g of a residual stream h [M, K], as xs = h * g (model dtype) and
+    sumsq [M, small_m_gemm.SUMSQ_SLOTS] whose rows sum to sum_k h[m, k]^2 in int64 units of
+    small_m_gemm.SUMSQ_SCALE, for a GEMV to consume."""
 
     xs: torch.Tensor
     sumsq: torch.Tensor
@@ -45,7 +47,8 @@ class PrescaledNorm:
 
     def rstd(self) -> torch.Tensor:
         """1/rms(h) per row, float32 [M, 1]."""
-        mean_sq = self.sumsq.to(torch.float32) / small_m_gemm.SUMSQ_SCALE / self.xs.shape[1]
+        total = self.sumsq.sum(-1).to(torch.float32)
+        mean_sq = total / small_m_gemm.SUMSQ_SCALE / self.xs.shape[1]
         return torch.rsqrt(mean_sq + self.eps)[:, None]
 
     def project(self, w: torch.Tensor) -> torch.Tensor:
@@ -54,10 +57,11 @@ class PrescaledNorm:
 
 
 def new_sumsq_rows(count: int, x: torch.Tensor) -> torch.Tensor:
-    """Zeroed counters for `count` handoffs of x's rows, one [M] row each: allocated (one
-    memset) once per forward, since a memset between two PDL-launched GEMVs would cut the
-    programmatic dependency between them."""
-    return torch.zeros((count, x.shape[0]), dtype=torch.int64, device=x.device)
+    """Zeroed counters for `count` handoffs of x's rows, [count, M, SUMSQ_SLOTS]: allocated
+    (one memset) once per forward, since a memset between two PDL-launched GEMVs would cut
+    the programmatic dependency between them."""
+    shape = (count, x.shape[0], small_m_gemm.SUMSQ_SLOTS)
+    return torch.zeros(shape, dtype=torch.int64, device=x.device)
 
 
 def linear_add_prescale_(
@@ -65,7 +69,7 @@ def linear_add_prescale_(
     sumsq: torch.Tensor,
 ) -> PrescaledNorm | None:  # fmt: skip
     """residual += x @ w^T in place, in the Triton GEMV's epilogue, which also hands on
-    RMSNorm(residual) * g as a PrescaledNorm (sumsq: a zeroed int64 [M], see new_sumsq_rows).
+    RMSNorm(residual) * g as a PrescaledNorm (sumsq: zeroed counters, see new_sumsq_rows).
     None (residual untouched) where the Triton GEMV does not serve x @ w^T."""
     cfg = small_m_gemm.norm_fusion_config(x, w, ("residual", "prescale_out"))
     if cfg is None:

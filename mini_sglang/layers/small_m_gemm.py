@@ -40,6 +40,10 @@ MAX_M = 8
 # above real residual streams (massive activations reach ~10^3 in a few channels); resolution
 # 2^-25 per program and row, e.g. <= 6e-5 over o_proj's 2,048 programs.
 SUMSQ_SCALE = float(2**24)
+# ... spread over this many counters per row (program p adds into p % SUMSQ_SLOTS): o_proj's
+# 1,024 programs finish together, and their atomics on one address queued up at the kernel's
+# end; the consumer sums the slots (256 bytes per row)
+SUMSQ_SLOTS = 32
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
 FUSE_SILU_MUL = os.environ.get("MINI_SGLANG_DISABLE_GEMV_SILU_FUSION") != "1"
 _FUSE_NORM = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
@@ -71,6 +75,7 @@ _PDL_MARGIN = 1.10
 
 if triton is not None:
     SUMSQ_SCALE_TL = tl.constexpr(SUMSQ_SCALE)
+    SUMSQ_SLOTS_TL = tl.constexpr(SUMSQ_SLOTS)
 
     @triton.jit
     def _gemv_kernel(
@@ -150,7 +155,9 @@ if triton is not None:
         if NORM:
             rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
         if RSTD_IN:  # x is h * g of a PrescaledNorm: 1/rms(h) from its fixed-point sum
-            ss = tl.load(sumsq + rm, mask=rm < M, other=0).to(tl.float32) / SUMSQ_SCALE_TL
+            slots = rm[:, None] * SUMSQ_SLOTS_TL + tl.arange(0, SUMSQ_SLOTS_TL)[None, :]
+            ss = tl.sum(tl.load(sumsq + slots, mask=rm[:, None] < M, other=0), axis=1)
+            ss = ss.to(tl.float32) / SUMSQ_SCALE_TL
             rstd = (1.0 / tl.sqrt(ss / K + eps))[:, None]
         if NORM or RSTD_IN:
             acc = acc * rstd
@@ -176,7 +183,8 @@ if triton is not None:
             ys = (yf * gv[None, :]).to(xs.dtype.element_ty)
             tl.store(xs + rm[:, None] * sxs + rn[None, :], ys, mask=out_mask)
             part = tl.sum(yf * yf, axis=1) * SUMSQ_SCALE_TL + 0.5
-            tl.atomic_add(sumsq + rm, part.to(tl.int64), mask=rm < M)
+            slot = rm * SUMSQ_SLOTS_TL + pid % SUMSQ_SLOTS_TL
+            tl.atomic_add(sumsq + slot, part.to(tl.int64), mask=rm < M)
 
 
 def gemv(
@@ -211,10 +219,11 @@ def gemv(
     residual r [M, N] makes the result r + x @ w^T, written into r in place (returned).
 
     prescale_out (g, xs, sumsq), with a residual, also hands RMSNorm(result) * g on to the next
-    GEMV (prescaled_norm.PrescaledNorm): xs [M, N] = result * g and sumsq[m] += sum of the
-    row's squares in SUMSQ_SCALE units (sumsq int64, zero before the call).
-    sumsq_in (with eps) is the consumer's side: x is such an xs, and the result is
-    rstd * (x @ w^T) with rstd = 1/sqrt(sumsq_in / SUMSQ_SCALE / K + eps) per row.
+    GEMV (prescaled_norm.PrescaledNorm): xs [M, N] = result * g, and the row's sum of squares
+    in SUMSQ_SCALE units is added into sumsq[m, :] (int64 [M, SUMSQ_SLOTS], zero before the
+    call), each program into one slot. sumsq_in (with eps) is the consumer's side: x is such
+    an xs, and the result is rstd * (x @ w^T) with rstd = 1/sqrt(sumsq_in[m].sum() /
+    SUMSQ_SCALE / K + eps) per row.
     """
     m, k = x.shape
     n = w.shape[0]
@@ -232,9 +241,12 @@ def gemv(
     xs = sumsq = None
     if prescale_out is not None:
         norm_weight, xs, sumsq = prescale_out  # g rides in norm_w's slot; NORM_G stays off
-        assert xs.shape == (m, n) and xs.stride(1) == 1 and sumsq.dtype == torch.int64
+        assert xs.shape == (m, n) and xs.stride(1) == 1
     elif sumsq_in is not None:
         sumsq = sumsq_in
+    if sumsq is not None:
+        assert sumsq.shape == (m, SUMSQ_SLOTS) and sumsq.is_contiguous(), sumsq.shape
+        assert sumsq.dtype == torch.int64, sumsq.dtype
     if residual is not None:
         assert residual.shape == (m, n) and residual.stride(1) == 1, residual.shape
         out = residual
@@ -285,10 +297,11 @@ def _variant_kwargs(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) 
     if "residual" in variant:
         kwargs["residual"] = x.new_zeros((m, n_out))
     if "prescale_out" in variant:
-        g, sumsq = x.new_ones(n_out), torch.zeros(m, dtype=torch.int64, device=x.device)
-        kwargs["prescale_out"] = (g, x.new_empty((m, n_out)), sumsq)
+        sumsq = torch.zeros((m, SUMSQ_SLOTS), dtype=torch.int64, device=x.device)
+        kwargs["prescale_out"] = (x.new_ones(n_out), x.new_empty((m, n_out)), sumsq)
     if "rstd_in" in variant:
-        kwargs.update(eps=1e-6, sumsq_in=torch.zeros(m, dtype=torch.int64, device=x.device))
+        sumsq = torch.zeros((m, SUMSQ_SLOTS), dtype=torch.int64, device=x.device)
+        kwargs.update(eps=1e-6, sumsq_in=sumsq)
     return kwargs
 
 

@@ -106,7 +106,7 @@ def test_producer_hands_on_h_times_g_and_the_sum_of_squares(m, n, dtype):
     assert torch.equal(residual, expected_residual)  # the residual add as without the handoff
     h = residual.float()
     assert torch.equal(handed.xs, (h * g.float()).to(dtype))
-    sumsq = handed.sumsq.double() / SUMSQ_SCALE
+    sumsq = handed.sumsq.sum(-1).double() / SUMSQ_SCALE
     torch.testing.assert_close(sumsq, (h.double() ** 2).sum(1), rtol=1e-6, atol=1e-6)
 
 
@@ -119,7 +119,8 @@ def test_sum_of_squares_is_exact_in_any_program_order():
     sumsq = new_sumsq_rows(1, residual)[0]
     handed = _produce(x, w, residual, g, sumsq, (2, 32, 4))
     assert handed.xs.tolist() == [[1.0, -2, 2, 0]]
-    assert handed.sumsq.tolist() == [6 * int(SUMSQ_SCALE)]
+    assert handed.sumsq[0, :3].tolist() == [2 * int(SUMSQ_SCALE), 4 * int(SUMSQ_SCALE), 0]
+    assert handed.sumsq.sum().item() == 6 * int(SUMSQ_SCALE)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
