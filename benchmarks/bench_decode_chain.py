@@ -14,12 +14,9 @@ weight bytes over that time. Arms:
 - ours / ours_pdl: the picks small_m_gemm makes when PDL is on, fused_kernels' RMSNorm and
   SiLU-mul: the decode path without / with PDL
 - triton / triton_pdl: the best Triton GEMV on every shape
-- qkv_fused / qkv_fused_pdl: session 18's decode path at batch 1: down adds into the
-  residual in its epilogue and qkv normalises it as it loads it (g loaded beside x); the
-  post-attention add-RMSNorm stays a kernel
-- handoff / handoff_pdl: the decode path at batch 1 (llama.norms_in_gemvs): o and down add
-  into the residual and hand the norm on as a PrescaledNorm (residual * g and the sum of
-  squares), which gate_up and the next qkv finish with one scale (layers/prescaled_norm.py)
+- qkv_fused / qkv_fused_pdl: the decode path at batch 1 (llama.norms_in_gemvs): down adds
+  into the residual in its epilogue and qkv normalises it as it loads it (g loaded beside x);
+  the post-attention add-RMSNorm stays a kernel
 - fused / fused_pdl: both add-RMSNorms folded into the GEMVs (o adds into the residual too,
   gate_up normalises it); no norm kernel runs inside a layer
 - folded / folded_pdl: the same with g folded into the qkv and gate_up weights beforehand, so
@@ -43,7 +40,6 @@ from bench_linear import config, projections
 
 from mini_sglang.layers import fused_kernels, small_m_gemm
 from mini_sglang.layers.kernels import flashinfer_activation, flashinfer_norm
-from mini_sglang.layers.prescaled_norm import new_sumsq_rows
 
 
 def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch.Tensor, int]:
@@ -69,10 +65,7 @@ _TWINNED = {
     "qkv_fused": ("variant_picked", "qkv_fused"),
     "fused": ("variant_picked", "fused"),
     "folded": ("variant_picked", "folded"),
-    "handoff": ("variant_picked", "handoff"),
 }
-# the small ops of fused_step's dataflows (handoff has its own step)
-_FUSED_OPS = ("qkv_fused", "fused", "folded")
 # every arm but cublas also runs as <arm>_pdl, the same chain launched with PDL
 ARMS = {"cublas": ("cublas", "flashinfer", False)} | {
     name + suffix: (*choice, pdl)
@@ -104,44 +97,20 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
     h0 = torch.randn(1, hidden, dtype=torch.bfloat16, device="cuda", generator=gen)
     h, res = h0.clone(), torch.zeros_like(h0)
 
-    def fused_lin(x, w, residual=None, norm=False, silu_mul=False, prescale=None, rstd_in=None):
-        """One GEMV of the norms-in-GEMVs dataflows (ops "qkv_fused", "fused", "folded",
-        "handoff"), with gemv_cfgs' config for its shape (a --sweep) or else the model's pick
-        for the variant. prescale: the counters to hand the norm on through (with residual);
-        rstd_in: the counters of the PrescaledNorm x is the xs of."""
+    def fused_lin(x, w, residual=None, norm=False, silu_mul=False):
+        """One GEMV of the norms-in-GEMVs dataflows (ops "qkv_fused", "fused", "folded"), with
+        gemv_cfgs' config for its shape (a --sweep) or else the model's pick for the variant."""
         variant = (
-            ("norm",) * norm
-            + ("silu_mul",) * silu_mul
-            + ("residual",) * (residual is not None)
-            + ("prescale_out",) * (prescale is not None)
-            + ("rstd_in",) * (rstd_in is not None)
+            ("norm",) * norm + ("silu_mul",) * silu_mul + ("residual",) * (residual is not None)
         )
         pick = () if variant == ("silu_mul",) else variant  # as linear_silu_mul picks
         cfg = gemv_cfgs.get(tuple(w.shape)) or small_m_gemm._config(x, w, pick)
         assert cfg is not None, f"cuBLAS picked for {tuple(w.shape)} {variant}"
         g = ones if ops != "folded" and norm else None
-        eps = 1e-5 if norm or rstd_in is not None else None
-        kwargs = {"residual": residual, "norm_weight": g, "eps": eps, "sumsq_in": rstd_in}
-        if prescale is not None:
-            kwargs["prescale_out"] = (ones, torch.empty_like(residual), prescale)
-        out = small_m_gemm.gemv(x, w, cfg, pdl=pdl, silu_mul=silu_mul, **kwargs)
-        return kwargs["prescale_out"][1] if prescale is not None else out
-
-    def handoff_step() -> torch.Tensor:
-        """The decode path at batch 1 (LlamaDecoderLayer.forward_norms_in_gemvs)."""
-        res.copy_(h0)
-        sums = new_sumsq_rows(2 * len(ws), res)
-        xs = None
-        for i, lw in enumerate(ws):
-            if xs is None:
-                qkv = fused_lin(res, lw["qkv"], norm=True)
-            else:
-                qkv = fused_lin(xs, lw["qkv"], rstd_in=sums[2 * i - 1])
-            attn = qkv[:, : lw["o"].shape[1]].contiguous()
-            xs = fused_lin(attn, lw["o"], residual=res, prescale=sums[2 * i])
-            act = fused_lin(xs, lw["gate_up"], silu_mul=True, rstd_in=sums[2 * i])
-            xs = fused_lin(act, lw["down"], residual=res, prescale=sums[2 * i + 1])
-        return fused_lin(fused_kernels.rmsnorm(res, ones, 1e-5, pdl=pdl), lm_head)
+        eps = 1e-5 if norm else None
+        return small_m_gemm.gemv(
+            x, w, cfg, pdl=pdl, silu_mul=silu_mul, residual=residual, norm_weight=g, eps=eps
+        )
 
     def fused_step() -> torch.Tensor:
         res.copy_(h0)
@@ -157,9 +126,7 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
             fused_lin(act, lw["down"], residual=res)
         return fused_lin(fused_kernels.rmsnorm(res, ones, 1e-5, pdl=pdl), lm_head)
 
-    if ops == "handoff":
-        return handoff_step
-    if ops in _FUSED_OPS:
+    if ops in ("qkv_fused", "fused", "folded"):
         return fused_step
 
     def step() -> torch.Tensor:
@@ -246,7 +213,7 @@ def main() -> None:
     if args.sweep:  # one shape's config at a time in the sweep arm's chain, the others as picked
         sweep_gemvs, sweep_ops, _ = ARMS[args.sweep_arm]
         for key in configs["pdl_picked"]:
-            fused = sweep_ops in (*_FUSED_OPS, "handoff")
+            fused = sweep_ops in ("qkv_fused", "fused", "folded")
             for cfg in (None, *small_m_gemm._CONFIGS)[fused:]:
                 cfgs = {**configs.get(sweep_gemvs, {}), key: cfg}
                 try:

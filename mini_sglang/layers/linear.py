@@ -26,7 +26,6 @@ from mini_sglang.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from mini_sglang.layers.prescaled_norm import PrescaledNorm, linear_add_prescale_, linear_prescaled
 from mini_sglang.layers.small_m_gemm import linear, linear_add_, linear_rmsnorm, linear_silu_mul
 
 if TYPE_CHECKING:
@@ -90,14 +89,6 @@ class ColumnParallelLinear(nn.Module):
             fused = linear_rmsnorm(x, self.weight, norm.weight.data, norm.variance_epsilon)
         return self.forward(norm(x)) if fused is None else fused
 
-    def forward_normed(self, x: torch.Tensor | PrescaledNorm) -> torch.Tensor:
-        """forward of a normalised input, also when it comes as a PrescaledNorm (one rank)."""
-        if not isinstance(x, PrescaledNorm):
-            return self.forward(x)
-        assert not self.gather_output, "a PrescaledNorm is a one-rank handoff"
-        out = linear_prescaled(x, self.weight)
-        return out + self.bias if self.bias is not None else out
-
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections fused into one matmul (e.g. gate_proj + up_proj).
@@ -116,18 +107,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, offset, shard).copy_(loaded.narrow(0, self.tp_rank * shard, shard))
 
     def forward_silu_mul(
-        self, x: torch.Tensor | PrescaledNorm, act: Callable[[torch.Tensor], torch.Tensor]
+        self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         """act(forward(x)) for a [gate; up] projection and act = SiLU-and-multiply; at small
-        batches the activation happens in the GEMV's epilogue (small_m_gemm.linear_silu_mul).
-        x may be a PrescaledNorm (normalised input handed over by the GEMV before, one rank)."""
-        gated = self.bias is None and len(self.output_sizes) == 2
-        gated = gated and self.output_sizes[0] == self.output_sizes[1]
-        if isinstance(x, PrescaledNorm):
-            if gated:
-                return linear_prescaled(x, self.weight, act)
-            return act(self.forward_normed(x))
-        fused = linear_silu_mul(x, self.weight) if gated else None
+        batches the activation happens in the GEMV's epilogue (small_m_gemm.linear_silu_mul)."""
+        fused = None
+        if (
+            self.bias is None
+            and len(self.output_sizes) == 2
+            and self.output_sizes[0] == self.output_sizes[1]
+        ):
+            fused = linear_silu_mul(x, self.weight)
         return act(self.forward(x)) if fused is None else fused
 
 
@@ -202,18 +192,3 @@ class RowParallelLinear(nn.Module):
         if self.tp_size == 1 and self.bias is None and linear_add_(x, self.weight, residual):
             return
         residual.add_(self.forward(x))
-
-    def forward_add_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, sumsq: torch.Tensor
-    ) -> tuple[torch.Tensor | PrescaledNorm, torch.Tensor]:
-        """(norm(residual + forward(x)), residual + forward(x)), as RMSNorm's fused add. On one
-        rank at small batches the GEMV's epilogue adds into residual in place and hands the
-        norm on as a PrescaledNorm (sumsq: zeroed counters for it, one handoff of
-        prescaled_norm.new_sumsq_rows), for the next GEMV to finish (forward_normed,
-        forward_silu_mul); otherwise the norm kernel runs."""
-        if self.tp_size == 1 and self.bias is None:
-            g, eps = norm.weight.data, norm.variance_epsilon
-            handed = linear_add_prescale_(x, self.weight, residual, g, eps, sumsq)
-            if handed is not None:
-                return handed, residual
-        return norm(self.forward(x), residual)

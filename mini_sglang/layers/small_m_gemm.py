@@ -34,18 +34,8 @@ except ImportError:
 logger = logging.getLogger(__name__)
 
 MAX_M = 8
-# PrescaledNorm's sums of squares are int64 in units of 2^-24: integer adds are exact in any
-# order, so the atomics of the GEMV that produces them leave replays bit for bit equal (float
-# atomics would not). Range: rows up to RMS ~11,585 over 4,096 channels (the int64 limit), far
-# above real residual streams (massive activations reach ~10^3 in a few channels); resolution
-# 2^-25 per program and row, e.g. <= 6e-5 over o_proj's 2,048 programs.
-SUMSQ_SCALE = float(2**24)
-# ... spread over this many counters per row (program p adds into p % SUMSQ_SLOTS): o_proj's
-# 1,024 programs finish together, and their atomics on one address queued up at the kernel's
-# end; the consumer sums the slots (256 bytes per row)
-SUMSQ_SLOTS = 32
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
-FUSE_SILU_MUL = os.environ.get("MINI_SGLANG_DISABLE_GEMV_SILU_FUSION") != "1"
+_FUSE_SILU_MUL = os.environ.get("MINI_SGLANG_DISABLE_GEMV_SILU_FUSION") != "1"
 _FUSE_NORM = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
 # (M bucket, N, K, dtype, fused variant) -> None (cuBLAS) or the Triton config (BLOCK_N,
 # BLOCK_K, num_warps[, num_stages])
@@ -74,8 +64,6 @@ _PDL_MARGIN = 1.10
 
 
 if triton is not None:
-    SUMSQ_SCALE_TL = tl.constexpr(SUMSQ_SCALE)
-    SUMSQ_SLOTS_TL = tl.constexpr(SUMSQ_SLOTS)
 
     @triton.jit
     def _gemv_kernel(
@@ -90,9 +78,6 @@ if triton is not None:
         som,
         norm_w,
         eps,
-        xs,
-        sxs,
-        sumsq,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
@@ -101,8 +86,6 @@ if triton is not None:
         ADD_RES: tl.constexpr,
         NORM: tl.constexpr,
         NORM_G: tl.constexpr,
-        PRESCALE_OUT: tl.constexpr,
-        RSTD_IN: tl.constexpr,
     ):
         # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
         # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
@@ -154,12 +137,6 @@ if triton is not None:
                 acc_up += tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
         if NORM:
             rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
-        if RSTD_IN:  # x is h * g of a PrescaledNorm: 1/rms(h) from its fixed-point sum
-            slots = rm[:, None] * SUMSQ_SLOTS_TL + tl.arange(0, SUMSQ_SLOTS_TL)[None, :]
-            ss = tl.sum(tl.load(sumsq + slots, mask=rm[:, None] < M, other=0), axis=1)
-            ss = ss.to(tl.float32) / SUMSQ_SCALE_TL
-            rstd = (1.0 / tl.sqrt(ss / K + eps))[:, None]
-        if NORM or RSTD_IN:
             acc = acc * rstd
             if SILU_MUL:
                 acc_up = acc_up * rstd
@@ -174,17 +151,6 @@ if triton is not None:
             r = tl.load(out + rm[:, None] * som + rn[None, :], mask=out_mask, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(out.dtype.element_ty)
         tl.store(out + rm[:, None] * som + rn[None, :], y, mask=out_mask)
-        if PRESCALE_OUT:
-            # hand the next GEMV RMSNorm(y) * g as y * g and sum(y^2) (see PrescaledNorm):
-            # this program's columns of y * g, and its share of each row's sum of squares
-            # added in int64 fixed point, so the sum does not depend on the programs' order
-            yf = tl.where(out_mask, y.to(tl.float32), 0.0)
-            gv = tl.load(norm_w + rn, mask=rn < N, other=0.0).to(tl.float32)
-            ys = (yf * gv[None, :]).to(xs.dtype.element_ty)
-            tl.store(xs + rm[:, None] * sxs + rn[None, :], ys, mask=out_mask)
-            part = tl.sum(yf * yf, axis=1) * SUMSQ_SCALE_TL + 0.5
-            slot = rm * SUMSQ_SLOTS_TL + pid % SUMSQ_SLOTS_TL
-            tl.atomic_add(sumsq + slot, part.to(tl.int64), mask=rm < M)
 
 
 def gemv(
@@ -196,8 +162,6 @@ def gemv(
     residual: torch.Tensor | None = None,
     norm_weight: torch.Tensor | None = None,
     eps: float | None = None,
-    prescale_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    sumsq_in: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
     stages]); without stages Triton's default software pipelining depth is used. pdl=True
@@ -217,13 +181,6 @@ def gemv(
     weight already scales.
 
     residual r [M, N] makes the result r + x @ w^T, written into r in place (returned).
-
-    prescale_out (g, xs, sumsq), with a residual, also hands RMSNorm(result) * g on to the next
-    GEMV (prescaled_norm.PrescaledNorm): xs [M, N] = result * g, and the row's sum of squares
-    in SUMSQ_SCALE units is added into sumsq[m, :] (int64 [M, SUMSQ_SLOTS], zero before the
-    call), each program into one slot. sumsq_in (with eps) is the consumer's side: x is such
-    an xs, and the result is rstd * (x @ w^T) with rstd = 1/sqrt(sumsq_in[m].sum() /
-    SUMSQ_SCALE / K + eps) per row.
     """
     m, k = x.shape
     n = w.shape[0]
@@ -236,17 +193,6 @@ def gemv(
         assert n % 2 == 0 and bn >= 2, (n, cfg)
         n, bn = n // 2, bn // 2
     assert norm_weight is None or eps is not None, "norm_weight needs eps"
-    assert sumsq_in is None or (eps is not None and norm_weight is None), "sumsq_in needs eps"
-    assert prescale_out is None or (residual is not None and norm_weight is None)
-    xs = sumsq = None
-    if prescale_out is not None:
-        norm_weight, xs, sumsq = prescale_out  # g rides in norm_w's slot; NORM_G stays off
-        assert xs.shape == (m, n) and xs.stride(1) == 1
-    elif sumsq_in is not None:
-        sumsq = sumsq_in
-    if sumsq is not None:
-        assert sumsq.shape == (m, SUMSQ_SLOTS) and sumsq.is_contiguous(), sumsq.shape
-        assert sumsq.dtype == torch.int64, sumsq.dtype
     if residual is not None:
         assert residual.shape == (m, n) and residual.stride(1) == 1, residual.shape
         out = residual
@@ -262,21 +208,16 @@ def gemv(
         x.stride(0),
         w.stride(0),
         out.stride(0),
-        norm_weight if norm_weight is not None else w,  # unread without NORM_G / PRESCALE_OUT
+        norm_weight if norm_weight is not None else w,  # unread without NORM_G
         eps or 0.0,
-        xs if xs is not None else out,  # unread without PRESCALE_OUT
-        xs.stride(0) if xs is not None else 0,
-        sumsq if sumsq is not None else out,  # unread without PRESCALE_OUT / RSTD_IN
         BM=bm,
         BN=bn,
         BK=bk,
         PDL=pdl,
         SILU_MUL=silu_mul,
         ADD_RES=residual is not None,
-        NORM=eps is not None and sumsq_in is None,
-        NORM_G=norm_weight is not None and prescale_out is None,
-        PRESCALE_OUT=prescale_out is not None,
-        RSTD_IN=sumsq_in is not None,
+        NORM=eps is not None,
+        NORM_G=norm_weight is not None,
         num_warps=warps,
         launch_pdl=pdl,
         **extra,
@@ -286,22 +227,12 @@ def gemv(
 
 def _variant_kwargs(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> dict:
     """gemv's keyword arguments for timing a fused variant: "silu_mul", "norm" (RMSNorm with
-    g loaded), "residual" (added in place), "prescale_out" (with "residual": the result also
-    handed on as a PrescaledNorm) and "rstd_in" (x is a PrescaledNorm's xs) name gemv's
-    options."""
-    m = x.shape[0]
+    g loaded) and "residual" (added in place) name gemv's options."""
     kwargs: dict = {"silu_mul": "silu_mul" in variant}
-    n_out = w.shape[0] // (1 + kwargs["silu_mul"])
     if "norm" in variant:
         kwargs.update(eps=1e-6, norm_weight=torch.ones_like(x[0]))
     if "residual" in variant:
-        kwargs["residual"] = x.new_zeros((m, n_out))
-    if "prescale_out" in variant:
-        sumsq = torch.zeros((m, SUMSQ_SLOTS), dtype=torch.int64, device=x.device)
-        kwargs["prescale_out"] = (x.new_ones(n_out), x.new_empty((m, n_out)), sumsq)
-    if "rstd_in" in variant:
-        sumsq = torch.zeros((m, SUMSQ_SLOTS), dtype=torch.int64, device=x.device)
-        kwargs.update(eps=1e-6, sumsq_in=sumsq)
+        kwargs["residual"] = x.new_zeros((x.shape[0], w.shape[0] // (1 + kwargs["silu_mul"])))
     return kwargs
 
 
@@ -394,7 +325,7 @@ def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     use the Triton GEMV for x @ w^T, else None: the caller then runs linear and the
     activation itself. At batch 1 this saves the SiLU-mul kernel of every MLP.
     MINI_SGLANG_DISABLE_GEMV_SILU_FUSION=1 always returns None."""
-    cfg = _config(x, w) if FUSE_SILU_MUL else None
+    cfg = _config(x, w) if _FUSE_SILU_MUL else None
     return None if cfg is None else gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True)
 
 

@@ -26,7 +26,6 @@ from mini_sglang.layers.linear import (
     RowParallelLinear,
 )
 from mini_sglang.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
-from mini_sglang.layers.prescaled_norm import PrescaledNorm, new_sumsq_rows
 from mini_sglang.layers.radix_attention import RadixAttention
 from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -36,11 +35,10 @@ _NORMS_IN_GEMVS = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
 
 
 def norms_in_gemvs(x: torch.Tensor) -> bool:
-    """Whether decoder layers run the norms-in-GEMVs dataflow
-    (LlamaDecoderLayer.forward_norms_in_gemvs) for hidden states x: where our PDL-launched
-    Triton kernels serve (fused_kernels.small_batch_pdl_ops), on one rank (with TP the
-    residual add waits for the all-reduce). Every step of that dataflow falls back to an
-    unfused kernel on its own, so this only decides where it pays."""
+    """Whether decoder layers run the norms-in-GEMVs dataflow for hidden states x: where
+    our PDL-launched Triton kernels serve (fused_kernels.small_batch_pdl_ops), on one rank
+    (with TP the residual add waits for the all-reduce). Every step of that dataflow falls back
+    to an unfused kernel on its own, so this only decides where it pays."""
     return _NORMS_IN_GEMVS and get_tp_size() == 1 and fused_kernels.small_batch_pdl_ops(x)
 
 
@@ -152,12 +150,33 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        hidden: torch.Tensor,
+        hidden: torch.Tensor | None,
         fb: ForwardBatch,
         residual: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden, residual) for the next layer, as SGLang's decoder layers: the next layer
-        adds hidden into residual in its input add-RMSNorm."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(hidden, residual) for the next layer. At small batches on one GPU (see
+        norms_in_gemvs) the residual stream is updated in place and hidden comes back None:
+        down_proj adds into the residual in its epilogue and the next layer's qkv_proj
+        normalises it inside its GEMV, so the input add-RMSNorm kernel does not run. The
+        post-attention one does: folded into gate_up_proj, whose GEMV is the largest and
+        then loads the norm's weight beside x in every program, it cost more than it saved
+        (Llama-3.1-8B batch 1, H100: 5.61 vs 5.48 ms/token unfused; this dataflow 5.46 vs
+        5.49-5.51; docs/benchmarks.md, session 18)."""
+        stream = residual if hidden is None else hidden
+        if norms_in_gemvs(stream):
+            if residual is None:
+                residual = hidden  # the first layer: the embeddings start the stream
+            elif hidden is not None:
+                residual.add_(hidden)
+            attn, mlp = self.self_attn, self.mlp
+            qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
+            o = attn.o_proj(attn.attend(positions, qkv, fb))
+            hidden, residual = self.post_attention_layernorm(o, residual)
+            act = mlp.gate_up_proj.forward_silu_mul(hidden, mlp.act_fn)
+            mlp.down_proj.forward_add_(act, residual)
+            return None, residual
+        if hidden is None:  # after a norms-in-GEMVs layer
+            hidden, residual = residual, None
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -166,40 +185,6 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden, fb)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
-
-    def forward_norms_in_gemvs(
-        self,
-        positions: torch.Tensor,
-        normed: torch.Tensor | PrescaledNorm | None,
-        fb: ForwardBatch,
-        residual: torch.Tensor,
-        next_norm: RMSNorm | None,
-        sumsq: torch.Tensor,
-    ) -> tuple[torch.Tensor | PrescaledNorm | None, torch.Tensor]:
-        """The layer where norms_in_gemvs holds: no add-RMSNorm kernel runs. o_proj adds into
-        the residual stream in its GEMV's epilogue and hands RMSNorm(residual) on to gate_up_proj
-        as a PrescaledNorm; down_proj does the same for the next layer's qkv_proj (next_norm:
-        that layer's input_layernorm; None after the last layer, whose caller applies the
-        final norm). The first layer (normed None) normalises the embeddings inside qkv_proj's
-        GEMV. sumsq: this layer's two rows of prescaled_norm.new_sumsq_rows.
-
-        Returns (the next layer's normalised input, or None after the last layer; residual).
-        Each handoff falls back to the norm kernel on its own (then residual may be a new
-        tensor)."""
-        attn, mlp = self.self_attn, self.mlp
-        if normed is None:
-            qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
-        else:
-            qkv = attn.qkv_proj.forward_normed(normed)
-        o_in = attn.attend(positions, qkv, fb)
-        normed, residual = attn.o_proj.forward_add_norm(
-            o_in, residual, self.post_attention_layernorm, sumsq[0]
-        )
-        act = mlp.gate_up_proj.forward_silu_mul(normed, mlp.act_fn)
-        if next_norm is None:
-            mlp.down_proj.forward_add_(act, residual)
-            return None, residual
-        return mlp.down_proj.forward_add_norm(act, residual, next_norm, sumsq[1])
 
 
 class LlamaModel(nn.Module):
@@ -218,19 +203,11 @@ class LlamaModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        if norms_in_gemvs(hidden):
-            sumsq = new_sumsq_rows(2 * len(self.layers), hidden)
-            normed, residual = None, hidden  # the embeddings start the residual stream
-            for i, layer in enumerate(self.layers):
-                last = i + 1 == len(self.layers)
-                next_norm = None if last else self.layers[i + 1].input_layernorm
-                normed, residual = layer.forward_norms_in_gemvs(
-                    positions, normed, fb, residual, next_norm, sumsq[2 * i : 2 * i + 2]
-                )
-            return self.norm(residual)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, fb, residual)
+        if hidden is None:
+            return self.norm(residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
