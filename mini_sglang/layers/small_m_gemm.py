@@ -60,7 +60,8 @@ _MARGIN = 0.97
 # then starts streaming its weight while the kernel before it drains, which its standalone
 # timing does not see. On an H100, Llama-3.1-8B's batch-1 chain (bench_decode_chain.py) ran
 # fastest with Triton on every shape, including qkv at 1.03x and Qwen3's at 1.07x cuBLAS.
-_PDL_MARGIN = 1.10
+# MINI_SGLANG_GEMV_PDL_MARGIN overrides it (1.0: the faster kernel standalone, as without PDL)
+_PDL_MARGIN = float(os.environ.get("MINI_SGLANG_GEMV_PDL_MARGIN", "1.10"))
 
 
 if triton is not None:
