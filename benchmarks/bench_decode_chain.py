@@ -55,7 +55,7 @@ def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch
 
 
 # arm -> (GEMV choice, small ops, PDL). GEMV choice: "cublas" (no configs), "picked" (small_m_gemm's
-# pick with the margin it uses without PDL), "pdl_picked" (with the margin it uses with PDL),
+# pick as made without PDL), "pdl_picked" (with the credit PDL earns, small_m_gemm.pick_rule),
 # "triton" (the best Triton config on every shape), "variant_picked" (small_m_gemm's pick for
 # each fused variant, made on first use). Small ops: flashinfer's or fused_kernels'.
 _TWINNED = {
@@ -182,7 +182,7 @@ def main() -> None:
         times = small_m_gemm.time_candidates(x, w)
         key = tuple(w.shape)
         configs["picked"][key] = small_m_gemm.choose(times)
-        configs["pdl_picked"][key] = small_m_gemm.choose(times, small_m_gemm.margin(x))
+        configs["pdl_picked"][key] = small_m_gemm.choose(times, **small_m_gemm.pick_rule(x))
         configs["triton"][key] = small_m_gemm.choose(times, float("inf"))
         triton_us = 1000 * times[configs["triton"][key]]
         print(f"{key}: picks {configs['picked'][key]} / {configs['pdl_picked'][key]} (with PDL);"

@@ -86,14 +86,14 @@ def time_triton_gemv(m: int, n: int, k: int, sweep: bool = False) -> tuple[float
 def small_m_pick(m: int, n: int, k: int) -> str:
     """What small_m_gemm's own per-shape pick (cold-L2 timing, one weight) chooses here, with
     its timings of cuBLAS and of the chosen config."""
-    from mini_sglang.layers.small_m_gemm import MAX_M, choose, margin, time_candidates
+    from mini_sglang.layers.small_m_gemm import MAX_M, choose, pick_rule, time_candidates
 
     if m > MAX_M:
         return ""
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
     times = time_candidates(x, w)
-    best = choose(times, margin(x))
+    best = choose(times, **pick_rule(x))
     return f"{best or 'cuBLAS'} (cold: cuBLAS {1000 * times[None]:.1f}, best {1000 * min(times.values()):.1f} us)"
 
 

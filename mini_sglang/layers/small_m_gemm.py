@@ -56,12 +56,14 @@ _CONFIGS = [
 ]
 # a Triton config must beat cuBLAS by this factor: graph timings repeat within ~1%
 _MARGIN = 0.97
-# ... unless the Triton GEMV launches as a programmatic dependent (PDL): in a decode step it
-# then starts streaming its weight while the kernel before it drains, which its standalone
-# timing does not see. On an H100, Llama-3.1-8B's batch-1 chain (bench_decode_chain.py) ran
-# fastest with Triton on every shape, including qkv at 1.03x and Qwen3's at 1.07x cuBLAS.
-# MINI_SGLANG_GEMV_PDL_MARGIN overrides it (1.0: the faster kernel standalone, as without PDL)
-_PDL_MARGIN = float(os.environ.get("MINI_SGLANG_GEMV_PDL_MARGIN", "1.10"))
+# ... plus this much (ms) where the Triton GEMV launches as a programmatic dependent (PDL): in
+# a decode step it then starts streaming its weight while the kernel before it drains, which
+# its standalone timing does not see. The credit is a time, not a factor: it is a launch and
+# ramp hidden per call. As a factor (1.10) it let 30-60 us Triton GEMVs within 10% of cuBLAS
+# win on an H200, where inside the step cuBLAS ran Llama-3.1-8B's gate_up and down faster
+# (batch 1: 4.81 ms/token vs 4.64 with cuBLAS there), while the 2-5 us GEMVs of Qwen3-0.6B
+# need the credit (0.90 vs 0.81 without it). MINI_SGLANG_GEMV_PDL_CREDIT_US overrides it.
+_PDL_CREDIT_MS = float(os.environ.get("MINI_SGLANG_GEMV_PDL_CREDIT_US", "1.0")) / 1000
 
 
 if triton is not None:
@@ -253,23 +255,25 @@ def time_candidates(
     return times
 
 
-def choose(times: dict[tuple | None, float], margin: float = _MARGIN) -> tuple | None:
+def choose(
+    times: dict[tuple | None, float], margin: float = _MARGIN, credit_ms: float = 0.0
+) -> tuple | None:
     """The pick from time_candidates' timings: the fastest Triton config if its time is at
-    most `margin` x cuBLAS's, else None (cuBLAS)."""
+    most margin x cuBLAS's + credit_ms, else None (cuBLAS)."""
     best = min((c for c in times if c is not None), key=times.__getitem__, default=None)
-    if best is None or times[best] > times[None] * margin:
+    if best is None or times[best] > times[None] * margin + credit_ms:
         return None
     return best
 
 
-def margin(x: torch.Tensor) -> float:
-    """choose's margin for inputs like x: looser where the GEMV would launch with PDL."""
-    return _PDL_MARGIN if pdl_enabled(x) else _MARGIN
+def pick_rule(x: torch.Tensor) -> dict:
+    """choose's keyword arguments for inputs like x: a credit where the GEMV launches with PDL."""
+    return {"credit_ms": _PDL_CREDIT_MS if pdl_enabled(x) else 0.0}
 
 
 def _pick(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple | None:
     times = time_candidates(x, w, variant)
-    best = choose(times, margin(x))
+    best = choose(times, **pick_rule(x))
     logger.debug(
         "small-M GEMM M=%d N=%d K=%d %s: %s (%.1f us; cuBLAS %.1f us)",
         x.shape[0], w.shape[0], w.shape[1], variant, best or "cuBLAS", 1000 * times[best],
