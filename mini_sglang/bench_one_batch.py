@@ -25,7 +25,7 @@ import traceback
 
 import torch
 
-from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.distributed.parallel_state import destroy_distributed_environment, get_tp_size
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.managers.tp_worker import TpModelWorker
@@ -356,6 +356,7 @@ def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, con
         configure_cpu_threads(server_args)
         init_scheduler_tp_group(server_args, port_args, tp_rank)
         out = _run_rank(server_args, args, tp_rank)
+        destroy_distributed_environment()
         conn.send(out if tp_rank == 0 else None)
     except BaseException:
         conn.send(

@@ -45,6 +45,17 @@ def init_distributed_environment(
     _TP = TPGroup(tp_rank, tp_size, dist.group.WORLD, cpu_group)
 
 
+def destroy_distributed_environment() -> None:
+    """Leave the TP world, all ranks together: rank 0 hosts the rendezvous store, and a rank
+    still running (e.g. NCCL's watchdog polling that store) when rank 0 exits logs connection
+    errors; destroying the group also stops the warning that it was never destroyed."""
+    global _TP
+    if _TP.world_size > 1 and dist.is_initialized():
+        dist.barrier(group=_TP.cpu_group)
+        dist.destroy_process_group()
+    _TP = TPGroup()
+
+
 def get_tp_group() -> TPGroup:
     return _TP
 
