@@ -1,0 +1,40 @@
+"""small_m_gemm's choice between cuBLAS and the Triton GEMV from their standalone timings
+(choose / pick_rule), on the timings that decided it on real cards (docs/benchmarks.md,
+session 19): under PDL a Triton GEMV earns a fixed credit for the launch and ramp it hides,
+not a factor of its time."""
+
+from __future__ import annotations
+
+import torch
+
+from mini_sglang.layers.small_m_gemm import choose, pick_rule
+
+US = 1e-3  # timings are in ms
+TRITON = (2, 4096, 8, 1)
+
+
+def _times(triton_us: float, cublas_us: float) -> dict:
+    return {None: cublas_us * US, TRITON: triton_us * US, (4, 1024, 4, 2): (triton_us + 5) * US}
+
+
+def test_long_gemv_within_a_few_percent_goes_to_cublas_under_pdl():
+    # H200, Llama-3.1-8B gate_up and down at batch 1: Triton 57.3 / 32.7 us vs cuBLAS 57.6 /
+    # 30.7 standalone; inside the decode step cuBLAS ran them faster (4.64 vs 4.81 ms/token)
+    assert choose(_times(57.3, 57.6), credit_ms=1 * US) is None
+    assert choose(_times(32.7, 30.7), credit_ms=1 * US) is None
+
+
+def test_short_gemv_slightly_slower_than_cublas_keeps_triton_under_pdl():
+    # Qwen3-0.6B's 2-6 us GEMVs: PDL's hidden launch outweighs a fraction of a microsecond
+    assert choose(_times(3.2, 3.0), credit_ms=1 * US) == TRITON
+    assert choose(_times(3.2, 3.0)) is None  # without PDL the faster kernel standalone wins
+
+
+def test_clearly_faster_triton_wins_either_way():
+    # H100, Llama-3.1-8B down: Triton 42.2 vs cuBLAS 44.4 us
+    assert choose(_times(42.2, 44.4)) == TRITON
+    assert choose(_times(42.2, 44.4), credit_ms=1 * US) == TRITON
+
+
+def test_no_credit_without_pdl():
+    assert pick_rule(torch.zeros(1, 8)) == {"credit_ms": 0.0}  # CPU: no PDL
