@@ -10,6 +10,7 @@ After every run all KV and request slots must be free again.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,8 +310,9 @@ def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, gemvs: str, monkeyp
     monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
     if gemvs == "triton":
         pytest.importorskip("triton")
-        if not torch.cuda.is_available():
-            fix_triton_interpreter_index()
+        if os.environ.get("TRITON_INTERPRET") != "1":  # set by conftest where there is no GPU
+            pytest.skip("this scheduler runs on CPU; tests/gpu runs the compiled kernels")
+        fix_triton_interpreter_index()
 
         def config(x: torch.Tensor, w: torch.Tensor, variant: tuple) -> tuple | None:
             return (16, 32, 4) if x.shape[0] <= 8 else None  # 2+ K blocks at hidden 64
