@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 MAX_M = 8
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
 _FUSE_SILU_MUL = os.environ.get("MINI_SGLANG_DISABLE_GEMV_SILU_FUSION") != "1"
-_FUSE_NORM = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
+FUSE_NORM = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
 # (M bucket, N, K, dtype, fused variant) -> None (cuBLAS) or the Triton config (BLOCK_N,
 # BLOCK_K, num_warps[, num_stages])
 _choice: dict[tuple, tuple | None] = {}
@@ -313,7 +313,7 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
 def norm_fusion_config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple | None:
     """_config for a variant that takes work from a norm kernel; always None (the caller runs
     the unfused kernels) with MINI_SGLANG_DISABLE_GEMV_NORM_FUSION=1."""
-    return _config(x, w, variant) if _FUSE_NORM else None
+    return _config(x, w, variant) if FUSE_NORM else None
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
-from mini_sglang.layers import fused_kernels
+from mini_sglang.layers import fused_kernels, small_m_gemm
 from mini_sglang.layers.activation import SiluAndMul
 from mini_sglang.layers.attention.base_attn_backend import QKNormRope
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
@@ -31,15 +31,14 @@ from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
-_NORMS_IN_GEMVS = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
-
 
 def norms_in_gemvs(x: torch.Tensor) -> bool:
-    """Whether decoder layers run the norms-in-GEMVs dataflow for hidden states x: where
-    our PDL-launched Triton kernels serve (fused_kernels.small_batch_pdl_ops), on one rank
-    (with TP the residual add waits for the all-reduce). Every step of that dataflow falls back
-    to an unfused kernel on its own, so this only decides where it pays."""
-    return _NORMS_IN_GEMVS and get_tp_size() == 1 and fused_kernels.small_batch_pdl_ops(x)
+    """Whether the decoder runs LlamaDecoderLayer.forward_norms_in_gemvs for the embeddings x
+    (decided once per forward): where our PDL-launched Triton kernels serve
+    (fused_kernels.small_batch_pdl_ops), on one rank (with TP the residual add waits for the
+    all-reduce), unless MINI_SGLANG_DISABLE_GEMV_NORM_FUSION=1. Every step of that dataflow
+    falls back to an unfused kernel on its own, so this only decides where it pays."""
+    return small_m_gemm.FUSE_NORM and get_tp_size() == 1 and fused_kernels.small_batch_pdl_ops(x)
 
 
 def head_dim_of(config) -> int:
@@ -150,33 +149,12 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        hidden: torch.Tensor | None,
+        hidden: torch.Tensor,
         fb: ForwardBatch,
         residual: torch.Tensor | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(hidden, residual) for the next layer. At small batches on one GPU (see
-        norms_in_gemvs) the residual stream is updated in place and hidden comes back None:
-        down_proj adds into the residual in its epilogue and the next layer's qkv_proj
-        normalises it inside its GEMV, so the input add-RMSNorm kernel does not run. The
-        post-attention one does: folded into gate_up_proj, whose GEMV is the largest and
-        then loads the norm's weight beside x in every program, it cost more than it saved
-        (Llama-3.1-8B batch 1, H100: 5.61 vs 5.48 ms/token unfused; this dataflow 5.46 vs
-        5.49-5.51; docs/benchmarks.md, session 18)."""
-        stream = residual if hidden is None else hidden
-        if norms_in_gemvs(stream):
-            if residual is None:
-                residual = hidden  # the first layer: the embeddings start the stream
-            elif hidden is not None:
-                residual.add_(hidden)
-            attn, mlp = self.self_attn, self.mlp
-            qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
-            o = attn.o_proj(attn.attend(positions, qkv, fb))
-            hidden, residual = self.post_attention_layernorm(o, residual)
-            act = mlp.gate_up_proj.forward_silu_mul(hidden, mlp.act_fn)
-            mlp.down_proj.forward_add_(act, residual)
-            return None, residual
-        if hidden is None:  # after a norms-in-GEMVs layer
-            hidden, residual = residual, None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) for the next layer, as SGLang's decoder layers: the next layer
+        adds hidden into residual in its input add-RMSNorm."""
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
@@ -185,6 +163,24 @@ class LlamaDecoderLayer(nn.Module):
         hidden = self.self_attn(positions, hidden, fb)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
+
+    def forward_norms_in_gemvs(
+        self, positions: torch.Tensor, fb: ForwardBatch, residual: torch.Tensor
+    ) -> torch.Tensor:
+        """The layer where norms_in_gemvs holds; returns the residual stream, updated in place
+        except where a step falls back to torch's RMSNorm (CPU), which adds out of place.
+        qkv_proj normalises it inside its GEMV and down_proj adds into it in its epilogue, so
+        the input add-RMSNorm kernel does not run. The post-attention one does: folded into
+        gate_up_proj, whose GEMV is the largest and then loads the norm's weight beside x in
+        every program, it cost more than it saved (Llama-3.1-8B batch 1, H100: 5.61 vs 5.48
+        ms/token unfused; this dataflow 5.46 vs 5.49-5.51; docs/benchmarks.md, session 18)."""
+        attn, mlp = self.self_attn, self.mlp
+        qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
+        o = attn.o_proj(attn.attend(positions, qkv, fb))
+        hidden, residual = self.post_attention_layernorm(o, residual)
+        act = mlp.gate_up_proj.forward_silu_mul(hidden, mlp.act_fn)
+        mlp.down_proj.forward_add_(act, residual)
+        return residual
 
 
 class LlamaModel(nn.Module):
@@ -203,11 +199,14 @@ class LlamaModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if norms_in_gemvs(hidden):
+            residual = hidden  # the embeddings start the residual stream
+            for layer in self.layers:
+                residual = layer.forward_norms_in_gemvs(positions, fb, residual)
+            return self.norm(residual)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, fb, residual)
-        if hidden is None:
-            return self.norm(residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
