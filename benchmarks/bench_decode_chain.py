@@ -2,9 +2,11 @@
 launch (PDL) between its kernels.
 
     python benchmarks/bench_decode_chain.py --model llama-3.1-8b [--layers 32] [--sweep] [--out r.jsonl]
+        [--attention-us 6] [--sweep-shapes o gate_up] [--extra-configs 8,4096,8,1 ...]
 
 Per layer: add-RMSNorm, qkv GEMV, o GEMV (fed by the first columns of qkv, standing in for
-attention), add-RMSNorm, gate_up GEMV, SiLU-mul, down GEMV; then the final norm and the LM
+attention; with --attention-us a kernel that holds 128 programs that long first, as batch-1
+decode attention does: latency, next to no DRAM traffic), add-RMSNorm, gate_up GEMV, SiLU-mul, down GEMV; then the final norm and the LM
 head. Each arm captures the whole chain in one graph and reports ms per replay and the
 weight bytes over that time. Arms:
 
@@ -26,6 +28,8 @@ Each *_pdl arm's logits are compared with its twin's (same kernels, same order, 
 they must match exactly, so a missing wait shows up as a difference, not as a speed-up.
 --sweep then times the ours_pdl chain with each GEMV config (and cuBLAS) on one shape at a
 time: whether the standalone cold-L2 picks are also the best picks inside a PDL chain.
+--extra-configs adds configs to that sweep, e.g. wide row blocks whose whole weight slice
+(BLOCK_K = K) a program loads before its PDL wait, i.e. during the attention stand-in.
 """
 
 from __future__ import annotations
@@ -36,10 +40,50 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from bench_linear import config, projections
+from triton.language.extra.cuda import globaltimer
 
 from mini_sglang.layers import fused_kernels, small_m_gemm
-from mini_sglang.layers.kernels import flashinfer_activation, flashinfer_norm
+from mini_sglang.layers.kernels import (
+    flashinfer_activation,
+    flashinfer_norm,
+    gdc_launch_dependents,
+    gdc_wait,
+)
+
+# decode_from_qkv's grid for Llama-3.1-8B at batch 1: 8 KV heads x 16 splits
+_STAND_IN_PROGRAMS = 128
+
+
+@triton.jit
+def _attention_stand_in(qkv, out, n, ns, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Holds every program ns nanoseconds after the PDL wait (the globaltimer ticks in ~1 us
+    steps on Hopper), then copies qkv[0, :n] to out."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+    start = globaltimer()
+    now = start
+    while now - start < ns:
+        now = globaltimer()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.load(qkv + offs, mask=offs < n), mask=offs < n)
+
+
+def attention(qkv: torch.Tensor, n: int, us: float, pdl: bool) -> torch.Tensor:
+    """o_proj's input from the qkv projection (batch 1): its first n columns, after us
+    microseconds of a stand-in for decode attention (us = 0: a plain copy). Like the attention
+    kernels, the stand-in lets its dependents launch at once under PDL."""
+    if us <= 0:
+        return qkv[:, :n].contiguous()
+    out = qkv.new_empty((1, n))
+    block = triton.next_power_of_2(triton.cdiv(n, _STAND_IN_PROGRAMS))
+    _attention_stand_in[(_STAND_IN_PROGRAMS,)](
+        qkv, out, n, int(us * 1000), BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+    )
+    return out
 
 
 def build(model: str, layers: int, dev: str = "cuda") -> tuple[list[dict], torch.Tensor, int]:
@@ -74,14 +118,20 @@ ARMS = {"cublas": ("cublas", "flashinfer", False)} | {
 }
 
 
-def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
+def make_step(
+    ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool, attention_us: float = 0.0
+):
     """The chain as a callable; gemv_cfgs maps a weight shape to its Triton config (None or
     missing: cuBLAS)."""
     fi_norm, fi_act = flashinfer_norm(), flashinfer_activation()
     ones = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
 
+    fused_ops = ops in ("qkv_fused", "fused", "folded")
+
     def lin(x, w):
         cfg = gemv_cfgs.get(tuple(w.shape))
+        if cfg is None and fused_ops:  # as the model: the plain GEMV's pick
+            cfg = small_m_gemm._config(x, w)
         return F.linear(x, w) if cfg is None else small_m_gemm.gemv(x, w, cfg, pdl=pdl)
 
     def norm(x, res):
@@ -116,7 +166,7 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
         res.copy_(h0)
         for lw in ws:
             qkv = fused_lin(res, lw["qkv"], norm=True)
-            attn = qkv[:, : lw["o"].shape[1]].contiguous()
+            attn = attention(qkv, lw["o"].shape[1], attention_us, pdl)
             if ops == "qkv_fused":
                 xn = fused_kernels.rmsnorm(lin(attn, lw["o"]), ones, 1e-5, res, pdl=pdl)
                 act = fused_lin(xn, lw["gate_up"], silu_mul=True)
@@ -126,7 +176,7 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
             fused_lin(act, lw["down"], residual=res)
         return fused_lin(fused_kernels.rmsnorm(res, ones, 1e-5, pdl=pdl), lm_head)
 
-    if ops in ("qkv_fused", "fused", "folded"):
+    if fused_ops:
         return fused_step
 
     def step() -> torch.Tensor:
@@ -136,7 +186,7 @@ def make_step(ws, lm_head, hidden: int, gemv_cfgs: dict, ops: str, pdl: bool):
         for lw in ws:
             xn = norm(x, res)
             qkv = lin(xn, lw["qkv"])
-            o = lin(qkv[:, : lw["o"].shape[1]].contiguous(), lw["o"])
+            o = lin(attention(qkv, lw["o"].shape[1], attention_us, pdl), lw["o"])
             xn = norm(o, res)
             x = lin(act(lin(xn, lw["gate_up"])), lw["down"])
         return lin(norm(x, res), lm_head)
@@ -172,6 +222,24 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="each GEMV config per shape in the chain")
     ap.add_argument("--sweep-arm", default="ours_pdl", help="the chain --sweep varies")
     ap.add_argument("--arms", nargs="*", default=list(ARMS), help="arms to time")
+    ap.add_argument(
+        "--attention-us",
+        type=float,
+        default=0.0,
+        help="per layer, hold this long before o_proj (a stand-in for decode attention)",
+    )
+    ap.add_argument(
+        "--sweep-shapes",
+        nargs="*",
+        default=None,
+        help="projections --sweep varies (qkv, o, gate_up, down, lm_head; default all)",
+    )
+    ap.add_argument(
+        "--extra-configs",
+        nargs="*",
+        default=[],
+        help="more GEMV configs for --sweep: BLOCK_N,BLOCK_K,warps[,stages]",
+    )
     ap.add_argument("--out")
     args = ap.parse_args()
     layers = args.layers or config(args.model)["num_hidden_layers"]
@@ -192,7 +260,7 @@ def main() -> None:
     rows = []
     for arm in args.arms:
         gemvs, ops, pdl = ARMS[arm]
-        step = make_step(ws, lm_head, hidden, configs.get(gemvs, {}), ops, pdl)
+        step = make_step(ws, lm_head, hidden, configs.get(gemvs, {}), ops, pdl, args.attention_us)
         try:
             ms, out = time_step(step, args.replays)
         except Exception as e:  # noqa: BLE001 - report the arm and go on
@@ -200,6 +268,7 @@ def main() -> None:
             continue
         logits[arm] = out.float()
         row = {"arm": arm, "model": args.model, "layers": layers, "ms": round(ms, 4),
+               "attention_us": args.attention_us,
                "TBps": round(weight_bytes / ms / 1e9, 3), "device": torch.cuda.get_device_name()}  # fmt: skip
         # a PDL arm runs its twin's kernels in the same order: any difference is a race
         twin = arm.removesuffix("_pdl")
@@ -212,18 +281,24 @@ def main() -> None:
             print(f"variant pick {key[1:3]} {key[-1]}: {cfg}")
     if args.sweep:  # one shape's config at a time in the sweep arm's chain, the others as picked
         sweep_gemvs, sweep_ops, _ = ARMS[args.sweep_arm]
+        names = {shape: name for name, shape in projections(args.model).items()}
+        extra = [tuple(int(v) for v in c.split(",")) for c in args.extra_configs]
         for key in configs["pdl_picked"]:
+            if args.sweep_shapes is not None and names.get(key) not in args.sweep_shapes:
+                continue
             fused = sweep_ops in ("qkv_fused", "fused", "folded")
-            for cfg in (None, *small_m_gemm._CONFIGS)[fused:]:
+            for cfg in (None, *small_m_gemm._CONFIGS, *extra)[fused:]:
                 cfgs = {**configs.get(sweep_gemvs, {}), key: cfg}
                 try:
                     ms, _ = time_step(
-                        make_step(ws, lm_head, hidden, cfgs, sweep_ops, True), args.replays
+                        make_step(ws, lm_head, hidden, cfgs, sweep_ops, True, args.attention_us),
+                        args.replays,
                     )
                 except Exception:  # noqa: BLE001 - a config the compiler rejects
                     continue
                 row = {"arm": "sweep " + args.sweep_arm, "model": args.model, "shape": key, "config": cfg,
-                       "ms": round(ms, 4), "device": torch.cuda.get_device_name()}  # fmt: skip
+                       "ms": round(ms, 4), "attention_us": args.attention_us,
+                       "device": torch.cuda.get_device_name()}  # fmt: skip
                 print(json.dumps(row))
                 rows.append(row)
     if args.out:

@@ -66,6 +66,22 @@ _MARGIN = 0.97
 _PDL_CREDIT_MS = float(os.environ.get("MINI_SGLANG_GEMV_PDL_CREDIT_US", "1.0")) / 1000
 
 
+def _parse_forced(spec: str) -> dict[tuple[int, int], tuple | None]:
+    """MINI_SGLANG_GEMV_CONFIGS, for experiments: ';'-separated "NxK:config" entries that
+    replace the timed pick for every weight of that shape, e.g.
+    "4096x4096:4,2048,4,2;28672x4096:cublas" runs Llama-3.1-8B's o_proj with BLOCK_N 4,
+    BLOCK_K 2048, 4 warps, 2 stages and its gate_up_proj on cuBLAS."""
+    forced: dict[tuple[int, int], tuple | None] = {}
+    for entry in filter(None, spec.split(";")):
+        shape, cfg = entry.split(":")
+        n, k = (int(v) for v in shape.split("x"))
+        forced[(n, k)] = None if cfg == "cublas" else tuple(int(v) for v in cfg.split(","))
+    return forced
+
+
+_FORCED = _parse_forced(os.environ.get("MINI_SGLANG_GEMV_CONFIGS", ""))
+
+
 if triton is not None:
 
     @triton.jit
@@ -306,7 +322,11 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return None
-        _choice[key] = _pick(x.new_zeros((bucket, x.shape[1])), w, variant)
+        if tuple(w.shape) in _FORCED:
+            _choice[key] = _FORCED[tuple(w.shape)]
+            logger.debug("small-M GEMM N=%d K=%d %s: %s (forced)", *w.shape, variant, _choice[key])
+        else:
+            _choice[key] = _pick(x.new_zeros((bucket, x.shape[1])), w, variant)
     return _choice[key]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from mini_sglang.layers.small_m_gemm import choose, pick_rule
+from mini_sglang.layers.small_m_gemm import _parse_forced, choose, pick_rule
 
 US = 1e-3  # timings are in ms
 TRITON = (2, 4096, 8, 1)
@@ -38,3 +38,14 @@ def test_clearly_faster_triton_wins_either_way():
 
 def test_no_credit_without_pdl():
     assert pick_rule(torch.zeros(1, 8)) == {"credit_ms": 0.0}  # CPU: no PDL
+
+
+def test_forced_configs_parse_shape_to_config_or_cublas():
+    # MINI_SGLANG_GEMV_CONFIGS, the experiments' override of the timed pick
+    forced = _parse_forced("4096x4096:4,2048,4,2;28672x4096:cublas;;1024x3072:2,4096,8")
+    assert forced == {
+        (4096, 4096): (4, 2048, 4, 2),
+        (28672, 4096): None,
+        (1024, 3072): (2, 4096, 8),
+    }
+    assert _parse_forced("") == {}
