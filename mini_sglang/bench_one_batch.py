@@ -34,6 +34,8 @@ from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.server_args import ServerArgs
 
 logger = logging.getLogger("mini_sglang")
+# how long a TP rank that has reported may take to leave the group before it is killed
+_TEARDOWN_TIMEOUT_S = 60
 
 
 def _sync(device: torch.device) -> None:
@@ -356,8 +358,10 @@ def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, con
         configure_cpu_threads(server_args)
         init_scheduler_tp_group(server_args, port_args, tp_rank)
         out = _run_rank(server_args, args, tp_rank)
-        destroy_distributed_environment()
+        # report first: the numbers are complete, whatever the group's teardown does (on two
+        # H100s NCCL's teardown after CUDA graphs has hung past a 130 s limit)
         conn.send(out if tp_rank == 0 else None)
+        destroy_distributed_environment()
     except BaseException:
         conn.send(
             RuntimeError(f"bench_one_batch TP rank {tp_rank} failed:\n{traceback.format_exc()}")
@@ -398,7 +402,11 @@ def _run_tp_group(server_args: ServerArgs, args) -> dict:
                 report = msg if msg is not None else report
     finally:
         for proc, _ in ranks:
-            if proc.is_alive() and pending:
+            if not pending:  # every rank reported: all that is left is leaving the group
+                proc.join(timeout=_TEARDOWN_TIMEOUT_S)
+                if proc.is_alive():
+                    logger.warning("TP rank process %d still leaving the group; killed", proc.pid)
+            if proc.is_alive():  # or a rank failed, and this one would wait in a collective
                 proc.kill()
             proc.join()
     assert report is not None
