@@ -214,18 +214,22 @@ def start_server(
     log_dir: Path,
     port: int | None = None,
     max_total_tokens: int = 4096,
+    env: dict[str, str] | None = None,
 ) -> ServerHandle:
-    """Start the server subprocess (not waiting for readiness)."""
+    """Start the server subprocess (not waiting for readiness); env adds to os.environ."""
     port = port or free_port()
     args = [sys.executable, "-m", "mini_sglang.launch_server", "--port", str(port)]
     if model_path is not None:
         args += ["--model-path", model_path]
     args += ["--max-total-tokens", str(max_total_tokens), *extra_args]
     log_path = log_dir / f"server_{port}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT), env=env
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=str(REPO_ROOT),
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
     return ServerHandle(f"http://127.0.0.1:{port}", port, proc, log_path, args)
 

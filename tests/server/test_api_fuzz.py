@@ -166,6 +166,8 @@ def fuzz_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHand
         "--tool-call-parser",
         "qwen25",
         log_dir=server_logs,
+        # a /start_profile case whose output_dir was dropped writes to the default directory
+        env={"SGLANG_TORCH_PROFILER_DIR": PROFILE_DIR},
     )
     yield handle
     handle.stop()
