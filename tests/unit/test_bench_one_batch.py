@@ -148,3 +148,41 @@ def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
         for rank in ranks:
             if rank.is_running():
                 rank.kill()
+
+
+def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_path, tmp_path):
+    """A rank whose group teardown never returns (NCCL's, after CUDA graphs, has hung past
+    a 130 s limit on two H100s) no longer holds the benchmark: its numbers are already
+    reported, and the parent kills it after _TEARDOWN_TIMEOUT_S. The teardown is made to
+    hang in the rank processes by a sitecustomize that every interpreter started here runs."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import time\n"
+        "import mini_sglang.distributed.parallel_state as ps\n"
+        "ps.destroy_distributed_environment = lambda: time.sleep(600)\n"
+        "import mini_sglang.bench_one_batch as bench\n"
+        "bench._TEARDOWN_TIMEOUT_S = 2\n"
+    )
+    result_file = tmp_path / "rows.jsonl"
+    argv = [
+        "--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32",
+        "--tp-size", "2", "--batch-size", "1", "--input-len", "8", "--output-len", "2",
+        "--result-filename", str(result_file),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", f"from mini_sglang.bench_one_batch import main; main({argv!r})"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("still leaving the group; killed") == 2, proc.stderr[-3000:]
+    assert len(result_file.read_text().splitlines()) == 1
+    assert time.monotonic() - start < 100  # not the rank's 600 s
