@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import json
 import logging
 import multiprocessing.connection
@@ -361,7 +362,10 @@ def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, con
         # report first: the numbers are complete, whatever the group's teardown does (on two
         # H100s NCCL's teardown after CUDA graphs has hung past a 130 s limit)
         conn.send(out if tp_rank == 0 else None)
+        # where a teardown that outlives half the parent's patience is stuck, in the log
+        faulthandler.dump_traceback_later(_TEARDOWN_TIMEOUT_S / 2)
         destroy_distributed_environment()
+        faulthandler.cancel_dump_traceback_later()
     except BaseException:
         conn.send(
             RuntimeError(f"bench_one_batch TP rank {tp_rank} failed:\n{traceback.format_exc()}")

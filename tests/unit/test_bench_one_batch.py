@@ -153,7 +153,8 @@ def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
 def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_path, tmp_path):
     """A rank whose group teardown never returns (NCCL's, after CUDA graphs, has hung past
     a 130 s limit on two H100s) no longer holds the benchmark: its numbers are already
-    reported, and the parent kills it after _TEARDOWN_TIMEOUT_S. The teardown is made to
+    reported, the rank's stack is in the log after half of _TEARDOWN_TIMEOUT_S, and the
+    parent kills it after _TEARDOWN_TIMEOUT_S. The teardown is made to
     hang in the rank processes by a sitecustomize that every interpreter started here runs."""
     import os
     import subprocess
@@ -184,5 +185,8 @@ def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_p
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("still leaving the group; killed") == 2, proc.stderr[-3000:]
+    # each rank's stack, dumped while it hung, points at the teardown it is stuck in
+    assert proc.stderr.count("Timeout (0:00:01)!") == 2, proc.stderr[-3000:]
+    assert 'sitecustomize.py", line 3 in <lambda>' in proc.stderr, proc.stderr[-3000:]
     assert len(result_file.read_text().splitlines()) == 1
     assert time.monotonic() - start < 100  # not the rank's 600 s
