@@ -360,7 +360,8 @@ def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, con
         init_scheduler_tp_group(server_args, port_args, tp_rank)
         out = _run_rank(server_args, args, tp_rank)
         # report first: the numbers are complete, whatever the group's teardown does (on two
-        # H100s NCCL's teardown after CUDA graphs has hung past a 130 s limit)
+        # H100s runs printed their numbers and were still running 130 s later, most likely
+        # in NCCL's teardown)
         conn.send(out if tp_rank == 0 else None)
         # where a teardown that outlives half the parent's patience is stuck, in the log
         faulthandler.dump_traceback_later(_TEARDOWN_TIMEOUT_S / 2)

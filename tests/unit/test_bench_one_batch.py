@@ -151,8 +151,8 @@ def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
 
 
 def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_path, tmp_path):
-    """A rank whose group teardown never returns (NCCL's, after CUDA graphs, has hung past
-    a 130 s limit on two H100s) no longer holds the benchmark: its numbers are already
+    """A rank whose group teardown never returns (on two H100s runs printed their numbers
+    and did not exit in 130 s, most likely in NCCL's) no longer holds the benchmark: its numbers are already
     reported, the rank's stack is in the log after half of _TEARDOWN_TIMEOUT_S, and the
     parent kills it after _TEARDOWN_TIMEOUT_S. The teardown is made to
     hang in the rank processes by a sitecustomize that every interpreter started here runs."""
