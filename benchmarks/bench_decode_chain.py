@@ -6,8 +6,8 @@ launch (PDL) between its kernels.
 
 Per layer: add-RMSNorm, qkv GEMV, o GEMV (fed by the first columns of qkv, standing in for
 attention; with --attention-us a kernel that holds 128 programs that long first, as batch-1
-decode attention does: latency, next to no DRAM traffic), add-RMSNorm, gate_up GEMV, SiLU-mul, down GEMV; then the final norm and the LM
-head. Each arm captures the whole chain in one graph and reports ms per replay and the
+decode attention does: latency, next to no DRAM traffic), add-RMSNorm, gate_up GEMV,
+SiLU-mul, down GEMV; then the final norm and the LM head. Each arm captures the whole chain in one graph and reports ms per replay and the
 weight bytes over that time. Arms:
 
 - cublas: F.linear and flashinfer's norm / activation (the path without small-M GEMMs)
@@ -110,6 +110,8 @@ _TWINNED = {
     "fused": ("variant_picked", "fused"),
     "folded": ("variant_picked", "folded"),
 }
+# small ops of the norms-in-GEMVs dataflows (make_step's fused_step)
+_FUSED_OPS = ("qkv_fused", "fused", "folded")
 # every arm but cublas also runs as <arm>_pdl, the same chain launched with PDL
 ARMS = {"cublas": ("cublas", "flashinfer", False)} | {
     name + suffix: (*choice, pdl)
@@ -126,7 +128,7 @@ def make_step(
     fi_norm, fi_act = flashinfer_norm(), flashinfer_activation()
     ones = torch.ones(hidden, dtype=torch.bfloat16, device="cuda")
 
-    fused_ops = ops in ("qkv_fused", "fused", "folded")
+    fused_ops = ops in _FUSED_OPS
 
     def lin(x, w):
         cfg = gemv_cfgs.get(tuple(w.shape))
@@ -286,7 +288,7 @@ def main() -> None:
         for key in configs["pdl_picked"]:
             if args.sweep_shapes is not None and names.get(key) not in args.sweep_shapes:
                 continue
-            fused = sweep_ops in ("qkv_fused", "fused", "folded")
+            fused = sweep_ops in _FUSED_OPS
             for cfg in (None, *small_m_gemm._CONFIGS, *extra)[fused:]:
                 cfgs = {**configs.get(sweep_gemvs, {}), key: cfg}
                 try:

@@ -406,9 +406,10 @@ def _run_tp_group(server_args: ServerArgs, args) -> dict:
                     raise msg
                 report = msg if msg is not None else report
     finally:
+        deadline = time.monotonic() + _TEARDOWN_TIMEOUT_S
         for proc, _ in ranks:
             if not pending:  # every rank reported: all that is left is leaving the group
-                proc.join(timeout=_TEARDOWN_TIMEOUT_S)
+                proc.join(timeout=max(deadline - time.monotonic(), 0.0))
                 if proc.is_alive():
                     logger.warning("TP rank process %d still leaving the group; killed", proc.pid)
             if proc.is_alive():  # or a rank failed, and this one would wait in a collective
