@@ -31,6 +31,7 @@ from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
+from mini_sglang.model_executor.cuda_graph_runner import release_cuda_graphs
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.server_args import ServerArgs
 
@@ -359,12 +360,11 @@ def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, con
         configure_cpu_threads(server_args)
         init_scheduler_tp_group(server_args, port_args, tp_rank)
         out = _run_rank(server_args, args, tp_rank)
-        # report first: the numbers are complete, whatever the group's teardown does (on two
-        # H100s runs printed their numbers and were still running 130 s later, most likely
-        # in NCCL's teardown)
+        # report first: the numbers are complete, whatever the group's teardown does
         conn.send(out if tp_rank == 0 else None)
         # where a teardown that outlives half the parent's patience is stuck, in the log
         faulthandler.dump_traceback_later(_TEARDOWN_TIMEOUT_S / 2)
+        release_cuda_graphs()  # else NCCL's teardown waits for them forever
         destroy_distributed_environment()
         faulthandler.cancel_dump_traceback_later()
     except BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +23,20 @@ if TYPE_CHECKING:
     from mini_sglang.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger("mini_sglang")
+
+# every runner not yet garbage, for release_cuda_graphs (a model runner and its graph runner
+# refer to each other, so they outlive their last user until the cycle collector runs)
+_live_runners: weakref.WeakSet[CudaGraphRunner] = weakref.WeakSet()
+
+
+def release_cuda_graphs() -> None:
+    """Destroy the CUDA graphs of every CudaGraphRunner in this process; call before leaving
+    a NCCL process group. NCCL keeps the plans of collectives captured into a graph until the
+    graph is destroyed, and destroying the communicator waits for them: with the graphs alive
+    `torch.distributed.destroy_process_group()` never returns (pytorch/pytorch#115388; two
+    H100s, bench_one_batch --tp-size 2, both ranks stuck there 60 s after their report)."""
+    for graph_runner in list(_live_runners):
+        graph_runner.release()
 
 
 class CudaGraphRunner:
@@ -51,7 +66,16 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
+        _live_runners.add(self)
         self.capture()
+
+    def release(self) -> None:
+        """Destroy the captured graphs and their memory pool; can_run is False afterwards."""
+        self.graphs.clear()
+        self.outputs.clear()
+        self.capture_bs, self.max_bs, self.pool = [], 0, None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _static_batch(self, bs: int, seq_lens_cpu: torch.Tensor) -> ForwardBatch:
         r = self.runner

@@ -9,6 +9,8 @@ Skipped with fewer than two GPUs (run on a 2-GPU device kind).
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -90,3 +92,20 @@ def test_tp2_nccl_top5_logprobs_match_hf(tp2_server: ServerHandle, tp_model) -> 
     assert info["tp_size"] == 2 and info["device"] == "cuda"
     m = tp2_server.wait_memory_all_free()
     assert m["failures"] == 0
+
+
+def test_bench_one_batch_tp2_ranks_leave_the_nccl_group(tp_model) -> None:
+    """bench_one_batch --tp-size 2 with CUDA graphs over NCCL returns its numbers and its
+    ranks leave the group on their own: with the graphs alive, destroy_process_group never
+    returned and the parent killed both ranks after 60 s ("still leaving the group")."""
+    path, _ = tp_model
+    cmd = [
+        sys.executable, "-m", "mini_sglang.bench_one_batch", "--model-path", path,
+        "--dtype", "bfloat16", "--tp-size", "2", "--batch-size", "1", "--input-len", "16",
+        "--output-len", "8", "--cuda-graph-max-bs", "2", "--mem-fraction-static", "0.5",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=GPU_STARTUP_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Decode.  mean ms/token" in proc.stdout
+    assert "still leaving the group" not in proc.stderr, proc.stderr[-3000:]
+    assert "Timeout" not in proc.stderr, proc.stderr[-3000:]  # no faulthandler dump either
