@@ -14,30 +14,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import faulthandler
 import json
 import logging
-import multiprocessing.connection
 import os
 import statistics
 import sys
 import time
-import traceback
 
 import torch
 
-from mini_sglang.distributed.parallel_state import destroy_distributed_environment, get_tp_size
+from mini_sglang.benchmark.tp_group import run_tp_group
+from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
-from mini_sglang.model_executor.cuda_graph_runner import release_cuda_graphs
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.server_args import ServerArgs
-
-logger = logging.getLogger("mini_sglang")
-# how long a TP rank that has reported may take to leave the group before it is killed
-_TEARDOWN_TIMEOUT_S = 60
 
 
 def _sync(device: torch.device) -> None:
@@ -215,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
     if server_args.tp_size > 1:
-        return _run_tp_group(server_args, args)
+        return run_tp_group(_run_rank, server_args, args)
     return _run_rank(server_args, args, 0)
 
 
@@ -344,79 +337,6 @@ def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) ->
             for r in results:
                 f.write(json.dumps(r) + "\n")
     return results
-
-
-def _tp_rank_process(server_args: ServerArgs, args, port_args, tp_rank: int, conn) -> None:
-    from mini_sglang.entrypoints.parallel_launch import (
-        configure_cpu_threads,
-        init_scheduler_tp_group,
-    )
-    from mini_sglang.utils.process import set_parent_death_signal
-
-    # A killed or timed-out benchmark must not leave ranks holding the GPUs (and skewing
-    # the next run's numbers), as the server's scheduler processes do not.
-    set_parent_death_signal()
-    try:
-        configure_cpu_threads(server_args)
-        init_scheduler_tp_group(server_args, port_args, tp_rank)
-        out = _run_rank(server_args, args, tp_rank)
-        # report first: the numbers are complete, whatever the group's teardown does
-        conn.send(out if tp_rank == 0 else None)
-        # where a teardown that outlives half the parent's patience is stuck, in the log
-        faulthandler.dump_traceback_later(_TEARDOWN_TIMEOUT_S / 2)
-        release_cuda_graphs()  # else NCCL's teardown waits for them forever
-        destroy_distributed_environment()
-        faulthandler.cancel_dump_traceback_later()
-    except BaseException:
-        conn.send(
-            RuntimeError(f"bench_one_batch TP rank {tp_rank} failed:\n{traceback.format_exc()}")
-        )
-        raise
-
-
-def _run_tp_group(server_args: ServerArgs, args) -> dict:
-    """Run the benchmark on tp_size spawned rank processes; returns rank 0's report, or
-    raises the first rank's error (ending the other ranks, which would wait forever in a
-    collective)."""
-    import multiprocessing as mp
-
-    from mini_sglang.server_args import PortArgs
-
-    port_args = PortArgs.init_new(server_args)
-    ctx = mp.get_context("spawn")
-    ranks = []
-    for tp_rank in range(server_args.tp_size):
-        reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_tp_rank_process, args=(server_args, args, port_args, tp_rank, writer)
-        )
-        proc.start()
-        writer.close()  # so a rank that dies without reporting reads as EOF here
-        ranks.append((proc, reader))
-    report, pending = None, {reader: proc for proc, reader in ranks}
-    try:
-        while pending:
-            for reader in multiprocessing.connection.wait(list(pending)):
-                proc = pending.pop(reader)
-                try:
-                    msg = reader.recv()
-                except EOFError:
-                    msg = RuntimeError(f"bench_one_batch TP rank exited with code {proc.exitcode}")
-                if isinstance(msg, BaseException):
-                    raise msg
-                report = msg if msg is not None else report
-    finally:
-        deadline = time.monotonic() + _TEARDOWN_TIMEOUT_S
-        for proc, _ in ranks:
-            if not pending:  # every rank reported: all that is left is leaving the group
-                proc.join(timeout=max(deadline - time.monotonic(), 0.0))
-                if proc.is_alive():
-                    logger.warning("TP rank process %d still leaving the group; killed", proc.pid)
-            if proc.is_alive():  # or a rank failed, and this one would wait in a collective
-                proc.kill()
-            proc.join()
-    assert report is not None
-    return report
 
 
 if __name__ == "__main__":

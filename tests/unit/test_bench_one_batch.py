@@ -151,11 +151,13 @@ def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
 
 
 def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_path, tmp_path):
-    """A rank whose group teardown never returns (on two H100s runs printed their numbers
-    and did not exit in 130 s, most likely in NCCL's) no longer holds the benchmark: its numbers are already
-    reported, the rank's stack is in the log after half of _TEARDOWN_TIMEOUT_S, and the
-    parent kills it after _TEARDOWN_TIMEOUT_S. The teardown is made to
-    hang in the rank processes by a sitecustomize that every interpreter started here runs."""
+    """A rank whose group teardown never returns no longer holds the benchmark: its numbers
+    are already reported, the rank's stack is in the log after half of TEARDOWN_TIMEOUT_S,
+    and the parent kills it after TEARDOWN_TIMEOUT_S. (On two H100s NCCL's teardown waited
+    for the CUDA graphs that had captured its collectives; the ranks now destroy them first,
+    which tests/gpu/test_gpu_tp.py checks; this guards against any other such hang.) The
+    teardown is made to hang in the rank processes by a sitecustomize that every interpreter
+    started here runs."""
     import os
     import subprocess
     import sys
@@ -165,8 +167,8 @@ def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_p
         "import time\n"
         "import mini_sglang.distributed.parallel_state as ps\n"
         "ps.destroy_distributed_environment = lambda: time.sleep(600)\n"
-        "import mini_sglang.bench_one_batch as bench\n"
-        "bench._TEARDOWN_TIMEOUT_S = 2\n"
+        "import mini_sglang.benchmark.tp_group as tp_group\n"
+        "tp_group.TEARDOWN_TIMEOUT_S = 2\n"
     )
     result_file = tmp_path / "rows.jsonl"
     argv = [
