@@ -1,0 +1,112 @@
+"""Every batch-1 decode GEMV of a model over a wide grid of Triton GEMV configs, each timed as
+the model runs it (qkv with the RMSNorm, gate_up with SiLU-mul, down with the residual add),
+weight cold in L2 as in small_m_gemm's own pick.
+
+    python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--out r.jsonl] [--forced f.txt]
+
+The grid is small_m_gemm._CONFIGS plus BLOCK_N 1-8, BLOCK_K 2048 up to the whole row, 4-16
+warps and 1-3 stages. Prints cuBLAS, the pick and the best 8 configs per shape, and writes
+MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
+beats the pick by >= 2%, FILE.all the best config of every shape. Session 21 (H100) found
+nothing the picks miss (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_linear import projections  # noqa: E402
+from mini_sglang.layers import small_m_gemm  # noqa: E402
+from mini_sglang.utils.cuda_timing import cuda_time_ms  # noqa: E402
+
+# the fused variant each projection runs as at batch 1 (llama.norms_in_gemvs); gate_up's pick
+# is timed as the plain GEMV, and the model then runs that config with SiLU-mul
+VARIANTS = {"qkv": ("norm",), "gate_up": ("silu_mul",), "down": ("residual",)}
+
+
+def grid(name: str, k: int, variant: tuple[str, ...]) -> list[tuple]:
+    """small_m_gemm's configs plus wider ones, (BLOCK_N, BLOCK_K, warps, stages)."""
+    k_pow2 = 1 << (k - 1).bit_length()
+    configs = list(small_m_gemm._CONFIGS)
+    for bn in (1, 2, 4, 8):
+        if "silu_mul" in variant and bn < 2:  # a program needs a gate row and an up row
+            continue
+        for bk in (2048, 4096, 8192, 16384):
+            if bk > k_pow2 or bn * bk > 32768 or (name == "lm_head" and bk != 4096):
+                continue
+            warps = (4, 8) if bk == 2048 else (4, 8, 16) if bk == 4096 else (8, 16)
+            stages = (2, 3) if bk == 2048 else (1, 2) if bk < k else (1,)
+            for cfg in ((bn, bk, w, st) for w in warps for st in stages):
+                if cfg not in configs:
+                    configs.append(cfg)
+    return configs
+
+
+def sweep(name: str, n: int, k: int) -> dict:
+    variant = VARIANTS.get(name, ())
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    kwargs = small_m_gemm._variant_kwargs(x, w, variant)
+    cublas = 1000 * cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)
+    pick_variant = () if "silu_mul" in variant else variant
+    pick = small_m_gemm.choose(
+        small_m_gemm.time_candidates(x, w, pick_variant), **small_m_gemm.pick_rule(x)
+    )
+    times = {}
+    for cfg in grid(name, k, variant):
+        try:
+            times[cfg] = 1000 * cuda_time_ms(
+                lambda cfg=cfg: small_m_gemm.gemv(x, w, cfg, **kwargs), cold_l2=True
+            )
+        except Exception:  # a config the compiler rejects on this card
+            continue
+    ranked = sorted(times.items(), key=lambda kv: kv[1])
+    return {"gemm": name, "n": n, "k": k, "variant": list(variant), "cublas_us": cublas,
+            "pick": pick, "pick_us": times.get(pick) if pick else cublas,
+            "card": torch.cuda.get_device_name(),
+            "times": [[list(c), t] for c, t in ranked]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--out", default=None, help="append one JSON row per shape")
+    ap.add_argument("--forced", default=None, help="write MINI_SGLANG_GEMV_CONFIGS values here")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    forced, best_all = [], []
+    for name, (n, k) in projections(args.model).items():
+        t0 = time.time()
+        row = sweep(name, n, k)
+        print(f"{name} N={n} K={k} {tuple(row['variant'])}: cuBLAS {row['cublas_us']:.1f} us, "
+              f"pick {row['pick']} {row['pick_us']:.1f} us; {len(row['times'])} configs in "
+              f"{time.time() - t0:.0f} s")  # fmt: skip
+        for cfg, t in row["times"][:8]:
+            print(f"   {tuple(cfg)} {t:.1f} us  {n * k * 2 / t / 1e6:.2f} TB/s")
+        best, best_us = row["times"][0]
+        entry = f"{n}x{k}:" + ",".join(map(str, best))
+        best_all.append(entry)
+        if best_us < 0.98 * row["pick_us"]:
+            forced.append(entry)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    print("forced:", ";".join(forced))
+    if args.forced:
+        with open(args.forced, "w") as f:
+            f.write(";".join(forced))
+        with open(args.forced + ".all", "w") as f:
+            f.write(";".join(best_all))
+
+
+if __name__ == "__main__":
+    main()
