@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -56,11 +55,9 @@ def sweep(name: str, n: int, k: int) -> dict:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     kwargs = small_m_gemm._variant_kwargs(x, w, variant)
-    cublas = 1000 * cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)
-    pick_variant = () if "silu_mul" in variant else variant
-    pick = small_m_gemm.choose(
-        small_m_gemm.time_candidates(x, w, pick_variant), **small_m_gemm.pick_rule(x)
-    )
+    pick_times = small_m_gemm.time_candidates(x, w, () if "silu_mul" in variant else variant)
+    pick = small_m_gemm.choose(pick_times, **small_m_gemm.pick_rule(x))
+    cublas = 1000 * pick_times[None]
     times = {}
     for cfg in grid(name, k, variant):
         try:

@@ -301,8 +301,9 @@ def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, gemvs: str, monkeyp
     """The decoder's small-batch dataflow where down_proj adds into the residual and the next
     qkv_proj normalises it itself (llama.norms_in_gemvs), forced on for every batch.
     "fallbacks": on CPU each fused step takes its unfused kernel, which checks the dataflow
-    itself (the residual stream handed from layer to layer, the final norm). "triton": the fused GEMVs (small_m_gemm.linear_rmsnorm, linear_add_) serve every
-    batch of <= 8 rows, in Triton's interpreter on CPU; prefill batches take the fallbacks."""
+    itself (the residual stream handed from layer to layer, the final norm). "triton": the
+    fused GEMVs (small_m_gemm.linear_rmsnorm, linear_add_) serve every batch of <= 8 rows, in
+    Triton's interpreter on CPU; prefill batches take the fallbacks."""
     import mini_sglang.models.llama as llama
     from mini_sglang.layers import small_m_gemm
 
