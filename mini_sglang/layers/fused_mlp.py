@@ -86,106 +86,106 @@ if triton is not None:
             pass
 
     @triton.jit
-    def _fused_mlp_kernel(
-        x,
-        w_gu,
-        w_down,
-        h,
-        res,
-        sync,
-        M,
-        INTER,
-        HIDDEN,
-        sxm,
-        shm,
-        srm,
-        BM: tl.constexpr,
-        BN1: tl.constexpr,
-        BK1: tl.constexpr,
-        BN2: tl.constexpr,
-        HB: tl.constexpr,
-        NB_POW2: tl.constexpr,
-        PDL: tl.constexpr,
-        EARLY_TICKET: tl.constexpr,
-    ):
-        n_gu = tl.cdiv(INTER, BN1)
-        n_down = tl.cdiv(HIDDEN, BN2)
+    def _gate_up_tile(tile, x, w_gu, h, sync, M, INTER, HIDDEN, sxm, shm,
+                      BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr, HB: tl.constexpr,
+                      PDL_WAIT: tl.constexpr):  # fmt: skip
+        """h[:, rn] = silu(x @ gate[rn]^T) * (x @ up[rn]^T) for rn the tile's BN1 rows, then
+        counted into the flag of its h block. PDL_WAIT: wait for the previous kernel after
+        the first weight tiles are loaded (the weights are never written in a step)."""
+        rm = tl.arange(0, BM)
+        m_mask = rm[:, None] < M
+        rn = tile * BN1 + tl.arange(0, BN1)
+        rk = tl.arange(0, BK1)
+        g_rows = w_gu + rn[:, None] * HIDDEN
+        u_rows = g_rows + INTER * HIDDEN
+        w_mask = rn[:, None] < INTER
+        wg = tl.load(g_rows + rk[None, :], mask=w_mask & (rk[None, :] < HIDDEN), other=0.0)
+        wu = tl.load(u_rows + rk[None, :], mask=w_mask & (rk[None, :] < HIDDEN), other=0.0)
+        if PDL_WAIT:
+            gdc_launch_dependents()
+            gdc_wait()
+        x_rows = x + rm[:, None] * sxm
+        xt = tl.load(x_rows + rk[None, :], mask=m_mask & (rk[None, :] < HIDDEN), other=0.0)
+        acc_g = _dot_tile(tl.zeros([BM, BN1], tl.float32), xt, wg)
+        acc_u = _dot_tile(tl.zeros([BM, BN1], tl.float32), xt, wu)
+        for k0 in range(BK1, HIDDEN, BK1):
+            rk = k0 + tl.arange(0, BK1)
+            k_mask = rk[None, :] < HIDDEN
+            xt = tl.load(x_rows + rk[None, :], mask=m_mask & k_mask, other=0.0)
+            wg = tl.load(g_rows + rk[None, :], mask=w_mask & k_mask, other=0.0)
+            acc_g = _dot_tile(acc_g, xt, wg)
+            wu = tl.load(u_rows + rk[None, :], mask=w_mask & k_mask, other=0.0)
+            acc_u = _dot_tile(acc_u, xt, wu)
+        # rounded as gemv's output, then silu_mul: small_m_gemm.gemv(silu_mul=True) bit for bit
+        up = acc_u.to(h.dtype.element_ty)
+        y = silu_mul(acc_g.to(h.dtype.element_ty).to(tl.float32), up)
+        tl.store(h + rm[:, None] * shm + rn[None, :], y, mask=m_mask & (rn[None, :] < INTER))
+        tl.debug_barrier()  # every thread's h stores precede the release below
+        tl.atomic_add(sync + 2 + (tile * BN1) // HB, 1, sem="release", scope="gpu")
+
+    @triton.jit
+    def _down_tile(tile, w_down, h, res, sync, M, INTER, HIDDEN, shm, srm,
+                   BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, HB: tl.constexpr,
+                   NB_POW2: tl.constexpr, PDL_WAIT: tl.constexpr):  # fmt: skip
+        """res[:, rn] += h @ down[rn]^T for rn the tile's BN2 rows, h read block by block as
+        the flags release it; the last down tile to finish zeroes the flags."""
         n_blocks = tl.cdiv(INTER, HB)
-        if PDL and not EARLY_TICKET:
+        rm = tl.arange(0, BM)
+        m_mask = rm[:, None] < M
+        rn = tile * BN2 + tl.arange(0, BN2)
+        rk = tl.arange(0, HB)
+        d_rows = w_down + rn[:, None] * INTER
+        w_mask = rn[:, None] < HIDDEN
+        wt = tl.load(d_rows + rk[None, :], mask=w_mask & (rk[None, :] < INTER), other=0.0)
+        if PDL_WAIT:
+            gdc_launch_dependents()
+            gdc_wait()
+        h_rows = h + rm[:, None] * shm
+        acc = tl.zeros([BM, BN2], tl.float32)
+        for b in range(0, n_blocks):
+            k0 = b * HB
+            k_mask = (k0 + rk)[None, :] < INTER
+            if b > 0:  # block 0's weight tile was loaded before the PDL wait
+                wt = tl.load(d_rows + k0 + rk[None, :], mask=w_mask & k_mask, other=0.0)
+            # gate_up tiles of block b: HB / BN1, fewer in a last, partial block
+            _wait_until(sync + 2 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
+            # .cg: from L2, where the other programs' stores are, never a stale L1 line
+            ht = tl.load(h_rows + k0 + rk[None, :], mask=m_mask & k_mask, other=0.0,
+                         cache_modifier=".cg")  # fmt: skip
+            acc = _dot_tile(acc, ht, wt)
+        out_mask = m_mask & (rn[None, :] < HIDDEN)
+        out = res + rm[:, None] * srm + rn[None, :]
+        # rounded as small_m_gemm.gemv(residual=...) rounds: the GEMV, then the add
+        r = tl.load(out, mask=out_mask, other=0.0).to(tl.float32)
+        y = (acc.to(res.dtype.element_ty).to(tl.float32) + r).to(res.dtype.element_ty)
+        tl.store(out, y, mask=out_mask)
+        # every down tile counted here is past its waits, so the last one may zero the flags
+        done = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
+        if done == tl.cdiv(HIDDEN, BN2) - 1:
+            nb = tl.arange(0, NB_POW2)
+            tl.store(sync + 2 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks)
+            tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _fused_mlp_kernel(x, w_gu, w_down, h, res, sync, M, INTER, HIDDEN, sxm, shm, srm,
+                          BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr,
+                          BN2: tl.constexpr, HB: tl.constexpr, NB_POW2: tl.constexpr,
+                          PDL_WAIT_FIRST: tl.constexpr, PDL_WAIT_LATE: tl.constexpr):  # fmt: skip
+        # PDL_WAIT_FIRST: wait for the previous kernel before the ticket; PDL_WAIT_LATE: after
+        # it and the first weight tiles (early_ticket)
+        n_gu = tl.cdiv(INTER, BN1)
+        if PDL_WAIT_FIRST:
             gdc_launch_dependents()
             gdc_wait()
         ticket = tl.atomic_add(sync, 1, sem="relaxed", scope="gpu")
-        if ticket == n_gu + n_down - 1:  # every ticket is drawn: the next launch starts at 0
+        if ticket == n_gu + tl.cdiv(HIDDEN, BN2) - 1:  # all drawn: the next launch starts at 0
             tl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")
-        rm = tl.arange(0, BM)
-        m_mask = rm[:, None] < M
         if ticket < n_gu:
-            rn = ticket * BN1 + tl.arange(0, BN1)
-            rk = tl.arange(0, BK1)
-            g_rows = w_gu + rn[:, None] * HIDDEN
-            w_mask = rn[:, None] < INTER
-            # the weights are never written in a step: their first tiles load before the wait
-            wg = tl.load(g_rows + rk[None, :], mask=w_mask & (rk[None, :] < HIDDEN), other=0.0)
-            wu = tl.load(
-                g_rows + INTER * HIDDEN + rk[None, :],
-                mask=w_mask & (rk[None, :] < HIDDEN),
-                other=0.0,
-            )
-            if PDL and EARLY_TICKET:
-                gdc_launch_dependents()
-                gdc_wait()
-            x_rows = x + rm[:, None] * sxm
-            xt = tl.load(x_rows + rk[None, :], mask=m_mask & (rk[None, :] < HIDDEN), other=0.0)
-            acc_g = _dot_tile(tl.zeros([BM, BN1], tl.float32), xt, wg)
-            acc_u = _dot_tile(tl.zeros([BM, BN1], tl.float32), xt, wu)
-            for k0 in range(BK1, HIDDEN, BK1):
-                rk = k0 + tl.arange(0, BK1)
-                k_mask = rk[None, :] < HIDDEN
-                xt = tl.load(x_rows + rk[None, :], mask=m_mask & k_mask, other=0.0)
-                wg = tl.load(g_rows + rk[None, :], mask=w_mask & k_mask, other=0.0)
-                acc_g = _dot_tile(acc_g, xt, wg)
-                wu = tl.load(g_rows + INTER * HIDDEN + rk[None, :], mask=w_mask & k_mask, other=0.0)
-                acc_u = _dot_tile(acc_u, xt, wu)
-            # rounded as gemv's output, then silu_mul: small_m_gemm.gemv(silu_mul=True) bit for bit
-            up = acc_u.to(h.dtype.element_ty)
-            y = silu_mul(acc_g.to(h.dtype.element_ty).to(tl.float32), up)
-            tl.store(h + rm[:, None] * shm + rn[None, :], y, mask=m_mask & (rn[None, :] < INTER))
-            tl.debug_barrier()  # every thread's h stores precede the release below
-            tl.atomic_add(sync + 2 + (ticket * BN1) // HB, 1, sem="release", scope="gpu")
+            _gate_up_tile(ticket, x, w_gu, h, sync, M, INTER, HIDDEN, sxm, shm,
+                          BM, BN1, BK1, HB, PDL_WAIT_LATE)  # fmt: skip
         else:
-            rn = (ticket - n_gu) * BN2 + tl.arange(0, BN2)
-            rk = tl.arange(0, HB)
-            d_rows = w_down + rn[:, None] * INTER
-            w_mask = rn[:, None] < HIDDEN
-            wt = tl.load(d_rows + rk[None, :], mask=w_mask & (rk[None, :] < INTER), other=0.0)
-            if PDL and EARLY_TICKET:
-                gdc_launch_dependents()
-                gdc_wait()
-            h_rows = h + rm[:, None] * shm
-            acc = tl.zeros([BM, BN2], tl.float32)
-            for b in range(0, n_blocks):
-                k0 = b * HB
-                k_mask = (k0 + rk)[None, :] < INTER
-                if b > 0:  # block 0's weight tile was loaded before the PDL wait
-                    wt = tl.load(d_rows + k0 + rk[None, :], mask=w_mask & k_mask, other=0.0)
-                # gate_up tiles of block b: HB / BN1, fewer in a last, partial block
-                _wait_until(sync + 2 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
-                # .cg: from L2, where the other programs' stores are, never a stale L1 line
-                ht = tl.load(h_rows + k0 + rk[None, :], mask=m_mask & k_mask, other=0.0,
-                             cache_modifier=".cg")  # fmt: skip
-                acc = _dot_tile(acc, ht, wt)
-            out_mask = m_mask & (rn[None, :] < HIDDEN)
-            out = res + rm[:, None] * srm + rn[None, :]
-            # rounded as small_m_gemm.gemv(residual=...) rounds: the GEMV, then the add
-            r = tl.load(out, mask=out_mask, other=0.0).to(tl.float32)
-            y = (acc.to(res.dtype.element_ty).to(tl.float32) + r).to(res.dtype.element_ty)
-            tl.store(out, y, mask=out_mask)
-            # the last down tile to finish resets the flags: every down tile is past its waits
-            done = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
-            if done == n_down - 1:
-                nb = tl.arange(0, NB_POW2)
-                tl.store(sync + 2 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks)
-                tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
+            _down_tile(ticket - n_gu, w_down, h, res, sync, M, INTER, HIDDEN, shm, srm,
+                       BM, BN1, BN2, HB, NB_POW2, PDL_WAIT_LATE)  # fmt: skip
 
 
 def new_sync_buffer(device: torch.device | str) -> torch.Tensor:
@@ -226,7 +226,7 @@ def fused_mlp_add_(
         x.stride(0), h.stride(0), residual.stride(0),
         BM=bm, BN1=bn1, BK1=bk1, BN2=bn2, HB=hb,
         NB_POW2=triton.next_power_of_2(triton.cdiv(inter, hb)),
-        PDL=pdl, EARLY_TICKET=early_ticket and pdl,
+        PDL_WAIT_FIRST=pdl and not early_ticket, PDL_WAIT_LATE=pdl and early_ticket,
         num_warps=warps, launch_pdl=pdl,
     )  # fmt: skip
     return residual
