@@ -13,24 +13,32 @@ The grid is a small dataflow graph of two tile kinds:
 - down tiles: BN2 rows of down, dotted with all of h block by block, each block read once its
   flag says all its gate_up tiles are stored; the result is added into the residual.
 
-Programs take tiles in the order of tickets drawn from an atomic counter, not by program id,
-so every gate_up tile is handed out before any down tile, to a program that is running and
-never waits. A down tile that waits therefore waits only on running programs: no deadlock
-whatever the occupancy or the order the GPU dispatches programs in (CUB's single-pass scan
-hands out its tiles the same way). The result is deterministic: each output is the same
-dot product in the same order every run; the flags decide only when h is read.
+Every gate_up tile must be running or done before a down tile waits on it, or a grid of down
+tiles spinning on every SM would wait forever on gate_up tiles that cannot be dispatched.
+Tiles come in that order either way a config asks for:
+- tickets (config's last entry 1): programs take tiles in the order of tickets drawn from an
+  atomic counter, so each gate_up tile is handed to a program that is already running and
+  never waits: no deadlock whatever the occupancy or dispatch order (CUB's single-pass scan
+  hands out its tiles the same way). The ticket costs each program an atomic round trip
+  before its first load.
+- program ids (0): gate_up tiles have the lower ids, which NVIDIA GPUs dispatch first (the
+  same assumption CUTLASS's serial split-K semaphores make); no atomic before the loads.
+The result is deterministic: each output is the same dot product in the same order every
+run; the flags decide only when h is read. Down tiles that start after the last gate_up
+tile is stored (most of them) see that in one counter and skip the per-block flags.
 
 Worked example, Llama-3.1-8B at batch 1 (I = 14336, H = 4096), BN1 = 4, HB = 1024, BN2 = 4:
-3584 gate_up tiles and 1024 down tiles, 4608 tickets. Ticket 300 computes h[1200:1204] and
-counts into flag 1 (1200 // 1024), which down tiles wait to reach 1024 / 4 = 256; ticket
-3584 + 5 = 3589 computes outputs 20..23 from down rows 20..23 (all 14336 columns).
+3584 gate_up tiles and 1024 down tiles. Tile 300 computes h[1200:1204] and counts into flag
+1 (1200 // 1024), which down tiles wait to reach 1024 / 4 = 256; tile 3584 + 5 = 3589
+computes outputs 20..23 from down rows 20..23 (all 14336 columns).
 
 The sync buffer (int32, one per call site, zeroed once) holds [0] the ticket counter, [1]
-the finished down tiles and [2 + b] the stored gate_up tiles of h block b. The program that
-draws the last ticket zeroes [0]; the one that finishes the last down tile zeroes the rest,
-so the next launch finds zeros. Two launches on one sync buffer must therefore not overlap:
-with early_ticket (tickets drawn before the PDL wait, so the first weight tiles load while
-the previous kernel drains) they must not be back-to-back programmatic dependents.
+the finished down tiles, [2] the stored gate_up tiles and [3 + b] those of h block b. The
+program that draws the last ticket zeroes [0]; the one that finishes the last down tile
+zeroes the rest, so the next launch finds zeros. Two launches on one sync buffer must
+therefore not overlap: with early_ticket (the PDL wait after the first weight tiles are
+loaded, so they load while the previous kernel drains) they must not be back-to-back
+programmatic dependents.
 """
 
 from __future__ import annotations
@@ -53,17 +61,18 @@ except ImportError:  # CPU installs
 logger = logging.getLogger(__name__)
 
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_FUSED_MLP") != "1"
-# for experiments and tests: "BN1,BK1,BN2,HB,warps" replaces the timed pick for every shape
+# for experiments and tests: "BN1,BK1,BN2,HB,warps,tickets" replaces the timed pick for every shape
 _FORCED = os.environ.get("MINI_SGLANG_FUSED_MLP_CONFIG")
-SYNC_SIZE = 2 + 256  # room for 256 h blocks: I / HB with HB >= 128 up to I = 32768
-# (BN1, BK1, BN2, HB, num_warps): gate_up tile rows, its K tile, down tile rows, the h block
-# (down's K tile and the flag granularity), warps. HB must be a multiple of BN1.
+SYNC_SIZE = 3 + 256  # room for 256 h blocks: I / HB with HB >= 128 up to I = 32768
+# (BN1, BK1, BN2, HB, num_warps, tickets): gate_up tile rows, its K tile, down tile rows, the
+# h block (down's K tile and the flag granularity), warps, and whether tiles go by tickets
+# (1) or program ids (0). HB must be a multiple of BN1.
 _CONFIGS = [
-    (2, 4096, 4, 1024, 8),
-    (4, 2048, 4, 1024, 4),
-    (2, 4096, 2, 2048, 8),
-    (4, 4096, 4, 1024, 8),
-    (2, 2048, 4, 512, 4),
+    (4, 2048, 4, 1024, 4, 0),
+    (2, 4096, 4, 1024, 8, 0),
+    (2, 2048, 4, 1024, 4, 0),
+    (4, 2048, 2, 2048, 4, 0),
+    (4, 2048, 4, 1024, 4, 1),
 ]
 # the fused kernel must beat the two GEMVs it replaces by this factor (graph timings repeat
 # within ~1%)
@@ -120,8 +129,9 @@ if triton is not None:
         up = acc_u.to(h.dtype.element_ty)
         y = silu_mul(acc_g.to(h.dtype.element_ty).to(tl.float32), up)
         tl.store(h + rm[:, None] * shm + rn[None, :], y, mask=m_mask & (rn[None, :] < INTER))
-        tl.debug_barrier()  # every thread's h stores precede the release below
-        tl.atomic_add(sync + 2 + (tile * BN1) // HB, 1, sem="release", scope="gpu")
+        tl.debug_barrier()  # every thread's h stores precede the releases below
+        tl.atomic_add(sync + 3 + (tile * BN1) // HB, 1, sem="release", scope="gpu")
+        tl.atomic_add(sync + 2, 1, sem="release", scope="gpu")
 
     @triton.jit
     def _down_tile(tile, w_down, h, res, sync, M, INTER, HIDDEN, shm, srm,
@@ -141,14 +151,17 @@ if triton is not None:
             gdc_launch_dependents()
             gdc_wait()
         h_rows = h + rm[:, None] * shm
+        # all of h stored already (the usual case once gate_up's tiles are dispatched): no
+        # flag to read per block
+        all_stored = tl.atomic_add(sync + 2, 0, sem="acquire", scope="gpu") == tl.cdiv(INTER, BN1)
         acc = tl.zeros([BM, BN2], tl.float32)
         for b in range(0, n_blocks):
             k0 = b * HB
             k_mask = (k0 + rk)[None, :] < INTER
             if b > 0:  # block 0's weight tile was loaded before the PDL wait
                 wt = tl.load(d_rows + k0 + rk[None, :], mask=w_mask & k_mask, other=0.0)
-            # gate_up tiles of block b: HB / BN1, fewer in a last, partial block
-            _wait_until(sync + 2 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
+            if not all_stored:  # gate_up tiles of block b: HB / BN1, fewer in a partial one
+                _wait_until(sync + 3 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
             # .cg: from L2, where the other programs' stores are, never a stale L1 line
             ht = tl.load(h_rows + k0 + rk[None, :], mask=m_mask & k_mask, other=0.0,
                          cache_modifier=".cg")  # fmt: skip
@@ -163,23 +176,28 @@ if triton is not None:
         done = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
         if done == tl.cdiv(HIDDEN, BN2) - 1:
             nb = tl.arange(0, NB_POW2)
-            tl.store(sync + 2 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks)
+            tl.store(sync + 3 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks)
+            tl.atomic_xchg(sync + 2, 0, sem="relaxed", scope="gpu")
             tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
     def _fused_mlp_kernel(x, w_gu, w_down, h, res, sync, M, INTER, HIDDEN, sxm, shm, srm,
                           BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr,
                           BN2: tl.constexpr, HB: tl.constexpr, NB_POW2: tl.constexpr,
-                          PDL_WAIT_FIRST: tl.constexpr, PDL_WAIT_LATE: tl.constexpr):  # fmt: skip
-        # PDL_WAIT_FIRST: wait for the previous kernel before the ticket; PDL_WAIT_LATE: after
-        # it and the first weight tiles (early_ticket)
+                          PDL_WAIT_FIRST: tl.constexpr, PDL_WAIT_LATE: tl.constexpr,
+                          TICKETS: tl.constexpr):  # fmt: skip
+        # PDL_WAIT_FIRST: wait for the previous kernel before anything else; PDL_WAIT_LATE:
+        # after the first weight tiles are loaded (early_ticket)
         n_gu = tl.cdiv(INTER, BN1)
         if PDL_WAIT_FIRST:
             gdc_launch_dependents()
             gdc_wait()
-        ticket = tl.atomic_add(sync, 1, sem="relaxed", scope="gpu")
-        if ticket == n_gu + tl.cdiv(HIDDEN, BN2) - 1:  # all drawn: the next launch starts at 0
-            tl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")
+        if TICKETS:
+            ticket = tl.atomic_add(sync, 1, sem="relaxed", scope="gpu")
+            if ticket == n_gu + tl.cdiv(HIDDEN, BN2) - 1:  # all drawn: the next launch starts at 0
+                tl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")
+        else:
+            ticket = tl.program_id(0)
         if ticket < n_gu:
             _gate_up_tile(ticket, x, w_gu, h, sync, M, INTER, HIDDEN, sxm, shm,
                           BM, BN1, BK1, HB, PDL_WAIT_LATE)  # fmt: skip
@@ -205,8 +223,8 @@ def fused_mlp_add_(
 ) -> torch.Tensor:
     """residual += silu(x @ gate^T) * (x @ up^T) @ w_down^T in place (returned), for
     w_gate_up = [gate; up] [2I, H] and w_down [H, I], both row-major, x [M, H] and
-    residual [M, H] with M <= small_m_gemm.MAX_M; cfg is (BN1, BK1, BN2, HB, num_warps)
-    (see _CONFIGS). pdl launches it as a programmatic dependent of the previous kernel;
+    residual [M, H] with M <= small_m_gemm.MAX_M; cfg is (BN1, BK1, BN2, HB, num_warps,
+    tickets) (see _CONFIGS). pdl launches it as a programmatic dependent of the previous kernel;
     early_ticket also draws the tickets and loads the first weight tiles before the wait,
     which is only safe where the previous kernel is not a launch on the same sync buffer."""
     m, hidden = x.shape
@@ -214,11 +232,11 @@ def fused_mlp_add_(
     assert w_gate_up.shape == (2 * inter, hidden) and w_down.shape == (hidden, inter)
     assert w_gate_up.is_contiguous() and w_down.is_contiguous() and x.stride(1) == 1
     assert residual.shape == (m, hidden) and residual.stride(1) == 1, residual.shape
-    bn1, bk1, bn2, hb, warps = cfg
+    bn1, bk1, bn2, hb, warps, tickets = cfg
     bm = max(1, triton.next_power_of_2(m))
     if bm > 1:  # keep the per-thread register tiles bounded, as small_m_gemm.gemv does
         bk1, hb = max(32, bk1 // bm), max(bn1, hb // bm)
-    assert hb % bn1 == 0 and triton.cdiv(inter, hb) <= SYNC_SIZE - 2, (cfg, inter)
+    assert hb % bn1 == 0 and triton.cdiv(inter, hb) <= SYNC_SIZE - 3, (cfg, inter)
     h = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(inter, bn1) + triton.cdiv(hidden, bn2),)
     _fused_mlp_kernel[grid](
@@ -227,6 +245,7 @@ def fused_mlp_add_(
         BM=bm, BN1=bn1, BK1=bk1, BN2=bn2, HB=hb,
         NB_POW2=triton.next_power_of_2(triton.cdiv(inter, hb)),
         PDL_WAIT_FIRST=pdl and not early_ticket, PDL_WAIT_LATE=pdl and early_ticket,
+        TICKETS=bool(tickets),
         num_warps=warps, launch_pdl=pdl,
     )  # fmt: skip
     return residual

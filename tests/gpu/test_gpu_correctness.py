@@ -269,7 +269,7 @@ def test_fused_mlp_top5_logprobs_match_hf(tiny_model, backend, monkeypatch):
     32 gives the tiny models' 128-wide MLPs four h blocks to wait on."""
     from mini_sglang.layers import fused_mlp
 
-    monkeypatch.setattr(fused_mlp, "_FORCED", "2,64,4,32,4")
+    monkeypatch.setattr(fused_mlp, "_FORCED", "2,64,4,32,4,0")
     monkeypatch.setattr(fused_mlp, "_choice", {})
     launches = []
     real = fused_mlp.fused_mlp_add_

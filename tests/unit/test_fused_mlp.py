@@ -30,7 +30,7 @@ def mlp_inputs(m: int, hidden: int, inter: int, dtype: torch.dtype, device: str 
     w_gate_up = torch.randn(2 * inter, hidden, generator=gen) / hidden**0.5
     w_down = torch.randn(hidden, inter, generator=gen) / inter**0.5
     residual = torch.randn(m, hidden, generator=gen)
-    return (t.to(device, dtype) for t in (x, w_gate_up, w_down, residual))
+    return tuple(t.to(device, dtype) for t in (x, w_gate_up, w_down, residual))
 
 
 def mlp_reference(x, w_gate_up, w_down, residual) -> torch.Tensor:
@@ -40,12 +40,14 @@ def mlp_reference(x, w_gate_up, w_down, residual) -> torch.Tensor:
     return residual + (torch.nn.functional.silu(gate) * up) @ w_down.T
 
 
-# (m, hidden, inter, (BN1, BK1, BN2, HB, warps)): inter 200 leaves a partial last h block
-# (200 = 3 x 64 + 8) and, with BN2 8 over hidden 60, a partial down tile; m 3 pads to BM 4
+# (m, hidden, inter, (BN1, BK1, BN2, HB, warps, tickets)): inter 200 leaves a partial last h
+# block (200 = 3 x 64 + 8) and, with BN2 8 over hidden 60, a partial down tile; m 3 pads to
+# BM 4
 CASES = [
-    (1, 64, 96, (2, 32, 4, 32, 4)),
-    (3, 64, 200, (4, 64, 8, 64, 4)),
-    (1, 60, 200, (2, 64, 8, 64, 4)),
+    (1, 64, 96, (2, 32, 4, 32, 4, 0)),
+    (3, 64, 200, (4, 64, 8, 64, 4, 1)),
+    (1, 60, 200, (2, 64, 8, 64, 4, 0)),
+    (1, 60, 200, (2, 64, 8, 64, 4, 1)),
 ]
 
 
