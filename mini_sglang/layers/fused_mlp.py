@@ -64,9 +64,10 @@ _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_FUSED_MLP") != "1"
 # for experiments and tests: "BN1,BK1,BN2,HB,warps,tickets" replaces the timed pick for every shape
 _FORCED = os.environ.get("MINI_SGLANG_FUSED_MLP_CONFIG")
 SYNC_SIZE = 3 + 256  # room for 256 h blocks: I / HB with HB >= 128 up to I = 32768
-# (BN1, BK1, BN2, HB, num_warps, tickets): gate_up tile rows, its K tile, down tile rows, the
-# h block (down's K tile and the flag granularity), warps, and whether tiles go by tickets
-# (1) or program ids (0). HB must be a multiple of BN1.
+# (BN1, BK1, BN2, HB, num_warps, tickets[, num_stages]): gate_up tile rows, its K tile, down
+# tile rows, the h block (down's K tile and the flag granularity), warps, whether tiles go by
+# tickets (1) or program ids (0), and the software pipelining depth (Triton's default without
+# it). HB must be a multiple of BN1.
 _CONFIGS = [
     (4, 2048, 4, 1024, 4, 0),
     (2, 4096, 4, 1024, 8, 0),
@@ -154,18 +155,29 @@ if triton is not None:
         # all of h stored already (the usual case once gate_up's tiles are dispatched): no
         # flag to read per block
         all_stored = tl.atomic_add(sync + 2, 0, sem="acquire", scope="gpu") == tl.cdiv(INTER, BN1)
+        # .cg loads of h: from L2, where the other programs stored it, never a stale L1 line
         acc = tl.zeros([BM, BN2], tl.float32)
-        for b in range(0, n_blocks):
-            k0 = b * HB
-            k_mask = (k0 + rk)[None, :] < INTER
-            if b > 0:  # block 0's weight tile was loaded before the PDL wait
-                wt = tl.load(d_rows + k0 + rk[None, :], mask=w_mask & k_mask, other=0.0)
-            if not all_stored:  # gate_up tiles of block b: HB / BN1, fewer in a partial one
-                _wait_until(sync + 3 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
-            # .cg: from L2, where the other programs' stores are, never a stale L1 line
-            ht = tl.load(h_rows + k0 + rk[None, :], mask=m_mask & k_mask, other=0.0,
+        if all_stored:  # a plain GEMV loop, which the compiler can software-pipeline
+            ht = tl.load(h_rows + rk[None, :], mask=m_mask & (rk[None, :] < INTER), other=0.0,
                          cache_modifier=".cg")  # fmt: skip
             acc = _dot_tile(acc, ht, wt)
+            for k0 in range(HB, INTER, HB):
+                k_mask = (k0 + rk)[None, :] < INTER
+                wt = tl.load(d_rows + k0 + rk[None, :], mask=w_mask & k_mask, other=0.0)
+                ht = tl.load(h_rows + k0 + rk[None, :], mask=m_mask & k_mask, other=0.0,
+                             cache_modifier=".cg")  # fmt: skip
+                acc = _dot_tile(acc, ht, wt)
+        else:
+            for b in range(0, n_blocks):
+                k0 = b * HB
+                k_mask = (k0 + rk)[None, :] < INTER
+                if b > 0:  # block 0's weight tile was loaded before the PDL wait
+                    wt = tl.load(d_rows + k0 + rk[None, :], mask=w_mask & k_mask, other=0.0)
+                # gate_up tiles of block b: HB / BN1, fewer in a last, partial block
+                _wait_until(sync + 3 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
+                ht = tl.load(h_rows + k0 + rk[None, :], mask=m_mask & k_mask, other=0.0,
+                             cache_modifier=".cg")  # fmt: skip
+                acc = _dot_tile(acc, ht, wt)
         out_mask = m_mask & (rn[None, :] < HIDDEN)
         out = res + rm[:, None] * srm + rn[None, :]
         # rounded as small_m_gemm.gemv(residual=...) rounds: the GEMV, then the add
@@ -224,7 +236,7 @@ def fused_mlp_add_(
     """residual += silu(x @ gate^T) * (x @ up^T) @ w_down^T in place (returned), for
     w_gate_up = [gate; up] [2I, H] and w_down [H, I], both row-major, x [M, H] and
     residual [M, H] with M <= small_m_gemm.MAX_M; cfg is (BN1, BK1, BN2, HB, num_warps,
-    tickets) (see _CONFIGS). pdl launches it as a programmatic dependent of the previous kernel;
+    tickets[, num_stages]) (see _CONFIGS). pdl launches it as a programmatic dependent of the previous kernel;
     early_ticket also draws the tickets and loads the first weight tiles before the wait,
     which is only safe where the previous kernel is not a launch on the same sync buffer."""
     m, hidden = x.shape
@@ -232,7 +244,8 @@ def fused_mlp_add_(
     assert w_gate_up.shape == (2 * inter, hidden) and w_down.shape == (hidden, inter)
     assert w_gate_up.is_contiguous() and w_down.is_contiguous() and x.stride(1) == 1
     assert residual.shape == (m, hidden) and residual.stride(1) == 1, residual.shape
-    bn1, bk1, bn2, hb, warps, tickets = cfg
+    bn1, bk1, bn2, hb, warps, tickets = cfg[:6]
+    extra = {"num_stages": cfg[6]} if len(cfg) > 6 else {}
     bm = max(1, triton.next_power_of_2(m))
     if bm > 1:  # keep the per-thread register tiles bounded, as small_m_gemm.gemv does
         bk1, hb = max(32, bk1 // bm), max(bn1, hb // bm)
@@ -246,7 +259,7 @@ def fused_mlp_add_(
         NB_POW2=triton.next_power_of_2(triton.cdiv(inter, hb)),
         PDL_WAIT_FIRST=pdl and not early_ticket, PDL_WAIT_LATE=pdl and early_ticket,
         TICKETS=bool(tickets),
-        num_warps=warps, launch_pdl=pdl,
+        num_warps=warps, launch_pdl=pdl, **extra,
     )  # fmt: skip
     return residual
 
