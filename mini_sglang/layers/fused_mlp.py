@@ -25,7 +25,7 @@ Tiles come in that order either way a config asks for:
   same assumption CUTLASS's serial split-K semaphores make); no atomic before the loads.
 The result is deterministic: each output is the same dot product in the same order every
 run; the flags decide only when h is read. Down tiles that start after the last gate_up
-tile is stored (most of them) see that in one counter and skip the per-block flags.
+tile is stored (most of them) see that in one read of all flags and skip the per-block waits.
 
 Worked example, Llama-3.1-8B at batch 1 (I = 14336, H = 4096), BN1 = 4, HB = 1024, BN2 = 4:
 3584 gate_up tiles and 1024 down tiles. Tile 300 computes h[1200:1204] and counts into flag
@@ -33,7 +33,7 @@ Worked example, Llama-3.1-8B at batch 1 (I = 14336, H = 4096), BN1 = 4, HB = 102
 computes outputs 20..23 from down rows 20..23 (all 14336 columns).
 
 The sync buffer (int32, one per call site, zeroed once) holds [0] the ticket counter, [1]
-the finished down tiles, [2] the stored gate_up tiles and [3 + b] those of h block b. The
+the finished down tiles and [2 + b] the stored gate_up tiles of h block b. The
 program that draws the last ticket zeroes [0]; the one that finishes the last down tile
 zeroes the rest, so the next launch finds zeros. Two launches on one sync buffer must
 therefore not overlap: with early_ticket (the PDL wait after the first weight tiles are
@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_FUSED_MLP") != "1"
 # for experiments and tests: "BN1,BK1,BN2,HB,warps,tickets" replaces the timed pick for every shape
 _FORCED = os.environ.get("MINI_SGLANG_FUSED_MLP_CONFIG")
-SYNC_SIZE = 3 + 256  # room for 256 h blocks: I / HB with HB >= 128 up to I = 32768
+SYNC_SIZE = 2 + 256  # room for 256 h blocks: I / HB with HB >= 128 up to I = 32768
 # (BN1, BK1, BN2, HB, num_warps, tickets[, num_stages]): gate_up tile rows, its K tile, down
 # tile rows, the h block (down's K tile and the flag granularity), warps, whether tiles go by
 # tickets (1) or program ids (0), and the software pipelining depth (Triton's default without
@@ -130,9 +130,8 @@ if triton is not None:
         up = acc_u.to(h.dtype.element_ty)
         y = silu_mul(acc_g.to(h.dtype.element_ty).to(tl.float32), up)
         tl.store(h + rm[:, None] * shm + rn[None, :], y, mask=m_mask & (rn[None, :] < INTER))
-        tl.debug_barrier()  # every thread's h stores precede the releases below
-        tl.atomic_add(sync + 3 + (tile * BN1) // HB, 1, sem="release", scope="gpu")
-        tl.atomic_add(sync + 2, 1, sem="release", scope="gpu")
+        tl.debug_barrier()  # every thread's h stores precede the release below
+        tl.atomic_add(sync + 2 + (tile * BN1) // HB, 1, sem="release", scope="gpu")
 
     @triton.jit
     def _down_tile(tile, w_down, h, res, sync, M, INTER, HIDDEN, shm, srm,
@@ -154,7 +153,13 @@ if triton is not None:
         h_rows = h + rm[:, None] * shm
         # all of h stored already (the usual case once gate_up's tiles are dispatched): no
         # flag to read per block
-        all_stored = tl.atomic_add(sync + 2, 0, sem="acquire", scope="gpu") == tl.cdiv(INTER, BN1)
+        # (every flag read at once: one shared counter of stored tiles would take an atomic
+        # from each of thousands of gate_up tiles on one address)
+        nb = tl.arange(0, NB_POW2)
+        flags = tl.atomic_add(sync + 2 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks,
+                              sem="acquire", scope="gpu")  # fmt: skip
+        need = tl.cdiv(tl.minimum(HB, INTER - nb * HB), BN1)
+        all_stored = tl.min(tl.where(nb < n_blocks, flags - need, 0)) >= 0
         # .cg loads of h: from L2, where the other programs stored it, never a stale L1 line
         acc = tl.zeros([BM, BN2], tl.float32)
         if all_stored:  # a plain GEMV loop, which the compiler can software-pipeline
@@ -174,7 +179,7 @@ if triton is not None:
                 if b > 0:  # block 0's weight tile was loaded before the PDL wait
                     wt = tl.load(d_rows + k0 + rk[None, :], mask=w_mask & k_mask, other=0.0)
                 # gate_up tiles of block b: HB / BN1, fewer in a last, partial block
-                _wait_until(sync + 3 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
+                _wait_until(sync + 2 + b, tl.cdiv(tl.minimum(HB, INTER - k0), BN1))
                 ht = tl.load(h_rows + k0 + rk[None, :], mask=m_mask & k_mask, other=0.0,
                              cache_modifier=".cg")  # fmt: skip
                 acc = _dot_tile(acc, ht, wt)
@@ -187,9 +192,7 @@ if triton is not None:
         # every down tile counted here is past its waits, so the last one may zero the flags
         done = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
         if done == tl.cdiv(HIDDEN, BN2) - 1:
-            nb = tl.arange(0, NB_POW2)
-            tl.store(sync + 3 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks)
-            tl.atomic_xchg(sync + 2, 0, sem="relaxed", scope="gpu")
+            tl.store(sync + 2 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks)
             tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
@@ -249,7 +252,7 @@ def fused_mlp_add_(
     bm = max(1, triton.next_power_of_2(m))
     if bm > 1:  # keep the per-thread register tiles bounded, as small_m_gemm.gemv does
         bk1, hb = max(32, bk1 // bm), max(bn1, hb // bm)
-    assert hb % bn1 == 0 and triton.cdiv(inter, hb) <= SYNC_SIZE - 3, (cfg, inter)
+    assert hb % bn1 == 0 and triton.cdiv(inter, hb) <= SYNC_SIZE - 2, (cfg, inter)
     h = torch.empty((m, inter), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(inter, bn1) + triton.cdiv(hidden, bn2),)
     _fused_mlp_kernel[grid](
