@@ -90,10 +90,13 @@ if triton is not None:
 
     @triton.jit
     def _wait_until(flag, target):
-        """Spin until the int32 at flag reaches target; acquire, so the stores counted into it
-        are visible to the loads that follow (thread 0 polls; the CTA waits at a barrier)."""
-        while tl.atomic_add(flag, 0, sem="acquire", scope="gpu") < target:
+        """Spin until the int32 at flag reaches target, then acquire, so the stores counted
+        into it are visible to the loads that follow. The spin reads with plain (volatile)
+        loads: hundreds of waiting programs polling with atomics would queue on the one
+        address ahead of the increments they wait for."""
+        while tl.load(flag, volatile=True) < target:
             pass
+        tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
 
     @triton.jit
     def _gate_up_tile(tile, x, w_gu, h, sync, M, INTER, HIDDEN, sxm, shm,
