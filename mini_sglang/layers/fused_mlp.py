@@ -10,32 +10,32 @@ The grid is a small dataflow graph of two tile kinds:
 - gate_up tiles: BN1 rows of gate and of up give BN1 entries of h = silu(x @ g^T) * (x @ u^T)
   (rounded as small_m_gemm.gemv's SiLU-mul epilogue rounds), stored to a workspace; the tile
   then counts itself into the flag of its h block (HB entries of h);
-- down tiles: BN2 rows of down, dotted with all of h block by block, each block read once its
-  flag says all its gate_up tiles are stored; the result is added into the residual.
+- down tiles, one of two kinds per config:
+  - whole rows (split 0): BN2 rows of down dotted with all of h block by block, each block
+    read once its flag says all its gate_up tiles are stored; the result is added into the
+    residual. Every such tile needs the last h block, stored last;
+  - split by h block (split 1): BN2 rows over one h block, partial sums stored to a float32
+    workspace; the last of a row tile's blocks to arrive adds the partials in block order
+    and the residual. Items come block-major, so those that start while gate_up's tail
+    drains need the early blocks, which are stored.
 
-Every gate_up tile must be running or done before a down tile waits on it, or a grid of down
-tiles spinning on every SM would wait forever on gate_up tiles that cannot be dispatched.
-Tiles come in that order either way a config asks for:
-- tickets (config's last entry 1): programs take tiles in the order of tickets drawn from an
-  atomic counter, so each gate_up tile is handed to a program that is already running and
-  never waits: no deadlock whatever the occupancy or dispatch order (CUB's single-pass scan
-  hands out its tiles the same way). The ticket costs each program an atomic round trip
-  before its first load.
-- program ids (0): gate_up tiles have the lower ids, which NVIDIA GPUs dispatch first (the
-  same assumption CUTLASS's serial split-K semaphores make); no atomic before the loads.
-The result is deterministic: each output is the same dot product in the same order every
-run; the flags decide only when h is read. Down tiles that start after the last gate_up
-tile is stored (most of them) see that in one read of all flags and skip the per-block waits.
+Every gate_up tile must be running or done before a down tile waits on it, or down tiles
+spinning on every SM would wait forever on gate_up tiles that cannot be dispatched. gate_up
+tiles have the lower program ids, which NVIDIA GPUs dispatch first (the assumption CUTLASS's
+serial split-K semaphores make too). The result is deterministic: each partial and each
+sum runs in the same order every run; the flags decide only when h is read.
 
-Worked example, Llama-3.1-8B at batch 1 (I = 14336, H = 4096), BN1 = 4, HB = 1024, BN2 = 4:
-3584 gate_up tiles and 1024 down tiles. Tile 300 computes h[1200:1204] and counts into flag
-1 (1200 // 1024), which down tiles wait to reach 1024 / 4 = 256; tile 3584 + 5 = 3589
-computes outputs 20..23 from down rows 20..23 (all 14336 columns).
+Worked example, Llama-3.1-8B at batch 1 (I = 14336, H = 4096), BN1 = 4, HB = 1024: 3584
+gate_up tiles; tile 300 computes h[1200:1204] and counts into flag 1 (1200 // 1024), which
+down tiles wait to reach 1024 / 4 = 256. Whole rows with BN2 = 4: 1024 down tiles, tile
+3584 + 5 computes outputs 20..23 from down rows 20..23 (all 14336 columns). Split with BN2
+= 16: 256 row tiles x 14 blocks = 3584 items; item 3584 + 300 is block 1 (300 // 256) of
+row tile 44 (300 % 256), outputs 704..719 over h[1024:2048].
 
-The sync buffer (int32, one per call site, zeroed once) holds [0] the ticket counter, [1]
-the finished down tiles and [2 + b] the stored gate_up tiles of h block b. The
-program that draws the last ticket zeroes [0]; the one that finishes the last down tile
-zeroes the rest, so the next launch finds zeros. Two launches on one sync buffer must
+The sync buffer (int32, one per call site, zeroed once) holds [1] the finished down tiles
+(split: row tiles), [2 + b] the stored gate_up tiles of h block b and [258 + r] the blocks
+of row tile r done (split). Each counter is zeroed by the program that completes it, so the
+next launch finds zeros. Two launches on one sync buffer must
 therefore not overlap: with early_ticket (the PDL wait after the first weight tiles are
 loaded, so they load while the previous kernel drains) they must not be back-to-back
 programmatic dependents.
@@ -61,19 +61,19 @@ except ImportError:  # CPU installs
 logger = logging.getLogger(__name__)
 
 _ENABLED = os.environ.get("MINI_SGLANG_DISABLE_FUSED_MLP") != "1"
-# for experiments and tests: "BN1,BK1,BN2,HB,warps,tickets" replaces the timed pick for every shape
+# for experiments and tests: "BN1,BK1,BN2,HB,warps,split" replaces the timed pick for every shape
 _FORCED = os.environ.get("MINI_SGLANG_FUSED_MLP_CONFIG")
-SYNC_SIZE = 2 + 256  # room for 256 h blocks: I / HB with HB >= 128 up to I = 32768
-# (BN1, BK1, BN2, HB, num_warps, tickets[, num_stages]): gate_up tile rows, its K tile, down
-# tile rows, the h block (down's K tile and the flag granularity), warps, whether tiles go by
-# tickets (1) or program ids (0), and the software pipelining depth (Triton's default without
-# it). HB must be a multiple of BN1.
+SYNC_SIZE = 2 + 256 + 4096  # room for 256 h blocks and 4096 down row tiles
+# (BN1, BK1, BN2, HB, num_warps, split[, num_stages]): gate_up tile rows, its K tile, down
+# tile rows, the h block (the down tiles' K tile and the flag granularity), warps, whether
+# down is split by h block (1) or runs whole rows (0), and the software pipelining depth
+# (Triton's default without it). HB must be a multiple of BN1.
 _CONFIGS = [
-    (4, 2048, 4, 1024, 4, 0),
-    (2, 4096, 4, 1024, 8, 0),
-    (2, 2048, 4, 1024, 4, 0),
-    (4, 2048, 2, 2048, 4, 0),
-    (4, 2048, 4, 1024, 4, 1),
+    (4, 2048, 4, 2048, 4, 0, 2),
+    (4, 2048, 16, 1024, 4, 1),
+    (4, 2048, 8, 1024, 4, 1),
+    (4, 2048, 16, 2048, 4, 1),
+    (4, 2048, 8, 2048, 4, 1, 2),
 ]
 # the fused kernel must beat the two GEMVs it replaces by this factor (graph timings repeat
 # within ~1%)
@@ -199,28 +199,71 @@ if triton is not None:
             tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
 
     @triton.jit
-    def _fused_mlp_kernel(x, w_gu, w_down, h, res, sync, M, INTER, HIDDEN, sxm, shm, srm,
+    def _down_item(item, w_down, h, part, res, sync, M, INTER, HIDDEN, shm, srm,
+                   BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, HB: tl.constexpr,
+                   NB_POW2: tl.constexpr, PDL_WAIT: tl.constexpr):  # fmt: skip
+        """Split down: the partial sums of BN2 output rows over one h block, stored to part;
+        the last of a row tile's blocks to arrive adds the partials in block order (a fixed
+        order, so the result does not depend on which one that is) and the residual."""
+        n_rt = tl.cdiv(HIDDEN, BN2)
+        n_blocks = tl.cdiv(INTER, HB)
+        b = item // n_rt  # block-major: items of h block 0 (stored first) come first
+        r = item % n_rt
+        rm = tl.arange(0, BM)
+        m_mask = rm[:, None] < M
+        rn = r * BN2 + tl.arange(0, BN2)
+        rk = b * HB + tl.arange(0, HB)
+        k_mask = rk[None, :] < INTER
+        wt = tl.load(w_down + rn[:, None] * INTER + rk[None, :],
+                     mask=(rn[:, None] < HIDDEN) & k_mask, other=0.0)  # fmt: skip
+        if PDL_WAIT:
+            gdc_launch_dependents()
+            gdc_wait()
+        _wait_until(sync + 2 + b, tl.cdiv(tl.minimum(HB, INTER - b * HB), BN1))
+        ht = tl.load(h + rm[:, None] * shm + rk[None, :], mask=m_mask & k_mask, other=0.0,
+                     cache_modifier=".cg")  # fmt: skip
+        out_mask = m_mask & (rn[None, :] < HIDDEN)
+        p_rows = part + rm[:, None] * HIDDEN + rn[None, :]  # part is [n_blocks, M, HIDDEN]
+        tl.store(p_rows + b * M * HIDDEN, _dot_tile(tl.zeros([BM, BN2], tl.float32), ht, wt),
+                 mask=out_mask)  # fmt: skip
+        tl.debug_barrier()  # every thread's partials precede the release below
+        if tl.atomic_add(sync + 2 + 256 + r, 1, sem="acq_rel", scope="gpu") == n_blocks - 1:
+            acc = tl.zeros([BM, BN2], tl.float32)
+            for bb in range(0, n_blocks):
+                acc += tl.load(p_rows + bb * M * HIDDEN, mask=out_mask, other=0.0,
+                               cache_modifier=".cg")  # fmt: skip
+            out = res + rm[:, None] * srm + rn[None, :]
+            y = acc.to(res.dtype.element_ty).to(tl.float32)
+            y += tl.load(out, mask=out_mask, other=0.0).to(tl.float32)
+            tl.store(out, y.to(res.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(sync + 2 + 256 + r, 0, sem="relaxed", scope="gpu")
+            # every row tile finished: every item is past its wait, so the flags may go
+            if tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu") == n_rt - 1:
+                nb = tl.arange(0, NB_POW2)
+                tl.store(sync + 2 + nb, tl.zeros([NB_POW2], tl.int32), mask=nb < n_blocks)
+                tl.atomic_xchg(sync + 1, 0, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _fused_mlp_kernel(x, w_gu, w_down, h, part, res, sync, M, INTER, HIDDEN, sxm, shm, srm,
                           BM: tl.constexpr, BN1: tl.constexpr, BK1: tl.constexpr,
                           BN2: tl.constexpr, HB: tl.constexpr, NB_POW2: tl.constexpr,
                           PDL_WAIT_FIRST: tl.constexpr, PDL_WAIT_LATE: tl.constexpr,
-                          TICKETS: tl.constexpr):  # fmt: skip
+                          SPLIT: tl.constexpr):  # fmt: skip
         # PDL_WAIT_FIRST: wait for the previous kernel before anything else; PDL_WAIT_LATE:
         # after the first weight tiles are loaded (early_ticket)
         n_gu = tl.cdiv(INTER, BN1)
         if PDL_WAIT_FIRST:
             gdc_launch_dependents()
             gdc_wait()
-        if TICKETS:
-            ticket = tl.atomic_add(sync, 1, sem="relaxed", scope="gpu")
-            if ticket == n_gu + tl.cdiv(HIDDEN, BN2) - 1:  # all drawn: the next launch starts at 0
-                tl.atomic_xchg(sync, 0, sem="relaxed", scope="gpu")
-        else:
-            ticket = tl.program_id(0)
-        if ticket < n_gu:
-            _gate_up_tile(ticket, x, w_gu, h, sync, M, INTER, HIDDEN, sxm, shm,
+        pid = tl.program_id(0)
+        if pid < n_gu:
+            _gate_up_tile(pid, x, w_gu, h, sync, M, INTER, HIDDEN, sxm, shm,
                           BM, BN1, BK1, HB, PDL_WAIT_LATE)  # fmt: skip
+        elif SPLIT:
+            _down_item(pid - n_gu, w_down, h, part, res, sync, M, INTER, HIDDEN, shm, srm,
+                       BM, BN1, BN2, HB, NB_POW2, PDL_WAIT_LATE)  # fmt: skip
         else:
-            _down_tile(ticket - n_gu, w_down, h, res, sync, M, INTER, HIDDEN, shm, srm,
+            _down_tile(pid - n_gu, w_down, h, res, sync, M, INTER, HIDDEN, shm, srm,
                        BM, BN1, BN2, HB, NB_POW2, PDL_WAIT_LATE)  # fmt: skip
 
 
@@ -242,7 +285,7 @@ def fused_mlp_add_(
     """residual += silu(x @ gate^T) * (x @ up^T) @ w_down^T in place (returned), for
     w_gate_up = [gate; up] [2I, H] and w_down [H, I], both row-major, x [M, H] and
     residual [M, H] with M <= small_m_gemm.MAX_M; cfg is (BN1, BK1, BN2, HB, num_warps,
-    tickets[, num_stages]) (see _CONFIGS). pdl launches it as a programmatic dependent of the previous kernel;
+    split[, num_stages]) (see _CONFIGS). pdl launches it as a programmatic dependent of the previous kernel;
     early_ticket also draws the tickets and loads the first weight tiles before the wait,
     which is only safe where the previous kernel is not a launch on the same sync buffer."""
     m, hidden = x.shape
@@ -250,21 +293,24 @@ def fused_mlp_add_(
     assert w_gate_up.shape == (2 * inter, hidden) and w_down.shape == (hidden, inter)
     assert w_gate_up.is_contiguous() and w_down.is_contiguous() and x.stride(1) == 1
     assert residual.shape == (m, hidden) and residual.stride(1) == 1, residual.shape
-    bn1, bk1, bn2, hb, warps, tickets = cfg[:6]
+    bn1, bk1, bn2, hb, warps, split = cfg[:6]
     extra = {"num_stages": cfg[6]} if len(cfg) > 6 else {}
     bm = max(1, triton.next_power_of_2(m))
     if bm > 1:  # keep the per-thread register tiles bounded, as small_m_gemm.gemv does
         bk1, hb = max(32, bk1 // bm), max(bn1, hb // bm)
-    assert hb % bn1 == 0 and triton.cdiv(inter, hb) <= SYNC_SIZE - 2, (cfg, inter)
+    n_blocks, row_tiles = triton.cdiv(inter, hb), triton.cdiv(hidden, bn2)
+    assert hb % bn1 == 0 and n_blocks <= 256 and row_tiles <= SYNC_SIZE - 258, (cfg, inter)
     h = torch.empty((m, inter), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(inter, bn1) + triton.cdiv(hidden, bn2),)
+    part = torch.empty((n_blocks, m, hidden) if split else (1,), dtype=torch.float32,
+                       device=x.device)  # fmt: skip
+    grid = (triton.cdiv(inter, bn1) + row_tiles * (n_blocks if split else 1),)
     _fused_mlp_kernel[grid](
-        x, w_gate_up, w_down, h, residual, sync, m, inter, hidden,
+        x, w_gate_up, w_down, h, part, residual, sync, m, inter, hidden,
         x.stride(0), h.stride(0), residual.stride(0),
         BM=bm, BN1=bn1, BK1=bk1, BN2=bn2, HB=hb,
         NB_POW2=triton.next_power_of_2(triton.cdiv(inter, hb)),
         PDL_WAIT_FIRST=pdl and not early_ticket, PDL_WAIT_LATE=pdl and early_ticket,
-        TICKETS=bool(tickets),
+        SPLIT=bool(split),
         num_warps=warps, launch_pdl=pdl, **extra,
     )  # fmt: skip
     return residual

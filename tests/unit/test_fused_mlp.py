@@ -40,7 +40,7 @@ def mlp_reference(x, w_gate_up, w_down, residual) -> torch.Tensor:
     return residual + (torch.nn.functional.silu(gate) * up) @ w_down.T
 
 
-# (m, hidden, inter, (BN1, BK1, BN2, HB, warps, tickets)): inter 200 leaves a partial last h
+# (m, hidden, inter, (BN1, BK1, BN2, HB, warps, split)): inter 200 leaves a partial last h
 # block (200 = 3 x 64 + 8) and, with BN2 8 over hidden 60, a partial down tile; m 3 pads to
 # BM 4
 CASES = [
@@ -48,6 +48,7 @@ CASES = [
     (3, 64, 200, (4, 64, 8, 64, 4, 1)),
     (1, 60, 200, (2, 64, 8, 64, 4, 0)),
     (1, 60, 200, (2, 64, 8, 64, 4, 1)),
+    (3, 64, 200, (4, 64, 8, 32, 4, 0)),
 ]
 
 
