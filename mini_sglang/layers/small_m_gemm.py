@@ -298,26 +298,19 @@ def _pick(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple |
     return best
 
 
-def eligible(x: torch.Tensor) -> bool:
-    """Whether our Triton kernels may serve a small-M product with x at all: a contiguous
-    CUDA batch of at most MAX_M rows in bfloat16 or float16, Triton present, and
-    MINI_SGLANG_DISABLE_SMALL_M_GEMM unset."""
-    return (
-        _ENABLED
-        and triton is not None
-        and x.is_cuda
-        and x.dim() == 2
-        and x.shape[0] <= MAX_M
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and x.is_contiguous()
-    )
-
-
 def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> tuple | None:
     """The Triton config to compute x @ w^T with as the fused variant (see _variant_kwargs;
     () is the plain GEMV), or None where F.linear (cuBLAS) serves: CPU, float32, more than
     MAX_M rows, or cuBLAS timed faster."""
-    if not eligible(x):
+    if (
+        not _ENABLED
+        or triton is None
+        or not x.is_cuda
+        or x.dim() != 2
+        or x.shape[0] > MAX_M
+        or x.dtype not in (torch.bfloat16, torch.float16)
+        or not x.is_contiguous()
+    ):
         return None
     # One pick per power-of-two bucket of M: the kernel pads M to that size anyway (BM), and
     # the CUDA-graph warm-up (batches 1, 2, 4, 8) then covers every bucket, so no pick ever

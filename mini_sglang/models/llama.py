@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
-from mini_sglang.layers import fused_kernels, fused_mlp, small_m_gemm
+from mini_sglang.layers import fused_kernels, small_m_gemm
 from mini_sglang.layers.activation import SiluAndMul
 from mini_sglang.layers.attention.base_attn_backend import QKNormRope
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
@@ -51,30 +51,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
         self.act_fn = SiluAndMul()
-        self._sync: torch.Tensor | None = None  # fused_mlp's, made on first use
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj.forward_silu_mul(x, self.act_fn))
-
-    def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        """residual += forward(x) in place; on one rank at small batches as one kernel where
-        fused_mlp picked it (the pick and this call site's sync buffer are made in the
-        warm-up runs before CUDA-graph capture), else as two GEMVs."""
-        gate_up, down = self.gate_up_proj, self.down_proj
-        cfg = None
-        if gate_up.tp_size == 1 and gate_up.bias is None and down.bias is None:
-            cfg = fused_mlp.fused_mlp_config(x, gate_up.weight, down.weight)
-        if cfg is not None and self._sync is None and not torch.cuda.is_current_stream_capturing():
-            self._sync = fused_mlp.new_sync_buffer(x.device)
-        if cfg is None or self._sync is None:
-            down.forward_add_(gate_up.forward_silu_mul(x, self.act_fn), residual)
-            return
-        # the kernel before this one is the post-attention norm, never a launch on this sync
-        # buffer, so the tickets may be drawn before the PDL wait (see fused_mlp)
-        fused_mlp.fused_mlp_add_(
-            x, gate_up.weight, down.weight, residual, self._sync, cfg,
-            pdl=pdl_enabled(x), early_ticket=True,
-        )  # fmt: skip
 
 
 class LlamaAttention(nn.Module):
@@ -199,7 +178,8 @@ class LlamaDecoderLayer(nn.Module):
         qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
         o = attn.o_proj(attn.attend(positions, qkv, fb))
         hidden, residual = self.post_attention_layernorm(o, residual)
-        mlp.forward_add_(hidden, residual)
+        act = mlp.gate_up_proj.forward_silu_mul(hidden, mlp.act_fn)
+        mlp.down_proj.forward_add_(act, residual)
         return residual
 
 
