@@ -7,8 +7,8 @@ launch (PDL) between its kernels.
 Per layer: add-RMSNorm, qkv GEMV, o GEMV (fed by the first columns of qkv, standing in for
 attention; with --attention-us a kernel that holds 128 programs that long first, as batch-1
 decode attention does: latency, next to no DRAM traffic), add-RMSNorm, gate_up GEMV,
-SiLU-mul, down GEMV; then the final norm and the LM head. Each arm captures the whole chain in one graph and reports ms per replay and the
-weight bytes over that time. Arms:
+SiLU-mul, down GEMV; then the final norm and the LM head. Each arm captures the whole chain
+in one graph and reports ms per replay and the weight bytes over that time. Arms:
 
 - cublas: F.linear and flashinfer's norm / activation (the path without small-M GEMMs)
 - picked: small_m_gemm's pick per shape without PDL (Triton or cuBLAS), flashinfer ops
