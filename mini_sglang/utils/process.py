@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -30,14 +31,21 @@ def get_zmq_socket(context: zmq.Context, socket_type: int, endpoint: str, bind: 
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask Linux to kill this process when its parent dies (prctl PR_SET_PDEATHSIG)."""
+    """Ask Linux to kill this process when its parent dies (prctl PR_SET_PDEATHSIG).
+
+    The request only covers a death after it is made: a multiprocessing child whose parent
+    died while it was still starting (a spawned child imports torch first, seconds on a busy
+    machine) has been re-parented already, so it sends itself the signal instead."""
     if sys.platform != "linux":
         return
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, sig)
     except OSError:
-        pass
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os.kill(os.getpid(), sig)
 
 
 def kill_process_tree(pid: int, include_parent: bool = True, sig: int = signal.SIGKILL) -> None:
