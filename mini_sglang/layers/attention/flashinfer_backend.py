@@ -42,22 +42,6 @@ def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[boo
     return use, max_bs
 
 
-def graph_split_kv_useless_from(num_kv_heads: int, num_sms: int) -> int:
-    """The smallest CUDA-graph batch size whose tensor-core decode never splits a request's KV.
-
-    Tensor-core decode runs flashinfer's FA2 prefill kernel, whose scheduler
-    (PrefillSplitQOKVIndptr) cuts each request's KV into chunks only while the batch's chunk
-    count fits max_batch_size_if_split = 2 * num_sms // num_kv_heads CTAs per head. Every
-    request needs at least one chunk, so from that batch size on there is one chunk per
-    request. In CUDA-graph mode the scheduler still reports split_kv, so the graph runs the
-    kernel into float32 partials plus a merge kernel that only copies them to the output
-    (6.3 us a layer at batch 256 on an H100, 0.2 ms a step); disable_split_kv drops both.
-    Worked example, H100/H200 (132 SMs), Llama-3.1-8B's 8 KV heads: 264 // 8 = 33, so
-    batches of 33 and more skip the merge; batch 16 still splits (2 chunks per request).
-    """
-    return max(1, 2 * num_sms // max(num_kv_heads, 1))
-
-
 class FlashInferAttnBackend(AttentionBackend):
     supports_cuda_graph = True
 
@@ -87,15 +71,6 @@ class FlashInferAttnBackend(AttentionBackend):
         self.decode_wrappers: dict[bool, object] = {}
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.graph_wrappers: dict[int, object] = {}
-        # Per graph batch size, whether its plans pass disable_split_kv; capture and every
-        # replay of one graph must agree, since the captured kernels follow the plan.
-        self.graph_no_split: dict[int, bool] = {}
-        num_sms = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count
-            if self.device.type == "cuda"
-            else 1
-        )
-        self.no_split_from_bs = graph_split_kv_useless_from(self.num_kv_heads, num_sms)
         self.active_decode = None
         self._last_plan_copied: torch.cuda.Event | None = None
 
@@ -144,7 +119,7 @@ class FlashInferAttnBackend(AttentionBackend):
     def _heads(self) -> tuple:
         return self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size
 
-    def _plan_decode(self, wrapper, fb: ForwardBatch, disable_split_kv: bool = False) -> None:
+    def _plan_decode(self, wrapper, fb: ForwardBatch) -> None:
         indptr, last = self._page_table(fb)
         self._plan(
             wrapper,
@@ -155,7 +130,6 @@ class FlashInferAttnBackend(AttentionBackend):
             q_data_type=self.q_dtype,
             kv_data_type=self.kv_dtype,
             non_blocking=True,
-            disable_split_kv=disable_split_kv,
         )
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -214,15 +188,11 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def _graph_wrapper(self, bs: int):
         if bs not in self.graph_wrappers:
-            tc = self._tensor_cores_for(bs)
-            # Only the tensor-core plan takes disable_split_kv; flashinfer's CUDA-core decode
-            # plan already skips the split once the batch fills the GPU.
-            self.graph_no_split[bs] = tc and bs >= self.no_split_from_bs
             self.graph_wrappers[bs] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
                 self.workspace,
                 "NHD",
                 use_cuda_graph=True,
-                use_tensor_cores=tc,
+                use_tensor_cores=self._tensor_cores_for(bs),
                 paged_kv_indptr_buffer=self.graph_indptr[: bs + 1],
                 paged_kv_indices_buffer=self.kv_indices,
                 paged_kv_last_page_len_buffer=self.graph_last_page_len[:bs],
@@ -231,10 +201,10 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
         wrapper = self._graph_wrapper(bs)
-        self._plan_decode(wrapper, fb, self.graph_no_split[bs])
+        self._plan_decode(wrapper, fb)
         self.active_decode = wrapper
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
         wrapper = self.graph_wrappers[bs]
-        self._plan_decode(wrapper, fb, self.graph_no_split[bs])
+        self._plan_decode(wrapper, fb)
         self.active_decode = wrapper
