@@ -18,7 +18,9 @@ done
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
-      python -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+      # plus the unit tests whose kernels run compiled (and in bf16) where CUDA is present
+      python -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_qk_norm_rope_store.py \
+        2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     one_batch)
       for m in $MODELS; do
         # scheduler mode: the real loop (overlap, streaming); runner mode: forward occupancy

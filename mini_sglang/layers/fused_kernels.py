@@ -14,8 +14,11 @@ it is scheduled while the kernel before it drains, loads what no kernel of the s
 step is ~300 short kernels, that hides most of each launch-and-ramp gap.
 
 Layout example (Qwen3-0.6B, one token): qkv row = [q0..q15 | k0..k7 | v0..v7], 128 each;
-program (t, h) for h < 16 handles q head h; for 16 <= h < 24 it handles k head h - 16 and
-copies v head h - 16.
+with one head per program, program (t, h) for h < 16 handles q head h; for 16 <= h < 24 it
+handles k head h - 16 and copies v head h - 16. With 8 heads per program, program (t, 2)
+handles heads 16..23, i.e. all of k0..k7 and v0..v7; Llama-3.1-8B's 40 heads (32 q, 8 k)
+give 5 programs per token, and with 16 per program the third one (heads 32..47) masks off
+heads 40..47.
 """
 
 from __future__ import annotations
@@ -30,6 +33,14 @@ except ImportError:  # CPU installs
 
 from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled, silu_mul
 from mini_sglang.layers.small_m_gemm import MAX_M
+
+# Heads per qk_norm_rope_store program above MAX_M tokens. One head per program made
+# Llama-3.1-8B's batch-256 decode launch 10,240 programs of 128 values each, bound by how
+# fast programs retire (each waits on positions, then cos/sin, then qkv). Blocks of 8 heads,
+# Llama-3.1-8B's layout on an H100 (benchmarks/bench_rope_store.py): 256 tokens 7.5 -> 2.6 us,
+# an 8192-token prefill chunk 209 -> 75 us per layer; 16 was no better. Up to MAX_M tokens
+# (the PDL-chained small batches) one head per program stays: 1.57 us at 1 token, 1.75 with 8.
+ROPE_STORE_HEADS_PER_PROGRAM = 8
 
 
 def small_batch_pdl_ops(x: torch.Tensor) -> bool:
@@ -64,48 +75,50 @@ if triton is not None:
         NUM_Q: tl.constexpr,
         NUM_KV: tl.constexpr,
         D: tl.constexpr,
+        HEADS: tl.constexpr,
         HAS_NORM: tl.constexpr,
         PDL: tl.constexpr,
     ):
         t = tl.program_id(0)
-        h = tl.program_id(1)
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-        half = tl.arange(0, D // 2)
+        heads = tl.program_id(1) * HEADS + tl.arange(0, HEADS)[:, None]  # [HEADS, 1]
+        exists = heads < NUM_Q + NUM_KV
+        is_q = heads < NUM_Q
+        is_k = exists & (heads >= NUM_Q)
+        half = tl.arange(0, D // 2)[None, :]  # [1, D/2]
         pos = tl.load(positions + t)
         cos = tl.load(cos_sin + pos * D + half)
         sin = tl.load(cos_sin + pos * D + D // 2 + half)
-        is_q = h < NUM_Q
-        col = h * D  # q heads then k heads are contiguous in the qkv row
-        x1 = tl.load(qkv + t * stride_qkv + col + half).to(tl.float32)
-        x2 = tl.load(qkv + t * stride_qkv + col + D // 2 + half).to(tl.float32)
+        src = qkv + t * stride_qkv + heads * D + half  # q heads then k heads are contiguous
+        x1 = tl.load(src, mask=exists, other=0.0).to(tl.float32)
+        x2 = tl.load(src + D // 2, mask=exists, other=0.0).to(tl.float32)
         if HAS_NORM:
-            var = (tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / D
-            r = 1.0 / tl.sqrt(var + eps)
-            if is_q:
-                w1 = tl.load(q_w + half).to(tl.float32)
-                w2 = tl.load(q_w + D // 2 + half).to(tl.float32)
-            else:
-                w1 = tl.load(k_w + half).to(tl.float32)
-                w2 = tl.load(k_w + D // 2 + half).to(tl.float32)
+            r = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1))[:, None] / D + eps)
+            w1 = tl.where(is_q, tl.load(q_w + half), tl.load(k_w + half)).to(tl.float32)
+            w2 = tl.where(is_q, tl.load(q_w + D // 2 + half), tl.load(k_w + D // 2 + half)).to(
+                tl.float32
+            )
             x1 = x1 * r * w1
             x2 = x2 * r * w2
         o1 = x1 * cos - x2 * sin
         o2 = x2 * cos + x1 * sin
-        if is_q:
-            dst = q_out + t * stride_q + h * D
-            tl.store(dst + half, o1.to(q_out.dtype.element_ty))
-            tl.store(dst + D // 2 + half, o2.to(q_out.dtype.element_ty))
-        else:
-            kh = h - NUM_Q
-            slot = tl.load(loc + t).to(tl.int64)
-            kdst = k_buf + slot * stride_kb + kh * D
-            tl.store(kdst + half, o1.to(k_buf.dtype.element_ty))
-            tl.store(kdst + D // 2 + half, o2.to(k_buf.dtype.element_ty))
-            full = tl.arange(0, D)
-            v = tl.load(qkv + t * stride_qkv + (NUM_Q + NUM_KV) * D + kh * D + full)
-            tl.store(v_buf + slot * stride_vb + kh * D + full, v.to(v_buf.dtype.element_ty))
+        dst = q_out + t * stride_q + heads * D + half
+        tl.store(dst, o1.to(q_out.dtype.element_ty), mask=is_q)
+        tl.store(dst + D // 2, o2.to(q_out.dtype.element_ty), mask=is_q)
+        # K/V rows: k head h - NUM_Q (offsets of q rows are negative here, and masked off).
+        kv_head = heads - NUM_Q
+        slot = tl.load(loc + t).to(tl.int64)
+        kdst = k_buf + slot * stride_kb + kv_head * D + half
+        tl.store(kdst, o1.to(k_buf.dtype.element_ty), mask=is_k)
+        tl.store(kdst + D // 2, o2.to(k_buf.dtype.element_ty), mask=is_k)
+        full = tl.arange(0, D)[None, :]
+        vsrc = qkv + t * stride_qkv + (NUM_Q + NUM_KV) * D + kv_head * D + full
+        v = tl.load(vsrc, mask=is_k)
+        tl.store(
+            v_buf + slot * stride_vb + kv_head * D + full, v.to(v_buf.dtype.element_ty), mask=is_k
+        )
 
     @triton.jit
     def _store_kv_kernel(
@@ -226,15 +239,21 @@ def qk_norm_rope_store(
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
     pdl: bool = False,
+    heads_per_program: int | None = None,
 ) -> torch.Tensor:
-    """Returns q [T, num_q_heads * head_dim]; K/V of the T tokens land in the pool."""
+    """Returns q [T, num_q_heads * head_dim]; K/V of the T tokens land in the pool.
+
+    Each program handles `heads_per_program` heads (a power of two) of one token; by
+    default 1 for batches of up to MAX_M tokens, ROPE_STORE_HEADS_PER_PROGRAM above that
+    (see there)."""
     t = qkv.shape[0]
     q = torch.empty((t, num_q_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q
     has_norm = q_norm_weight is not None
     dummy = q if not has_norm else None
-    _qk_norm_rope_store_kernel[(t, num_q_heads + num_kv_heads)](
+    heads = heads_per_program or (1 if t <= MAX_M else ROPE_STORE_HEADS_PER_PROGRAM)
+    _qk_norm_rope_store_kernel[(t, triton.cdiv(num_q_heads + num_kv_heads, heads))](
         qkv,
         q,
         positions,
@@ -252,6 +271,7 @@ def qk_norm_rope_store(
         NUM_Q=num_q_heads,
         NUM_KV=num_kv_heads,
         D=head_dim,
+        HEADS=heads,
         HAS_NORM=has_norm,
         PDL=pdl,
         launch_pdl=pdl,

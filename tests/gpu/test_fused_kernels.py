@@ -8,53 +8,6 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("has_norm", [True, False])
-@pytest.mark.parametrize("head_dim,num_q,num_kv", [(128, 16, 8), (64, 32, 8), (128, 32, 8)])
-def test_qk_norm_rope_store_matches_reference(has_norm, head_dim, num_q, num_kv):
-    from transformers import Qwen3Config
-
-    from mini_sglang.layers.fused_kernels import qk_norm_rope_store
-    from mini_sglang.layers.layernorm import RMSNorm
-    from mini_sglang.layers.rotary_embedding import get_rope
-
-    torch.manual_seed(0)
-    dev, dt = "cuda", torch.bfloat16
-    cfg = Qwen3Config(head_dim=head_dim, rope_theta=1e6)
-    rope = get_rope(cfg, head_dim, 4096).to(dev)
-    t = 7
-    qkv = torch.randn(t, (num_q + 2 * num_kv) * head_dim, device=dev, dtype=dt)
-    pos = torch.tensor([0, 1, 5, 100, 2000, 3, 4095], device=dev)
-    loc = torch.tensor([3, 9, 1, 12, 4, 7, 15], device=dev)
-    k_buf = torch.zeros(16, num_kv, head_dim, device=dev, dtype=dt)
-    v_buf = torch.zeros_like(k_buf)
-    qn = RMSNorm(head_dim, 1e-6).to(dev, dt)
-    kn = RMSNorm(head_dim, 1e-6).to(dev, dt)
-    qn.weight.data.uniform_(0.5, 1.5)
-    kn.weight.data.uniform_(0.5, 1.5)
-    q = qk_norm_rope_store(
-        qkv,
-        pos,
-        rope.cos_sin_cache,
-        num_q,
-        num_kv,
-        head_dim,
-        qn.weight if has_norm else None,
-        kn.weight if has_norm else None,
-        1e-6,
-        loc,
-        k_buf,
-        v_buf,
-    )
-    rq, rk, rv = qkv.split([num_q * head_dim, num_kv * head_dim, num_kv * head_dim], -1)
-    if has_norm:
-        rq = qn.forward_native(rq.reshape(-1, head_dim)).view(t, -1)
-        rk = kn.forward_native(rk.reshape(-1, head_dim)).view(t, -1)
-    rq, rk = rope.forward_native(pos, rq, rk)
-    torch.testing.assert_close(q, rq, atol=3e-2, rtol=3e-2)
-    torch.testing.assert_close(k_buf[loc].view(t, -1), rk, atol=3e-2, rtol=3e-2)
-    torch.testing.assert_close(v_buf[loc].view(t, -1), rv)
-
-
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
 @pytest.mark.parametrize("n,k", [(6144, 1024), (1024, 3072), (4096, 4096), (151936, 1024)])
 def test_small_m_gemv_matches_cublas(m, n, k):
