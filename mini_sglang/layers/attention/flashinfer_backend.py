@@ -31,10 +31,11 @@ def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[boo
 
     Default: from GQA group 4 up, at every batch size. On an H200, Llama-3.1-8B (group 4)
     decoded at bs 1 in 4.75 ms/token with it and 4.98 without (SGLang switches only above
-    4), but a bs-64 profile showed its kernel moving only ~1.3 TB/s of KV where the CUDA-core
-    kernel moved ~3.85 TB/s for Qwen3 at bs 256, so the batch-size cut-off is left tunable
-    until it is measured: SGLANG_FLASHINFER_USE_TENSOR_CORE=true/false forces it (SGLang's
-    variable), MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS=N keeps it for batches up to N only.
+    4), and with Llama-3.1-8B's heads the kernel alone reads KV faster than the CUDA-core
+    one at every batch from 64 up (bench_decode_attention.py, H200: batch 64 x 1024 tokens
+    3.67 vs 2.57 TB/s, batch 256 x 2048 4.24 vs 2.96). SGLANG_FLASHINFER_USE_TENSOR_CORE=
+    true/false forces it (SGLang's variable); MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS=N keeps it
+    for batches up to N only.
     """
     forced = os.environ.get("SGLANG_FLASHINFER_USE_TENSOR_CORE")
     use = forced.lower() == "true" if forced is not None else num_qo_heads // num_kv_heads >= 4
