@@ -44,7 +44,9 @@ def test_qk_norm_rope_store_matches_torch(
     rope = get_rope(cfg, head_dim, 4096).to(DEVICE)
     width = (num_q + 2 * num_kv) * head_dim
     qkv = torch.randn(tokens, width, dtype=dtype).to(DEVICE)
-    pos = torch.randint(0, 4096, (tokens,)).to(DEVICE)
+    pos = torch.randint(0, 4096, (tokens,))
+    pos[0], pos[-1] = 0, 4095  # the cos/sin cache's first and last rows
+    pos = pos.to(DEVICE)
     slots = 2 * tokens + 3
     loc = torch.randperm(slots)[:tokens].to(DEVICE)  # scattered, never slot order
     k_buf = torch.zeros(slots, num_kv, head_dim, dtype=dtype, device=DEVICE)
