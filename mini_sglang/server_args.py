@@ -125,6 +125,7 @@ class ServerArgs:
     log_requests: bool = False
     log_requests_level: int = 2
     decode_log_interval: int = 40
+    gc_warning_threshold_secs: float = 0.0
     enable_metrics: bool = False
     # API
     api_key: str | None = None

@@ -330,6 +330,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--log-requests",), dict(action=_T, help="Log metadata, inputs and outputs of all requests.")),
     (("--log-requests-level",), dict(type=_I, choices=[0, 1, 2, 3], help="0: metadata, 1: + sampling params, 2: + partial input/output, 3: everything.")),
     (("--decode-log-interval",), dict(type=_I, help="Log decode statistics every N decode batches.")),
+    (("--gc-warning-threshold-secs",), dict(type=_F, help="Log a warning for each garbage collection in the HTTP process slower than this (0 disables).")),
     (("--enable-metrics",), dict(action=_T, help="Expose Prometheus metrics at /metrics.")),
     # API
     (("--api-key",), dict(type=_S, help="Require 'Authorization: Bearer <key>' on every non-health request.")),

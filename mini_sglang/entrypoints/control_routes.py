@@ -1,4 +1,5 @@
-"""HTTP routes for profiling and pause / continue (SGLang 0.5.4's paths, bodies and replies).
+"""HTTP routes for profiling, pause / continue and freeze_gc (SGLang 0.5.4's paths, bodies
+and replies).
 
 - GET|POST /start_profile, optional JSON body ProfileReqInput -> 200 text "Start profiling.\\n"
 - GET|POST /stop_profile -> 200 text "Stop profiling. This will take some time.\\n"
@@ -8,6 +9,8 @@
 - POST /pause_generation -> 200 {"message": "Generation paused successfully.", "status": "ok"}
 - POST /continue_generation -> 200 {"message": "Generation continued successfully.", "status": "ok"}
   (bodies ignored, as in 0.5.4; semantics in managers/tokenizer_manager_control.py)
+- GET|POST /freeze_gc -> 200 text "Garbage collection frozen.\\n" (gc.freeze() in the HTTP,
+  scheduler and detokenizer processes; see utils/gc_utils.py)
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def parse_profile_body(raw: bytes) -> ProfileReqInput:
 
 
 def mount_control_routes(app: FastAPI) -> None:
-    """Add the profiling and pause routes to `app` (called once by launch_server)."""
+    """Add the profiling, pause and freeze_gc routes to `app` (called once by launch_server)."""
 
     @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> Response:
@@ -117,3 +120,8 @@ def mount_control_routes(app: FastAPI) -> None:
     async def continue_generation() -> Response:
         await tmc.continue_generation(get_state().tokenizer_manager)
         return orjson_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    @app.api_route("/freeze_gc", methods=["GET", "POST"])
+    async def freeze_gc() -> Response:
+        await tmc.freeze_gc(get_state().tokenizer_manager)
+        return Response("Garbage collection frozen.\n", 200)

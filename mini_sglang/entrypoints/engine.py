@@ -240,6 +240,13 @@ class Engine(EngineWeightsMixin):
 
         self.loop.run_until_complete(control.stop_profile(self.tokenizer_manager))
 
+    def freeze_gc(self) -> None:
+        """gc.freeze() in this process, the scheduler and the detokenizer (/freeze_gc); call
+        it after a few warm-up requests so that long-lived objects leave the collections."""
+        from mini_sglang.managers import tokenizer_manager_control as control
+
+        self.loop.run_until_complete(control.freeze_gc(self.tokenizer_manager))
+
     def get_server_info(self) -> dict:
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
         return {

@@ -15,7 +15,8 @@ from typing import Any
 import zmq
 
 from mini_sglang.managers.incremental_detok import IncrementalDetokenizer
-from mini_sglang.managers.io_struct import BatchStrOutput, BatchTokenIDOutput
+from mini_sglang.managers.io_struct import BatchStrOutput, BatchTokenIDOutput, FreezeGCReq
+from mini_sglang.utils.gc_utils import freeze_gc
 from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
 
 logger = logging.getLogger("mini_sglang")
@@ -36,7 +37,10 @@ class DetokenizerManager:
 
             tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
         self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
-        self._dispatch = {BatchTokenIDOutput: self.handle_batch_token_id_out}
+        self._dispatch = {
+            BatchTokenIDOutput: self.handle_batch_token_id_out,
+            FreezeGCReq: lambda recv: freeze_gc("Detokenizer Manager"),
+        }
 
     def handle_batch_token_id_out(self, recv: BatchTokenIDOutput) -> Any:
         if self.detok is None:
@@ -53,7 +57,8 @@ class DetokenizerManager:
             recv = self.recv_from_scheduler.recv_pyobj()
             handler = self._dispatch.get(type(recv))
             out = handler(recv) if handler is not None else recv
-            self.send_to_tokenizer.send_pyobj(out)
+            if out is not None:  # a handler without a reply (freeze_gc) returns None
+                self.send_to_tokenizer.send_pyobj(out)
 
 
 def run_detokenizer_process(server_args, port_args) -> None:

@@ -300,7 +300,8 @@ class ContinueGenerationReqInput(BaseReq):
 
 @dataclass
 class FreezeGCReq(BaseReq):
-    pass
+    """/freeze_gc: gc.freeze() in the scheduler, then in the detokenizer (the scheduler
+    forwards it); no reply."""
 
 
 @dataclass

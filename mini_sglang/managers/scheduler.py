@@ -20,6 +20,7 @@ from mini_sglang.managers.io_struct import (
     BatchTokenizedGenerateReqInput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
+    FreezeGCReq,
     GetInternalStateReq,
     GetInternalStateReqOutput,
     TokenizedGenerateReqInput,
@@ -38,6 +39,7 @@ from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
 from mini_sglang.sampling.sampling_batch_info import NO_SEED
+from mini_sglang.utils.gc_utils import freeze_gc
 
 logger = logging.getLogger("mini_sglang")
 
@@ -121,6 +123,7 @@ class Scheduler(
             AbortReq: self.abort_request,
             FlushCacheReqInput: self.flush_cache_wrapped,
             GetInternalStateReq: self.get_internal_state,
+            FreezeGCReq: self.freeze_gc,
         }
         self._dispatch.update(self.update_weights_dispatch())
         self._dispatch.update(self.profiler_dispatch())
@@ -148,6 +151,10 @@ class Scheduler(
             reply = handler(recv)
             if reply is not None:
                 self._send_to_tokenizer(reply)
+
+    def freeze_gc(self, recv: FreezeGCReq) -> None:
+        freeze_gc("Scheduler")
+        self.send_to_detokenizer(recv)  # the detokenizer freezes its own on arrival
 
     def handle_batch_generate_request(self, recv: BatchTokenizedGenerateReqInput) -> None:
         for r in recv.batch:

@@ -37,6 +37,7 @@ from mini_sglang.managers.tokenizer_manager_output import build_meta_info
 from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.sampling.sampling_params import SamplingParams
+from mini_sglang.utils.gc_utils import configure_gc_warning
 from mini_sglang.utils.process import get_zmq_socket
 from mini_sglang.utils.unicode_check import ensure_valid_unicode
 
@@ -80,6 +81,8 @@ class TokenizerManager:
             ctx, zmq.PUSH, port_args.scheduler_input_ipc_name, bind=True
         )
         self.rid_to_state: dict[str, ReqState] = {}
+        if server_args.gc_warning_threshold_secs > 0:
+            configure_gc_warning(server_args.gc_warning_threshold_secs)
         self.metrics = None
         if server_args.enable_metrics:
             from mini_sglang.entrypoints.metrics import ServerMetrics

@@ -1,4 +1,5 @@
-"""TokenizerManager side of profiling and of pause / continue (SGLang 0.5.4 semantics).
+"""TokenizerManager side of profiling, of pause / continue and of /freeze_gc (SGLang 0.5.4
+semantics).
 
 Profiling: one ProfileReq goes to every scheduler rank (and, with --dp-size N, to every
 replica, whose N replies are merged); a reply with success=False raises RuntimeError, which
@@ -20,11 +21,13 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from mini_sglang.managers.io_struct import (
+    FreezeGCReq,
     ProfileReq,
     ProfileReqInput,
     ProfileReqOutput,
     ProfileReqType,
 )
+from mini_sglang.utils.gc_utils import freeze_gc as freeze_this_process
 
 if TYPE_CHECKING:
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
@@ -62,6 +65,13 @@ async def _execute_profile(tm: TokenizerManager, req: ProfileReq) -> ProfileReqO
     if not out.success:
         raise RuntimeError(out.message)
     return out
+
+
+async def freeze_gc(tm: TokenizerManager) -> None:
+    """gc.freeze() in the scheduler (which passes it on to the detokenizer), then here; as
+    in SGLang, nothing waits for the other processes to have done it."""
+    await tm.send_to_scheduler.send_pyobj(FreezeGCReq())
+    freeze_this_process("Tokenizer Manager")
 
 
 async def pause_generation(tm: TokenizerManager) -> None:

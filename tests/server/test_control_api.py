@@ -5,6 +5,9 @@ Profiling: a num_steps profile stops by itself and leaves a gzipped Chrome trace
 `<profile id>-TP-0.trace.json.gz`; a manual one is written by /stop_profile; a second start
 or a stop without a start is 0.5.4's 500; a badly typed body is the validation 400;
 bench_serving --profile drives both routes (trace in the default dir, /tmp).
+/freeze_gc: 200 "Garbage collection frozen.\n" for GET and POST, and each of the HTTP,
+scheduler and detokenizer processes logs SGLang's "Freezing GC in ... process" line;
+generation is unchanged afterwards.
 Pause (0.5.4): in-flight requests are aborted, a /generate sent while paused is held (the
 scheduler never sees it) until /continue_generation, then completes with the same greedy
 output as an unpaused run; afterwards every KV slot is free and the idle check is clean.
@@ -216,5 +219,23 @@ def test_pause_aborts_holds_and_continues(server: ServerHandle):
     assert out["output_ids"] == reference
     assert out["meta_info"]["finish_reason"]["type"] == "length"
     assert server.post("/continue_generation").json() == CONTINUED  # not paused: no-op
+    assert generate(server, PROMPT_IDS, 8)["output_ids"] == reference
+    assert server.wait_memory_all_free()["failures"] == 0
+
+
+def test_freeze_gc_freezes_every_process(server: ServerHandle):
+    reference = generate(server, PROMPT_IDS, 8)["output_ids"]
+    for method in (server.get, server.post):
+        r = method("/freeze_gc")
+        assert r.status_code == 200 and r.text == "Garbage collection frozen.\n"
+    pattern = r"Freezing GC in {} process\. gen0: \d+->\d+, gen1: \d+->\d+, gen2: \d+->\d+"
+    deadline = time.time() + 30
+    for context in ("Tokenizer Manager", "Scheduler", "Detokenizer Manager"):
+        # The scheduler and the detokenizer freeze after the reply (nothing waits for them).
+        while len(re.findall(pattern.format(context), server.log())) < 2:
+            assert time.time() < deadline, (
+                f"no freeze logged by the {context}:\n{server.log_tail()}"
+            )
+            time.sleep(0.2)
     assert generate(server, PROMPT_IDS, 8)["output_ids"] == reference
     assert server.wait_memory_all_free()["failures"] == 0

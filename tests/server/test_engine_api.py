@@ -7,6 +7,7 @@ or through the context manager) must leave no child process behind.
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import json
 from collections.abc import Iterator
@@ -129,6 +130,18 @@ def test_start_and_stop_profile_write_a_trace(engine, tmp_path):
     assert events
     with pytest.raises(RuntimeError):
         engine.stop_profile()  # not running any more
+
+
+def test_freeze_gc(engine):
+    """Engine.freeze_gc freezes this process (the Engine's TokenizerManager lives here) and
+    its children keep serving the same greedy outputs."""
+    before = engine.generate(PROMPTS[0], GREEDY)["output_ids"]
+    try:
+        engine.freeze_gc()
+        assert gc.get_freeze_count() > 0
+        assert engine.generate(PROMPTS[0], GREEDY)["output_ids"] == before
+    finally:
+        gc.unfreeze()
 
 
 def test_shutdown_leaves_no_children(engine):
