@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
 # JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [compare] [tp] [default_model] [kernels] [save_jit]
+#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [compare] [tp] [default_model] [kernels] [save_jit]
 # With no arguments tests, one_batch, offline and serving run. MODELS overrides the model list
 # (default: both). `tp` needs a 2-GPU kind; `default_model` needs the GGUF parts staged by
 # scripts/stage_default_model_parts.sh (parts 1 and 2 in /tmp/smol, part 3 in .smol_c).
@@ -15,6 +15,17 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/card.
 for name in $MODELS; do
   python benchmarks/models/prepare.py "$name" "/tmp/m/$name" >/dev/null
 done
+# An A/B arm: "[tree=DIR] [VAR=value ...]". tree=DIR runs the command from DIR, a copy of
+# another revision's mini_sglang staged by scripts/stage_revision.sh (carry .ab to the
+# device): `python -m` puts the working directory first on sys.path, so a PYTHONPATH entry
+# would not win over this checkout. run_arm ARM CMD... runs CMD under the arm.
+run_arm() {
+  local arm=$1 dir=. envs=() word; shift
+  for word in $arm; do
+    case "$word" in tree=*) dir=${word#tree=} ;; *) envs+=("$word") ;; esac
+  done
+  (cd "$dir" && env "${envs[@]}" "$@")
+}
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
@@ -88,9 +99,10 @@ for step in "${steps[@]}"; do
           | grep -E "Output token throughput|Error" | sed "s/^/$arm /" | tee -a "$OUT/decode_ab.log"
       done ;;
     ab)
-      # A/B of environment settings on the batch-1 latency target (scheduler mode, in 128,
-      # out 1024), arms alternating AB_ROUNDS times (default 2) so machine drift hits every
-      # arm alike. AB_ARMS: ';'-separated env assignments, an empty arm = defaults, e.g.
+      # A/B of environment settings or revisions (see run_arm) on the batch-1 latency target
+      # (scheduler mode, in 128, out 1024), arms alternating AB_ROUNDS times (default 2) so
+      # machine drift hits every arm alike. AB_ARMS: ';'-separated arms, an empty arm =
+      # this checkout with defaults, e.g.
       #   AB_ARMS=";MINI_SGLANG_DISABLE_DECODE_FROM_QKV=1" MODELS=llama-3.1-8b ... ab
       # Rows go to $OUT/ab_arm<i>.jsonl, i = the arm's position in AB_ARMS.
       IFS=';' read -ra arms <<< "${AB_ARMS:-}"
@@ -98,10 +110,26 @@ for step in "${steps[@]}"; do
       for round in $(seq "${AB_ROUNDS:-2}"); do
         for i in "${!arms[@]}"; do
           for m in $MODELS; do
-            env ${arms[$i]} python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" \
+            run_arm "${arms[$i]}" python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" \
               --load-format dummy --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
               --result-filename "$OUT/ab_arm$i.jsonl" 2>&1 | grep -E "Scheduler|Error" \
               | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/ab.log"
+          done
+        done
+      done ;;
+    nano_ab)
+      # The same arms (AB_ARMS, AB_ROUNDS) on the nano-vllm workload; AB_FLAGS go to every
+      # arm, e.g. AB_ARMS="tree=.ab/c728cb8;" AB_FLAGS="--chunked-prefill-size 16384".
+      # A fresh machine spends minutes compiling in the first run: give it a long timeout.
+      IFS=';' read -ra arms <<< "${AB_ARMS:-}"
+      [ ${#arms[@]} -eq 0 ] && arms=("")
+      for round in $(seq "${AB_ROUNDS:-2}"); do
+        for i in "${!arms[@]}"; do
+          for m in $MODELS; do
+            run_arm "${arms[$i]}" python -m mini_sglang.bench_offline_throughput \
+              --model-path "/tmp/m/$m" --load-format dummy --preset nano-vllm ${AB_FLAGS:-} \
+              --result-filename "$OUT/nano_ab_arm$i.jsonl" 2>&1 | grep -E "Output token throughput|Error" \
+              | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/nano_ab.log"
           done
         done
       done ;;
