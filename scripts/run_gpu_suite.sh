@@ -12,6 +12,12 @@ mkdir -p "$OUT" /tmp/m
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests one_batch offline serving)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/card.txt"
+# A fresh machine spends minutes compiling Triton kernels (the GEMV picks time every candidate
+# config at each batch bucket). A cache saved by `save_jit` on an earlier machine and put into
+# .device/ skips that: same Triton version and sm90 on the H100 and the H200.
+if [ -f .device/triton-cache.tgz ] && [ ! -d ~/.triton/cache ]; then
+  tar xzf .device/triton-cache.tgz -C ~
+fi
 for name in $MODELS; do
   python benchmarks/models/prepare.py "$name" "/tmp/m/$name" >/dev/null
 done
@@ -158,8 +164,8 @@ for step in "${steps[@]}"; do
         python benchmarks/bench_linear.py --model "$m" --triton --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
       done ;;
     save_jit)
-      # bring the JIT caches back (flashinfer's, via .device/env.sh; Triton's) to refresh
-      # .device/flashinfer-cache.tgz for the next session
+      # bring the JIT caches back (flashinfer's, restored by .device/env.sh; Triton's,
+      # restored above) and put both .tgz files into .device/ for later calls
       # (env.sh's save_flashinfer_cache function is not inherited by this child shell)
       [ -d ~/.cache/flashinfer ] && tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer
       tar czf "$OUT/triton-cache.tgz" -C ~ .triton 2>/dev/null; ls -la "$OUT"/*.tgz ;;
