@@ -1,5 +1,5 @@
-"""HTTP routes for profiling, pause / continue and freeze_gc (SGLang 0.5.4's paths, bodies
-and replies).
+"""HTTP routes for profiling, pause / continue, freeze_gc and request logging (SGLang
+0.5.4's paths, bodies and replies).
 
 - GET|POST /start_profile, optional JSON body ProfileReqInput -> 200 text "Start profiling.\\n"
 - GET|POST /stop_profile -> 200 text "Stop profiling. This will take some time.\\n"
@@ -11,6 +11,9 @@ and replies).
   (bodies ignored, as in 0.5.4; semantics in managers/tokenizer_manager_control.py)
 - GET|POST /freeze_gc -> 200 text "Garbage collection frozen.\\n" (gc.freeze() in the HTTP,
   scheduler and detokenizer processes; see utils/gc_utils.py)
+- GET|POST /configure_logging, JSON body ConfigureLoggingReq (log_requests,
+  log_requests_level, ...) -> 200, empty body; a bad type or level is a 400 (see
+  managers/request_logging.py)
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from fastapi.responses import Response
 
 from mini_sglang.entrypoints.http_server import get_state, orjson_response
 from mini_sglang.managers import tokenizer_manager_control as tmc
-from mini_sglang.managers.io_struct import ProfileReqInput
+from mini_sglang.managers.io_struct import ConfigureLoggingReq, ProfileReqInput
 
 logger = logging.getLogger("mini_sglang")
 
@@ -41,8 +44,15 @@ _PROFILE_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "merge_profiles": (bool,),
     "profile_id": (str,),
 }
-_NULLABLE = {"output_dir", "start_step", "num_steps", "activities", "with_stack"}
-_NULLABLE |= {"record_shapes", "profile_id"}
+_PROFILE_NULLABLE = {"output_dir", "start_step", "num_steps", "activities", "with_stack"}
+_PROFILE_NULLABLE |= {"record_shapes", "profile_id"}
+_LOGGING_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "log_requests": (bool,),
+    "log_requests_level": (int,),
+    "dump_requests_folder": (str,),
+    "dump_requests_threshold": (int,),
+    "crash_dump_folder": (str,),
+}
 
 
 def _bad_request(message: str) -> Response:
@@ -56,38 +66,45 @@ def _internal_error() -> Response:
     return Response("Internal Server Error", 500, media_type="text/plain; charset=utf-8")
 
 
-def parse_profile_body(raw: bytes) -> ProfileReqInput:
-    """ProfileReqInput from a (possibly empty) JSON body; unknown keys are ignored, a wrong
-    type raises ValueError."""
+def parse_body(
+    raw: bytes, cls: type, types: dict[str, tuple[type, ...]], nullable: set[str] | None = None
+) -> Any:
+    """cls(**fields) from a (possibly empty) JSON object body: unknown keys are ignored, a
+    value of the wrong type raises ValueError; fields in `nullable` (default: all) take null."""
     if not raw.strip():
-        return ProfileReqInput()
+        return cls()
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise ValueError(f"body: JSON decode error: {e}") from None
     if body is None:
-        return ProfileReqInput()
+        return cls()
     if not isinstance(body, dict):
         raise ValueError("body: Input should be a valid dictionary or object")
-    fields = {f.name for f in dataclasses.fields(ProfileReqInput)}
+    fields = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in body.items():
-        if key not in fields or key not in _PROFILE_FIELD_TYPES:
+        if key not in fields or key not in types:
             continue
-        if value is None and key in _NULLABLE:
+        if value is None and (nullable is None or key in nullable):
             kwargs[key] = None
             continue
-        types = _PROFILE_FIELD_TYPES[key]
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            raise ValueError(f"body.{key}: Input should be of type {types[0].__name__}")
+        allowed = types[key]
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            raise ValueError(f"body.{key}: Input should be of type {allowed[0].__name__}")
         if key == "activities" and not all(isinstance(a, str) for a in value):
             raise ValueError("body.activities: Input should be a list of strings")
         kwargs[key] = value
-    return ProfileReqInput(**kwargs)
+    return cls(**kwargs)
+
+
+def parse_profile_body(raw: bytes) -> ProfileReqInput:
+    return parse_body(raw, ProfileReqInput, _PROFILE_FIELD_TYPES, _PROFILE_NULLABLE)
 
 
 def mount_control_routes(app: FastAPI) -> None:
-    """Add the profiling, pause and freeze_gc routes to `app` (called once by launch_server)."""
+    """Add the profiling, pause, freeze_gc and logging routes to `app` (called once by
+    launch_server)."""
 
     @app.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(request: Request) -> Response:
@@ -125,3 +142,12 @@ def mount_control_routes(app: FastAPI) -> None:
     async def freeze_gc() -> Response:
         await tmc.freeze_gc(get_state().tokenizer_manager)
         return Response("Garbage collection frozen.\n", 200)
+
+    @app.api_route("/configure_logging", methods=["GET", "POST"])
+    async def configure_logging(request: Request) -> Response:
+        try:
+            req = parse_body(await request.body(), ConfigureLoggingReq, _LOGGING_FIELD_TYPES)
+            get_state().tokenizer_manager.request_logger.configure(req)
+        except ValueError as e:
+            return _bad_request(str(e))
+        return Response(status_code=200)

@@ -32,6 +32,7 @@ from mini_sglang.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
+from mini_sglang.managers.request_logging import RequestLogger
 from mini_sglang.managers.tokenizer_manager_control import wait_while_paused
 from mini_sglang.managers.tokenizer_manager_output import build_meta_info
 from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
@@ -81,6 +82,9 @@ class TokenizerManager:
             ctx, zmq.PUSH, port_args.scheduler_input_ipc_name, bind=True
         )
         self.rid_to_state: dict[str, ReqState] = {}
+        self.request_logger = RequestLogger(
+            server_args.log_requests, server_args.log_requests_level
+        )
         if server_args.gc_warning_threshold_secs > 0:
             configure_gc_warning(server_args.gc_warning_threshold_secs)
         self.metrics = None
@@ -265,6 +269,7 @@ class TokenizerManager:
         self.auto_create_handle_loop()
         created = time.time()
         obj.normalize_batch_and_arguments()
+        self.request_logger.receive(obj)
         await wait_while_paused(self)
         subs = [obj] if obj.is_single else [obj[i] for i in range(len(obj))]
         # Validate everything before sending anything: a bad sub-request fails the batch.
@@ -344,6 +349,7 @@ class TokenizerManager:
                 state.event.clear()
                 out = self._with_output_ids(state, out)
                 if state.finished:
+                    self.request_logger.finish(obj, out)
                     reason = out["meta_info"]["finish_reason"] or {}
                     if reason.get("type") == "abort" and reason.get("status_code") == 400:
                         raise ValueError(reason["message"])

@@ -8,6 +8,9 @@ bench_serving --profile drives both routes (trace in the default dir, /tmp).
 /freeze_gc: 200 "Garbage collection frozen.\n" for GET and POST, and each of the HTTP,
 scheduler and detokenizer processes logs SGLang's "Freezing GC in ... process" line;
 generation is unchanged afterwards.
+/configure_logging: turns --log-requests on and off and sets its level at run time (200,
+empty body); the HTTP process then logs SGLang's "Receive: obj=..." and "Finish: obj=...,
+out=..." lines per request, at that level's detail; a bad type or level is a 400.
 Pause (0.5.4): in-flight requests are aborted, a /generate sent while paused is held (the
 scheduler never sees it) until /continue_generation, then completes with the same greedy
 output as an unpaused run; afterwards every KV slot is free and the idle check is clean.
@@ -238,4 +241,47 @@ def test_freeze_gc_freezes_every_process(server: ServerHandle):
             )
             time.sleep(0.2)
     assert generate(server, PROMPT_IDS, 8)["output_ids"] == reference
+    assert server.wait_memory_all_free()["failures"] == 0
+
+
+def _log_lines_since(server: ServerHandle, start: int, prefix: str) -> list[str]:
+    return [ln for ln in server.log()[start:].splitlines() if prefix in ln]
+
+
+def test_configure_logging_turns_request_logging_on_and_off(server: ServerHandle):
+    ids = [7, 8, 9, 10]
+    try:
+        mark = len(server.log())
+        r = server.post("/configure_logging", json={"log_requests": True, "log_requests_level": 0})
+        assert r.status_code == 200 and r.content == b""
+        out = generate(server, ids, 3)
+        rid = out["meta_info"]["id"]
+        time.sleep(0.5)  # the log is written by another process
+        (receive,) = _log_lines_since(server, mark, "Receive: obj=GenerateReqInput(")
+        (finish,) = _log_lines_since(server, mark, "Finish: obj=GenerateReqInput(")
+        assert f"rid='{rid}'" in receive and "input_ids=" not in receive, receive
+        assert "sampling_params=" not in receive, receive
+        assert "out={'meta_info': {" in finish and "'output_ids'" not in finish, finish
+        # level 3: everything, including the prompt ids and the output ids
+        mark = len(server.log())
+        assert server.get("/configure_logging", json={"log_requests_level": 3}).status_code == 200
+        out = generate(server, ids, 3)
+        time.sleep(0.5)
+        (receive,) = _log_lines_since(server, mark, "Receive: obj=")
+        (finish,) = _log_lines_since(server, mark, "Finish: obj=")
+        assert "input_ids=[7, 8, 9, 10]" in receive, receive
+        assert f"'output_ids': {out['output_ids']}" in finish, finish
+        for bad, message in (
+            ({"log_requests_level": 7}, "log_requests_level must be one of [0, 1, 2, 3], got 7."),
+            ({"log_requests": "yes"}, "body.log_requests: Input should be of type bool"),
+            ([1], "body: Input should be a valid dictionary or object"),
+        ):
+            r = server.post("/configure_logging", json=bad)
+            assert r.status_code == 400 and r.json()["message"] == message, r.text
+    finally:
+        assert server.post("/configure_logging", json={"log_requests": False}).status_code == 200
+    mark = len(server.log())
+    generate(server, ids, 3)
+    time.sleep(0.5)
+    assert not _log_lines_since(server, mark, "Receive: obj=")
     assert server.wait_memory_all_free()["failures"] == 0
