@@ -88,11 +88,13 @@ class ModelConfig:
                 eos_ids |= set(
                     g_eos if isinstance(g_eos, list) else [g_eos] if g_eos is not None else []
                 )
-                gen_defaults = {
-                    k: getattr(gen, k)
-                    for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-                    if getattr(gen, k, None) is not None and k in gen.to_diff_dict()
-                }
+                # --sampling-defaults openai: OpenAI's defaults, not the model's
+                if getattr(server_args, "sampling_defaults", "model") == "model":
+                    gen_defaults = {
+                        k: getattr(gen, k)
+                        for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+                        if getattr(gen, k, None) is not None and k in gen.to_diff_dict()
+                    }
             except OSError:
                 pass
         return cls(

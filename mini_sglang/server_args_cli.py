@@ -97,6 +97,8 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "grammar_backend": lambda v: v not in (None, "xgrammar", "none"),
     "schedule_policy": lambda v: v == "priority",
     "device": lambda v: v is not None and v.split(":")[0] not in ("cuda", "cpu"),
+    "completion_template": _given,
+    "enable_return_hidden_states": bool,
 }
 
 # Fields whose value must be one of a fixed list (argparse checks the CLI; this checks code).

@@ -113,6 +113,14 @@ def argmax_by_chunks(logits: torch.Tensor, chunks: int) -> torch.Tensor:
 
 
 class Sampler(nn.Module):
+    """backend (--sampling-backend): "flashinfer" draws unseeded rows with flashinfer's
+    sampling kernels on CUDA; "pytorch" always takes the softmax path below (seeded rows
+    always do, so their draws do not depend on the batch)."""
+
+    def __init__(self, backend: str = "flashinfer") -> None:
+        super().__init__()
+        self.use_flashinfer = backend == "flashinfer"
+
     def forward(
         self,
         logits: torch.Tensor,
@@ -128,7 +136,8 @@ class Sampler(nn.Module):
                 logprobs = torch.log_softmax(logits, dim=-1)
             return SamplerOutput(next_ids, logprobs)
         scaled = logits / info.temperatures
-        fi = flashinfer_sampling() if logits.is_cuda and not info.has_seeds else None
+        use_fi = self.use_flashinfer and logits.is_cuda and not info.has_seeds
+        fi = flashinfer_sampling() if use_fi else None
         filtered = info.need_top_k or info.need_top_p or info.need_min_p
         if fi is not None and not filtered and not return_logprob:
             # Plain temperature sampling: one Gumbel-max pass over the scaled logits instead

@@ -375,7 +375,9 @@ class Scheduler(
         self.process_input_requests([recv])
 
     def run_step(self) -> bool:
-        return self.step_overlap() if self.overlap else self.step()
+        ran = self.step_overlap() if self.overlap else self.step()
+        self.maybe_report_metrics()  # here, so in-process drivers log "Decode batch." too
+        return ran
 
     def run_until_idle(self, max_steps: int = 1_000_000) -> None:
         for _ in range(max_steps):
@@ -392,7 +394,6 @@ class Scheduler(
                     self.wait_for_requests()
             else:
                 self.is_idle_checked = False
-            self.maybe_report_metrics()
 
     def wait_for_requests(self) -> None:
         time.sleep(0.0005)

@@ -14,8 +14,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mini_sglang")
 
-DECODE_LOG_INTERVAL = 40  # decode steps between "Decode batch." lines (SGLang's default)
-
 
 class SchedulerMetricsMixin:
     def init_metrics(self) -> None:
@@ -62,7 +60,7 @@ class SchedulerMetricsMixin:
         if batch is None or not batch.forward_mode.is_decode():
             return
         self._decode_steps += 1
-        if self._decode_steps % DECODE_LOG_INTERVAL:
+        if self._decode_steps % self.server_args.decode_log_interval:
             return
         now = time.perf_counter()
         self.last_gen_throughput = self.num_generated_tokens / max(

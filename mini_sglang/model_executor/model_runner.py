@@ -65,7 +65,7 @@ class ModelRunner:
             )
         self.init_memory_pool()
         self.attn_backend = self.create_attention_backend()
-        self.sampler = Sampler()
+        self.sampler = Sampler(server_args.sampling_backend or "pytorch")
         self.graph_runner = None
         if self.device.type == "cuda" and not server_args.disable_cuda_graph:
             if self.attn_backend.supports_cuda_graph:

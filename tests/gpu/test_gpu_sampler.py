@@ -37,12 +37,13 @@ def _info(params: list[dict]) -> SamplingBatchInfo:
         {"temperature": 1.3, "top_k": 5, "top_p": 0.9},
     ],
 )
-def test_sampled_frequencies_match_softmax(params):
+@pytest.mark.parametrize("backend", ["flashinfer", "pytorch"])  # --sampling-backend
+def test_sampled_frequencies_match_softmax(params, backend):
     gen = torch.Generator().manual_seed(0)
     row = torch.randn(VOCAB, generator=gen) * 2
     info = _info([params] * ROWS)
     logits = row.expand(ROWS, VOCAB).contiguous().cuda()
-    ids = Sampler()(
+    ids = Sampler(backend)(
         logits, info, torch.zeros(ROWS, dtype=torch.int64, device="cuda")
     ).next_token_ids
     freq = torch.bincount(ids.cpu(), minlength=VOCAB).double() / ROWS
