@@ -19,6 +19,7 @@ import zmq
 
 from mini_sglang.distributed.parallel_state import broadcast_pyobj
 from mini_sglang.entrypoints.parallel_launch import configure_cpu_threads, init_scheduler_tp_group
+from mini_sglang.managers.scheduler_watchdog import start_watchdog
 from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
 
 logger = logging.getLogger("mini_sglang")
@@ -93,6 +94,7 @@ def run_scheduler_process(
             send_to_tokenizer=io.send_to_tokenizer,
         )
         scheduler.dp_rank = dp_rank
+        start_watchdog(scheduler, server_args.watchdog_timeout, parent)
         scheduler.wait_for_requests = lambda: scheduler.process_input_requests(
             io.recv_requests(block_ms=50)
         )

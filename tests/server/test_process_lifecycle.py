@@ -1,13 +1,16 @@
 """Process lifecycle of `python -m mini_sglang.launch_server`: readiness (/health 503 then
 200), clean shutdown on SIGTERM / SIGINT with no process left, a dead child taking the
-server down promptly, a bad --model-path failing fast, and two servers side by side.
+server down promptly, a hung forward taking it down through the watchdog
+(--watchdog-timeout), a bad --model-path failing fast, and two servers side by side.
 
 Each test starts its own server(s) because each one ends them; they are the slow tests.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -105,6 +108,46 @@ def test_killed_scheduler_makes_server_exit_nonzero(tiny_model: TinyModel, serve
     assert rc != 0
     # An error line says which child died.
     assert "scheduler_TP0" in handle.log() and "died" in handle.log(), handle.log_tail()
+    handle.stop()  # asserts nothing of the tree is left
+
+
+def test_watchdog_takes_down_a_server_whose_forward_hangs(
+    tiny_model: TinyModel, server_logs: Path, tmp_path: Path
+):
+    """A forward that never returns (made to hang, for prompts holding token 4242, by a
+    sitecustomize every process of the server runs): after --watchdog-timeout the scheduler
+    logs SGLang's "Watchdog timeout" line and the stack it hung in, and the server exits
+    non-zero with nothing left; a normal request before it is served."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import time\n"
+        "from mini_sglang.managers import tp_worker\n"
+        "_forward = tp_worker.TpModelWorker.forward_batch_generation\n"
+        "def _hang_on_4242(self, batch):\n"
+        "    if bool((batch.input_ids == 4242).any()):\n"
+        "        time.sleep(600)\n"
+        "    return _forward(self, batch)\n"
+        "tp_worker.TpModelWorker.forward_batch_generation = _hang_on_4242\n"
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    handle = start_server(tiny_model.path, "--watchdog-timeout", "2", log_dir=server_logs, env=env)
+    wait_ready(handle)
+    handle.tree()  # remember every descendant for the no-orphans check in stop()
+    assert len(_greedy_ok(handle)) == 3
+    start = time.monotonic()
+    try:
+        handle.post("/generate", json={"input_ids": [4242, 5], "sampling_params": {}}, timeout=60)
+    except requests.RequestException:
+        pass  # the server goes away under the request
+    try:
+        rc = handle.proc.wait(timeout=60)
+    except Exception:
+        handle.stop(signal.SIGKILL)
+        pytest.fail(f"server still running after the watchdog timeout:\n{handle.log_tail()}")
+    assert rc != 0
+    assert time.monotonic() - start < 60
+    log = handle.log()
+    assert "Watchdog timeout (self.watchdog_timeout=2.0)" in log, handle.log_tail()
+    assert "in _hang_on_4242" in log, handle.log_tail()  # the hung thread's stack
     handle.stop()  # asserts nothing of the tree is left
 
 
