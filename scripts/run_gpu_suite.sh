@@ -32,6 +32,24 @@ run_arm() {
   done
   (cd "$dir" && env "${envs[@]}" "$@")
 }
+# ab_rounds NAME PATTERN PYTHON_ARGS...: python PYTHON_ARGS --model-path /tmp/m/$m
+# --result-filename $OUT/NAME_arm<i>.jsonl under every AB_ARMS arm (';'-separated, an empty
+# arm = this checkout), per model, AB_ROUNDS times (default 2) with the arms alternating so
+# machine drift hits every arm alike; lines matching PATTERN go to $OUT/NAME.log.
+ab_rounds() {
+  local name=$1 pattern=$2 round i m arms; shift 2
+  IFS=';' read -ra arms <<< "${AB_ARMS:-}"
+  [ ${#arms[@]} -eq 0 ] && arms=("")
+  for round in $(seq "${AB_ROUNDS:-2}"); do
+    for i in "${!arms[@]}"; do
+      for m in $MODELS; do
+        run_arm "${arms[$i]}" python "$@" --model-path "/tmp/m/$m" \
+          --result-filename "$OUT/${name}_arm$i.jsonl" 2>&1 | grep -E "$pattern" \
+          | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/$name.log"
+      done
+    done
+  done
+}
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
@@ -111,34 +129,14 @@ for step in "${steps[@]}"; do
       # this checkout with defaults, e.g.
       #   AB_ARMS=";MINI_SGLANG_DISABLE_DECODE_FROM_QKV=1" MODELS=llama-3.1-8b ... ab
       # Rows go to $OUT/ab_arm<i>.jsonl, i = the arm's position in AB_ARMS.
-      IFS=';' read -ra arms <<< "${AB_ARMS:-}"
-      [ ${#arms[@]} -eq 0 ] && arms=("")
-      for round in $(seq "${AB_ROUNDS:-2}"); do
-        for i in "${!arms[@]}"; do
-          for m in $MODELS; do
-            run_arm "${arms[$i]}" python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" \
-              --load-format dummy --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
-              --result-filename "$OUT/ab_arm$i.jsonl" 2>&1 | grep -E "Scheduler|Error" \
-              | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/ab.log"
-          done
-        done
-      done ;;
+      ab_rounds ab "Scheduler|Error" -m mini_sglang.bench_one_batch --load-format dummy \
+        --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler ;;
     nano_ab)
       # The same arms (AB_ARMS, AB_ROUNDS) on the nano-vllm workload; AB_FLAGS go to every
       # arm, e.g. AB_ARMS="tree=.ab/c728cb8;" AB_FLAGS="--chunked-prefill-size 16384".
       # A fresh machine spends minutes compiling in the first run: give it a long timeout.
-      IFS=';' read -ra arms <<< "${AB_ARMS:-}"
-      [ ${#arms[@]} -eq 0 ] && arms=("")
-      for round in $(seq "${AB_ROUNDS:-2}"); do
-        for i in "${!arms[@]}"; do
-          for m in $MODELS; do
-            run_arm "${arms[$i]}" python -m mini_sglang.bench_offline_throughput \
-              --model-path "/tmp/m/$m" --load-format dummy --preset nano-vllm ${AB_FLAGS:-} \
-              --result-filename "$OUT/nano_ab_arm$i.jsonl" 2>&1 | grep -E "Output token throughput|Error" \
-              | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/nano_ab.log"
-          done
-        done
-      done ;;
+      ab_rounds nano_ab "Output token throughput|Error" -m mini_sglang.bench_offline_throughput \
+        --load-format dummy --preset nano-vllm ${AB_FLAGS:-} ;;
     profile)
       # kernel table of 20 decode steps at batch 256 (the nano-vllm workload's full batch),
       # context ~800; PROFILE_BS=1 gives the batch-1 latency target's kernels. Extra flags

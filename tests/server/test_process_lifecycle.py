@@ -30,6 +30,15 @@ def _greedy_ok(handle: ServerHandle) -> list[int]:
     return r.json()["output_ids"]
 
 
+def _exit_code(handle: ServerHandle, timeout: float, after: str) -> int:
+    """The server's exit code, once it exits by itself; SIGKILL and fail after `timeout`."""
+    try:
+        return handle.proc.wait(timeout=timeout)
+    except Exception:
+        handle.stop(signal.SIGKILL)
+        pytest.fail(f"server still running {timeout} s after {after}:\n{handle.log_tail()}")
+
+
 def test_health_503_until_ready_then_sigint_stops_everything(
     tiny_model: TinyModel, server_logs: Path
 ):
@@ -100,12 +109,7 @@ def test_killed_scheduler_makes_server_exit_nonzero(tiny_model: TinyModel, serve
     assert len(kids) == 2, kids
     handle.tree()  # remember every descendant for the no-orphans check in stop()
     kids[0].kill()
-    try:
-        rc = handle.proc.wait(timeout=30)
-    except Exception:
-        handle.stop(signal.SIGKILL)
-        pytest.fail(f"server still running 30 s after its scheduler died:\n{handle.log_tail()}")
-    assert rc != 0
+    assert _exit_code(handle, 30, "its scheduler died") != 0
     # An error line says which child died.
     assert "scheduler_TP0" in handle.log() and "died" in handle.log(), handle.log_tail()
     handle.stop()  # asserts nothing of the tree is left
@@ -138,12 +142,7 @@ def test_watchdog_takes_down_a_server_whose_forward_hangs(
         handle.post("/generate", json={"input_ids": [4242, 5], "sampling_params": {}}, timeout=60)
     except requests.RequestException:
         pass  # the server goes away under the request
-    try:
-        rc = handle.proc.wait(timeout=60)
-    except Exception:
-        handle.stop(signal.SIGKILL)
-        pytest.fail(f"server still running after the watchdog timeout:\n{handle.log_tail()}")
-    assert rc != 0
+    assert _exit_code(handle, 60, "the watchdog timeout") != 0
     assert time.monotonic() - start < 60
     log = handle.log()
     assert "Watchdog timeout (self.watchdog_timeout=2.0)" in log, handle.log_tail()
