@@ -347,6 +347,7 @@ def launch_server(server_args) -> None:
 
     import uvicorn
 
+    from mini_sglang.entrypoints.cloud_routes import mount_cloud_routes
     from mini_sglang.entrypoints.control_routes import mount_control_routes
     from mini_sglang.entrypoints.engine import launch_subprocesses
     from mini_sglang.entrypoints.openai.routes import mount_openai_routes
@@ -359,6 +360,7 @@ def launch_server(server_args) -> None:
     mount_openai_routes(app)
     mount_weight_routes(app)
     mount_control_routes(app)
+    mount_cloud_routes(app)
 
     def on_term(signum, frame) -> None:
         logger.info("Received signal %d; shutting down.", signum)

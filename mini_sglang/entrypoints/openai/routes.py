@@ -1,8 +1,8 @@
 """Mounts the OpenAI-compatible routes on the server's FastAPI app.
 
-/v1/completions, /v1/chat/completions, /v1/models/{model}, /tokenize, /detokenize
-with their /v1 aliases, and SGLang's native parser endpoints /separate_reasoning and
-/parse_function_call. Bodies are parsed by FastAPI into the pydantic models of
+/v1/completions, /v1/chat/completions (also as SageMaker's /invocations), /v1/models/{model},
+/tokenize, /detokenize with their /v1 aliases, and SGLang's native parser endpoints
+/separate_reasoning and /parse_function_call. Bodies are parsed by FastAPI into the pydantic models of
 protocol.py, so malformed JSON and schema errors reach http_server's RequestValidationError
 handler (HTTP 400, OpenAI's error envelope); POSTs whose Content-Type is not
 application/json are refused the same way, before the body is validated (SGLang).
@@ -106,6 +106,12 @@ def mount_openai_routes(app: FastAPI) -> None:
 
     @app.post("/v1/chat/completions", dependencies=json_only)
     async def openai_v1_chat_completions(
+        request: ChatCompletionRequest, raw_request: Request
+    ) -> Response:
+        return await chat_handler().handle_request(request, raw_request)
+
+    @app.post("/invocations")  # SageMaker's chat endpoint (SGLang: no Content-Type check)
+    async def sagemaker_chat_completions(
         request: ChatCompletionRequest, raw_request: Request
     ) -> Response:
         return await chat_handler().handle_request(request, raw_request)
