@@ -11,6 +11,9 @@
   (bodies ignored, as in 0.5.4; semantics in managers/tokenizer_manager_control.py)
 - GET|POST /freeze_gc -> 200 text "Garbage collection frozen.\\n" (gc.freeze() in the HTTP,
   scheduler and detokenizer processes; see utils/gc_utils.py)
+- GET|POST /slow_down {"forward_sleep_time": seconds | null} -> 200 `null` once every
+  scheduler sleeps that long before each forward (null or <= 0 ends it); a non-number is
+  a 400.
 - GET|POST /configure_logging, JSON body ConfigureLoggingReq (log_requests,
   log_requests_level, ...) -> 200, empty body; a bad type or level is a 400 (see
   managers/request_logging.py)
@@ -28,7 +31,11 @@ from fastapi.responses import Response
 
 from mini_sglang.entrypoints.http_server import get_state, orjson_response
 from mini_sglang.managers import tokenizer_manager_control as tmc
-from mini_sglang.managers.io_struct import ConfigureLoggingReq, ProfileReqInput
+from mini_sglang.managers.io_struct import (
+    ConfigureLoggingReq,
+    ProfileReqInput,
+    SlowDownReqInput,
+)
 
 logger = logging.getLogger("mini_sglang")
 
@@ -151,3 +158,13 @@ def mount_control_routes(app: FastAPI) -> None:
         except ValueError as e:
             return _bad_request(str(e))
         return Response(status_code=200)
+
+    @app.api_route("/slow_down", methods=["GET", "POST"])
+    async def slow_down(request: Request) -> Response:
+        types: dict[str, tuple[type, ...]] = {"forward_sleep_time": (float, int)}
+        try:
+            req = parse_body(await request.body(), SlowDownReqInput, types)
+        except ValueError as e:
+            return _bad_request(str(e))
+        await tmc.slow_down(get_state().tokenizer_manager, req)
+        return orjson_response(None)

@@ -1,4 +1,5 @@
-"""Scheduler side of /start_profile and /stop_profile (SGLang 0.5.4's SchedulerProfilerMixin).
+"""Scheduler side of /start_profile and /stop_profile (SGLang 0.5.4's SchedulerProfilerMixin),
+and of /slow_down, the other tool for studying the server under load.
 
 Every TP rank gets the same ProfileReq (rank 0 broadcasts what it receives) and runs its own
 torch.profiler; only rank 0's reply reaches the TokenizerManager. Contract:
@@ -14,6 +15,9 @@ torch.profiler; only rank 0's reply reaches the TokenizerManager. Contract:
 - Activities: "CPU", "GPU" (CUDA), "MEM" (CUDA memory snapshot, a pickle) and
   "CUDA_PROFILER" (cudaProfilerStart/Stop, for nsys). Without CUDA the CUDA ones are
   dropped with a warning; if nothing is left the START fails.
+- /slow_down {"forward_sleep_time": s}: every rank sleeps s seconds before each forward
+  until a request with null (or s <= 0) ends it; SGLang uses it to let a decode instance
+  fill up before it runs at full speed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from typing import Any, Optional
 
 import torch
 
-from mini_sglang.managers.io_struct import ProfileReq, ProfileReqOutput, ProfileReqType
+from mini_sglang.managers.io_struct import (
+    ProfileReq,
+    ProfileReqOutput,
+    ProfileReqType,
+    SlowDownReqInput,
+    SlowDownReqOutput,
+)
 from mini_sglang.model_executor.forward_batch_info import ForwardMode
 from mini_sglang.utils.profile_merger import merge_chrome_traces
 
@@ -40,6 +50,7 @@ KNOWN_ACTIVITIES = ("CPU", *CUDA_ACTIVITIES)
 class SchedulerProfilerMixin:
     def init_profiler(self) -> None:
         self.forward_ct = 0
+        self.forward_sleep_time: Optional[float] = None
         self.torch_profiler: Optional[torch.profiler.profile] = None
         self.profile_in_progress = False
         self.profile_id: Optional[str] = None
@@ -59,7 +70,12 @@ class SchedulerProfilerMixin:
 
     def profiler_dispatch(self) -> dict[type, Callable[[Any], Any]]:
         """Entries for the scheduler's type -> handler table."""
-        return {ProfileReq: self.profile}
+        return {ProfileReq: self.profile, SlowDownReqInput: self.slow_down}
+
+    def slow_down(self, recv: SlowDownReqInput) -> SlowDownReqOutput:
+        t = recv.forward_sleep_time
+        self.forward_sleep_time = t if t is not None and t > 0 else None
+        return SlowDownReqOutput()
 
     # ---- requests ------------------------------------------------------------------------
     def profile(self, recv: ProfileReq) -> ProfileReqOutput:
@@ -174,8 +190,12 @@ class SchedulerProfilerMixin:
 
     # ---- per-step hook -------------------------------------------------------------------
     def count_forward_step(self, batch: Any) -> None:
-        """Called before every forward: count it, and start / stop a pending trace."""
+        """Called before every forward: count it, sleep if slowed down, and start / stop a
+        pending trace."""
         self.forward_ct += 1
+        if self.forward_sleep_time is not None:
+            logger.info("Scheduler.run_batch sleep %ss", self.forward_sleep_time)
+            time.sleep(self.forward_sleep_time)
         if self.profile_by_stage:
             self._profile_stage_step(batch.forward_mode)
             return

@@ -29,6 +29,7 @@ from mini_sglang.managers.io_struct import (
     GetInternalStateReq,
     GetInternalStateReqOutput,
     ProfileReqOutput,
+    SlowDownReqOutput,
     TokenizedGenerateReqInput,
 )
 from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
@@ -105,6 +106,7 @@ class TokenizerManager:
             FlushCacheReqOutput: self._handle_reply,
             GetInternalStateReqOutput: self._handle_reply,
             ProfileReqOutput: self._handle_reply,
+            SlowDownReqOutput: self._handle_reply,
         }
         # /pause_generation: new generate requests wait on this (tokenizer_manager_control).
         self.is_pause = False

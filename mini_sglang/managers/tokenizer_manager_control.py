@@ -1,5 +1,5 @@
-"""TokenizerManager side of profiling, of pause / continue and of /freeze_gc (SGLang 0.5.4
-semantics).
+"""TokenizerManager side of profiling, /slow_down, pause / continue and /freeze_gc (SGLang
+0.5.4 semantics).
 
 Profiling: one ProfileReq goes to every scheduler rank (and, with --dp-size N, to every
 replica, whose N replies are merged); a reply with success=False raises RuntimeError, which
@@ -26,6 +26,8 @@ from mini_sglang.managers.io_struct import (
     ProfileReqInput,
     ProfileReqOutput,
     ProfileReqType,
+    SlowDownReqInput,
+    SlowDownReqOutput,
 )
 from mini_sglang.utils.gc_utils import freeze_gc as freeze_this_process
 
@@ -65,6 +67,12 @@ async def _execute_profile(tm: TokenizerManager, req: ProfileReq) -> ProfileReqO
     if not out.success:
         raise RuntimeError(out.message)
     return out
+
+
+async def slow_down(tm: TokenizerManager, req: SlowDownReqInput) -> None:
+    """Every scheduler rank (every replica with --dp-size) sleeps req.forward_sleep_time
+    seconds before each forward from now on (null or <= 0: no more); returns once set."""
+    await tm._request_reply(req, SlowDownReqOutput)
 
 
 async def freeze_gc(tm: TokenizerManager) -> None:

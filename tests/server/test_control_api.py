@@ -8,6 +8,8 @@ bench_serving --profile drives both routes (trace in the default dir, /tmp).
 /freeze_gc: 200 "Garbage collection frozen.\n" for GET and POST, and each of the HTTP,
 scheduler and detokenizer processes logs SGLang's "Freezing GC in ... process" line;
 generation is unchanged afterwards.
+/slow_down: 200 `null`; while set, each forward waits forward_sleep_time; null ends it; a
+non-number is a 400.
 /configure_logging: turns --log-requests on and off and sets its level at run time (200,
 empty body); the HTTP process then logs SGLang's "Receive: obj=..." and "Finish: obj=...,
 out=..." lines per request, at that level's detail; a bad type or level is a 400.
@@ -285,3 +287,22 @@ def test_configure_logging_turns_request_logging_on_and_off(server: ServerHandle
     time.sleep(0.5)
     assert not _log_lines_since(server, mark, "Receive: obj=")
     assert server.wait_memory_all_free()["failures"] == 0
+
+
+def test_slow_down_sleeps_before_each_forward_until_reset(server: ServerHandle):
+    ids = [3, 4, 5]
+    try:
+        r = server.post("/slow_down", json={"forward_sleep_time": 0.4})
+        assert r.status_code == 200 and r.content == b"null", r.text
+        start = time.monotonic()
+        out = generate(server, ids, 4)  # a prefill and three decode forwards at least
+        assert time.monotonic() - start >= 4 * 0.4
+        r = server.post("/slow_down", json={"forward_sleep_time": "1"})
+        assert r.status_code == 400, r.text
+        assert r.json()["message"] == "body.forward_sleep_time: Input should be of type float"
+    finally:
+        assert server.post("/slow_down", json={"forward_sleep_time": None}).status_code == 200
+    start = time.monotonic()
+    assert generate(server, ids, 4)["output_ids"] == out["output_ids"]
+    assert time.monotonic() - start < 4 * 0.4
+    assert "Scheduler.run_batch sleep 0.4s" in server.log()
