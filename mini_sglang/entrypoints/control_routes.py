@@ -14,6 +14,9 @@
 - GET|POST /slow_down {"forward_sleep_time": seconds | null} -> 200 `null` once every
   scheduler sleeps that long before each forward (null or <= 0 ends it); a non-number is
   a 400.
+- GET|POST /open_session {"capacity_of_str_len": int, "session_id"?: str} -> 200 the id (a
+  JSON string); an id already open is a 400. GET|POST /close_session {"session_id"} -> 200,
+  empty. Generate requests name a session in session_params (managers/session_controller.py).
 - GET|POST /configure_logging, JSON body ConfigureLoggingReq (log_requests,
   log_requests_level, ...) -> 200, empty body; a bad type or level is a 400 (see
   managers/request_logging.py)
@@ -29,10 +32,12 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from mini_sglang.entrypoints.http_server import get_state, orjson_response
+from mini_sglang.entrypoints.http_server import error_response, get_state, orjson_response
 from mini_sglang.managers import tokenizer_manager_control as tmc
 from mini_sglang.managers.io_struct import (
+    CloseSessionReqInput,
     ConfigureLoggingReq,
+    OpenSessionReqInput,
     ProfileReqInput,
     SlowDownReqInput,
 )
@@ -77,31 +82,34 @@ def parse_body(
     raw: bytes, cls: type, types: dict[str, tuple[type, ...]], nullable: set[str] | None = None
 ) -> Any:
     """cls(**fields) from a (possibly empty) JSON object body: unknown keys are ignored, a
-    value of the wrong type raises ValueError; fields in `nullable` (default: all) take null."""
-    if not raw.strip():
-        return cls()
-    try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        raise ValueError(f"body: JSON decode error: {e}") from None
-    if body is None:
-        return cls()
-    if not isinstance(body, dict):
+    value of the wrong type or a missing required field raises ValueError; fields in
+    `nullable` (default: all) take null."""
+    body: Any = None
+    if raw.strip():
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"body: JSON decode error: {e}") from None
+    if body is not None and not isinstance(body, dict):
         raise ValueError("body: Input should be a valid dictionary or object")
-    fields = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
-    for key, value in body.items():
-        if key not in fields or key not in types:
+    for f in dataclasses.fields(cls):
+        if f.name not in (body or {}):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"body.{f.name}: Field required")
             continue
-        if value is None and (nullable is None or key in nullable):
-            kwargs[key] = None
+        value = body[f.name]
+        if f.name not in types:
             continue
-        allowed = types[key]
+        if value is None and (nullable is None or f.name in nullable):
+            kwargs[f.name] = None
+            continue
+        allowed = types[f.name]
         if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-            raise ValueError(f"body.{key}: Input should be of type {allowed[0].__name__}")
-        if key == "activities" and not all(isinstance(a, str) for a in value):
+            raise ValueError(f"body.{f.name}: Input should be of type {allowed[0].__name__}")
+        if f.name == "activities" and not all(isinstance(a, str) for a in value):
             raise ValueError("body.activities: Input should be a list of strings")
-        kwargs[key] = value
+        kwargs[f.name] = value
     return cls(**kwargs)
 
 
@@ -168,3 +176,28 @@ def mount_control_routes(app: FastAPI) -> None:
             return _bad_request(str(e))
         await tmc.slow_down(get_state().tokenizer_manager, req)
         return orjson_response(None)
+
+    @app.api_route("/open_session", methods=["GET", "POST"])
+    async def open_session(request: Request) -> Response:
+        types: dict[str, tuple[type, ...]] = {"capacity_of_str_len": (int,), "session_id": (str,)}
+        try:
+            req = parse_body(await request.body(), OpenSessionReqInput, types, {"session_id"})
+        except ValueError as e:
+            return _bad_request(str(e))
+        session_id = await tmc.open_session(get_state().tokenizer_manager, req)
+        if session_id is None:
+            return error_response(
+                "Failed to open the session. Check if a session with the same id is still open."
+            )
+        return orjson_response(session_id)
+
+    @app.api_route("/close_session", methods=["GET", "POST"])
+    async def close_session(request: Request) -> Response:
+        try:
+            req = parse_body(
+                await request.body(), CloseSessionReqInput, {"session_id": (str,)}, set()
+            )
+        except (ValueError, TypeError) as e:
+            return _bad_request(str(e))
+        await tmc.close_session(get_state().tokenizer_manager, req)
+        return Response(status_code=200)

@@ -336,7 +336,11 @@ class GenerateReqInput:
             log_metrics=self.log_metrics,
             return_hidden_states=pick(self.return_hidden_states),
             modalities=pick(self.modalities),
-            session_params=self.session_params,
+            session_params=(
+                self.session_params[i]  # type: ignore[index]
+                if isinstance(self.session_params, list)
+                else self.session_params
+            ),
             lora_path=pick(self.lora_path),
             lora_id=pick(self.lora_id),
             custom_logit_processor=pick(self.custom_logit_processor),

@@ -35,6 +35,7 @@ from mini_sglang.managers.scheduler_prefill import SchedulerPrefillMixin
 from mini_sglang.managers.scheduler_profiler import SchedulerProfilerMixin
 from mini_sglang.managers.scheduler_retraction import SchedulerRetractionMixin
 from mini_sglang.managers.scheduler_update_weights import SchedulerUpdateWeightsMixin
+from mini_sglang.managers.session_controller import SchedulerSessionMixin
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
@@ -56,6 +57,7 @@ class Scheduler(
     SchedulerRetractionMixin,
     SchedulerUpdateWeightsMixin,
     SchedulerProfilerMixin,
+    SchedulerSessionMixin,
 ):
     def __init__(
         self,
@@ -117,6 +119,7 @@ class Scheduler(
         self.init_metrics()
         self.init_grammar()
         self.init_profiler()
+        self.init_sessions()
         self._dispatch: dict[type, Callable[[Any], Any]] = {
             TokenizedGenerateReqInput: self.handle_generate_request,
             BatchTokenizedGenerateReqInput: self.handle_batch_generate_request,
@@ -127,6 +130,7 @@ class Scheduler(
         }
         self._dispatch.update(self.update_weights_dispatch())
         self._dispatch.update(self.profiler_dispatch())
+        self._dispatch.update(self.session_dispatch())
         logger.info(
             "max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%d, "
             "max_running_requests=%d, context_len=%d, available_gpu_mem=%s",
@@ -165,10 +169,11 @@ class Scheduler(
         seed = NO_SEED
         if getattr(sp, "seed_given", False) or self.server_args.enable_deterministic_inference:
             seed = int(sp.sampling_seed)
+        input_ids, record_in_session, error = self.session_input_ids(recv)
         req = Req(
             recv.rid,
             recv.input_text,
-            recv.input_ids,
+            input_ids,
             sp,
             eos_token_ids=self.model_config.eos_token_ids,
             vocab_size=self.model_config.vocab_size,
@@ -179,19 +184,7 @@ class Scheduler(
             stream=recv.stream,
             sampling_seed=seed,
         )
-        error = None
-        if len(req.origin_input_ids) == 0:
-            error = "The input is empty."
-        elif len(req.origin_input_ids) > self.max_req_input_len:
-            error = (
-                f"The input ({len(req.origin_input_ids)} tokens) is longer than the model's "
-                f"context length ({self.max_req_input_len} tokens)."
-            )
-        elif (
-            self.server_args.max_queued_requests is not None
-            and len(self.waiting_queue) >= self.server_args.max_queued_requests
-        ):
-            error = "The request queue is full."
+        error = error or self.input_error(req)
         if error is not None:
             req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
             self.stream_output([req])
@@ -202,6 +195,22 @@ class Scheduler(
         room = self.max_req_len - len(req.origin_input_ids) - 1
         sp.max_new_tokens = room if sp.max_new_tokens is None else min(sp.max_new_tokens, room)
         self.queue_request(req)
+        record_in_session(req)
+
+    def input_error(self, req: Req) -> str | None:
+        """Why a new request cannot be queued (a 400), or None."""
+        n = len(req.origin_input_ids)
+        if n == 0:
+            return "The input is empty."
+        if n > self.max_req_input_len:
+            return (
+                f"The input ({n} tokens) is longer than the model's "
+                f"context length ({self.max_req_input_len} tokens)."
+            )
+        queue_cap = self.server_args.max_queued_requests
+        if queue_cap is not None and len(self.waiting_queue) >= queue_cap:
+            return "The request queue is full."
+        return None
 
     def abort_request(self, recv: AbortReq) -> None:
         def match(rid: str) -> bool:

@@ -28,12 +28,14 @@ from mini_sglang.managers.io_struct import (
     GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    OpenSessionReqOutput,
     ProfileReqOutput,
     SlowDownReqOutput,
     TokenizedGenerateReqInput,
 )
 from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
 from mini_sglang.managers.request_logging import RequestLogger
+from mini_sglang.managers.session_controller import check_session_params
 from mini_sglang.managers.tokenizer_manager_control import wait_while_paused
 from mini_sglang.managers.tokenizer_manager_output import build_meta_info
 from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
@@ -107,6 +109,7 @@ class TokenizerManager:
             GetInternalStateReqOutput: self._handle_reply,
             ProfileReqOutput: self._handle_reply,
             SlowDownReqOutput: self._handle_reply,
+            OpenSessionReqOutput: self._handle_reply,
         }
         # /pause_generation: new generate requests wait on this (tokenizer_manager_control).
         self.is_pause = False
@@ -228,6 +231,8 @@ class TokenizerManager:
                 )
         if obj.return_logprob:
             self._check_logprob_args(obj, n_in)
+        if obj.session_params is not None:
+            check_session_params(obj.session_params)
         return TokenizedGenerateReqInput(
             rid=obj.rid,
             input_text=text,
@@ -239,6 +244,7 @@ class TokenizerManager:
             token_ids_logprob=obj.token_ids_logprob,
             stream=obj.stream,
             data_parallel_rank=obj.data_parallel_rank,
+            session_params=obj.session_params,
         )
 
     def _check_logprob_args(self, obj: GenerateReqInput, n_in: int) -> None:

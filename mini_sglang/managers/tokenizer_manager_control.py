@@ -1,5 +1,5 @@
-"""TokenizerManager side of profiling, /slow_down, pause / continue and /freeze_gc (SGLang
-0.5.4 semantics).
+"""TokenizerManager side of profiling, /slow_down, sessions, pause / continue and /freeze_gc
+(SGLang 0.5.4 semantics).
 
 Profiling: one ProfileReq goes to every scheduler rank (and, with --dp-size N, to every
 replica, whose N replies are merged); a reply with success=False raises RuntimeError, which
@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import TYPE_CHECKING, Optional
 
 from mini_sglang.managers.io_struct import (
+    CloseSessionReqInput,
     FreezeGCReq,
+    OpenSessionReqInput,
+    OpenSessionReqOutput,
     ProfileReq,
     ProfileReqInput,
     ProfileReqOutput,
@@ -73,6 +77,18 @@ async def slow_down(tm: TokenizerManager, req: SlowDownReqInput) -> None:
     """Every scheduler rank (every replica with --dp-size) sleeps req.forward_sleep_time
     seconds before each forward from now on (null or <= 0: no more); returns once set."""
     await tm._request_reply(req, SlowDownReqOutput)
+
+
+async def open_session(tm: TokenizerManager, req: OpenSessionReqInput) -> Optional[str]:
+    """The new session's id (a fresh uuid4 hex unless given), or None if it is taken."""
+    if req.session_id is None:
+        req.session_id = uuid.uuid4().hex
+    reply = await tm._request_reply(req, OpenSessionReqOutput)
+    return reply.session_id if reply.success else None
+
+
+async def close_session(tm: TokenizerManager, req: CloseSessionReqInput) -> None:
+    await tm.send_to_scheduler.send_pyobj(req)
 
 
 async def freeze_gc(tm: TokenizerManager) -> None:
