@@ -15,7 +15,9 @@ so the radix cache serves everything but P2 from r1's KV. session_params fields:
 - replace: rid's other continuations are dropped (aborted if still running) and this
   request takes their place; replace without rid drops the whole tree first.
 Naming a session that is not open, or a rid the session does not hold, is a 400; the input
-ids built here go through the usual length checks.
+ids built here go through the usual length checks. Limitation: with --dp-size N every
+replica opens the session, but a continuation reaches whichever replica the DP controller
+picks, which may not hold its parent (then it is that 400).
 """
 
 from __future__ import annotations
