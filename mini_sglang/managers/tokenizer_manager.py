@@ -20,6 +20,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from mini_sglang.managers.input_checks import check_generate_features
 from mini_sglang.managers.io_struct import (
     AbortReq,
     BatchStrOutput,
@@ -189,6 +190,7 @@ class TokenizerManager:
 
     # ---- generation ----------------------------------------------------------------
     def _tokenize_one(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+        check_generate_features(obj, self.server_args)
         if obj.input_ids is not None:
             input_ids = list(obj.input_ids)
             text = obj.text or ""

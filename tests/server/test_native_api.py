@@ -524,3 +524,35 @@ def test_bench_serving_random_ids(server: ServerHandle, tmp_path: Path):
     record = json.loads(out_file.read_text().splitlines()[-1])
     assert record["completed"] == 16
     assert server.wait_memory_all_free()["failures"] == 0
+
+
+@pytest.mark.parametrize(
+    "field,message",
+    [
+        (
+            {"input_embeds": [[0.1] * 8] * 3},
+            "input_embeds is provided while disable_radix_cache is False. Please add "
+            "`--disable-radix-cache` when you launch the server if you want to use "
+            "input_embeds as inputs.",
+        ),
+        (
+            {"input_ids": [1, 2, 3], "return_hidden_states": True},
+            "The server is not configured to return the hidden states. "
+            "Please set `--enable-return-hidden-states` to enable this feature.",
+        ),
+        (
+            {"input_ids": [1, 2, 3], "custom_logit_processor": "{}"},
+            "The server is not configured to enable custom logit processor. "
+            "Please set `--enable-custom-logit-processor` to enable this feature.",
+        ),
+    ],
+)
+def test_unsupported_generate_features_are_400s(server: ServerHandle, field, message):
+    """Fields that ask for what this server lacks get SGLang 0.5.4's 400 (input_embeds used
+    to be a 500); the server keeps serving."""
+    r = server.post("/generate", json={"sampling_params": {"max_new_tokens": 2}, **field})
+    assert r.status_code == 400 and r.json() == {"error": {"message": message}}, r.text
+    ok = server.post(
+        "/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+    )
+    assert ok.status_code == 200

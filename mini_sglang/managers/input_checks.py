@@ -1,0 +1,35 @@
+"""Generate-request fields that ask for features this server lacks: a 400 with SGLang
+0.5.4's message (checked by the TokenizerManager before tokenizing).
+
+Fields SGLang itself ignores in the same situation stay ignored: image_data, video_data and
+audio_data on a text-only model (there is no multimodal processor), lora_path without
+--enable-lora.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_generate_features(obj: Any, server_args: Any) -> None:
+    """Raise ValueError for input_embeds, return_hidden_states or custom_logit_processor."""
+    if obj.input_embeds is not None:
+        if not server_args.disable_radix_cache:
+            raise ValueError(
+                "input_embeds is provided while disable_radix_cache is False. "
+                "Please add `--disable-radix-cache` when you launch the server "
+                "if you want to use input_embeds as inputs."
+            )
+        raise ValueError("input_embeds is not supported by mini-sglang; give text or input_ids.")
+    if obj.return_hidden_states and not server_args.enable_return_hidden_states:
+        raise ValueError(
+            "The server is not configured to return the hidden states. "
+            "Please set `--enable-return-hidden-states` to enable this feature."
+        )
+    if obj.custom_logit_processor and not getattr(
+        server_args, "enable_custom_logit_processor", False
+    ):
+        raise ValueError(
+            "The server is not configured to enable custom logit processor. "
+            "Please set `--enable-custom-logit-processor` to enable this feature."
+        )
