@@ -144,6 +144,16 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesse
     return tokenizer_manager, infos[0], Subprocesses(procs, stop)
 
 
+# SGLang 0.5.4 Engine.generate's keyword arguments beyond the ones spelled out below.
+_ENGINE_GENERATE_FIELDS = frozenset(
+    {
+        "image_data", "audio_data", "video_data", "lora_path", "custom_logit_processor",
+        "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+        "data_parallel_rank",
+    }
+)  # fmt: skip
+
+
 class Engine(EngineWeightsMixin):
     """The offline engine. Use as a context manager or call shutdown()."""
 
@@ -181,9 +191,15 @@ class Engine(EngineWeightsMixin):
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        **sglang_fields: Any,
     ) -> dict | list[dict] | Iterator[dict]:
         """SGLang's Engine.generate: a dict (one prompt), a list (a batch), or with
-        stream=True an iterator of incremental dicts."""
+        stream=True an iterator of incremental dicts. sglang_fields: SGLang's other keyword
+        arguments (data_parallel_rank, image_data, lora_path, return_hidden_states, ...),
+        handled as the same /generate fields are (a ValueError where that is a 400)."""
+        unknown = set(sglang_fields) - _ENGINE_GENERATE_FIELDS
+        if unknown:
+            raise TypeError(f"generate() got unexpected keyword arguments {sorted(unknown)}")
         obj = self._make_obj(
             prompt,
             sampling_params,
@@ -195,6 +211,7 @@ class Engine(EngineWeightsMixin):
             token_ids_logprob=token_ids_logprob,
             rid=rid,
             return_text_in_logprobs=return_text_in_logprobs,
+            **sglang_fields,
         )
         gen = self.tokenizer_manager.generate_request(obj, None)
         if stream:
