@@ -32,7 +32,13 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from mini_sglang.entrypoints.http_server import error_response, get_state, orjson_response
+from mini_sglang.entrypoints.http_server import (
+    error_response,
+    get_state,
+    orjson_response,
+    validate_body,
+    validation_error_response,
+)
 from mini_sglang.managers import tokenizer_manager_control as tmc
 from mini_sglang.managers.io_struct import (
     CloseSessionReqInput,
@@ -56,21 +62,8 @@ _PROFILE_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "merge_profiles": (bool,),
     "profile_id": (str,),
 }
-_PROFILE_NULLABLE = {"output_dir", "start_step", "num_steps", "activities", "with_stack"}
-_PROFILE_NULLABLE |= {"record_shapes", "profile_id"}
-_LOGGING_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "log_requests": (bool,),
-    "log_requests_level": (int,),
-    "dump_requests_folder": (str,),
-    "dump_requests_threshold": (int,),
-    "crash_dump_folder": (str,),
-}
-
-
-def _bad_request(message: str) -> Response:
-    # SGLang turns FastAPI's 422 for a body that fails validation into this 400.
-    body = {"object": "error", "message": message, "type": "Bad Request", "param": None}
-    return orjson_response({**body, "code": 400}, 400)
+_NULLABLE = {"output_dir", "start_step", "num_steps", "activities", "with_stack"}
+_NULLABLE |= {"record_shapes", "profile_id"}
 
 
 def _internal_error() -> Response:
@@ -78,43 +71,48 @@ def _internal_error() -> Response:
     return Response("Internal Server Error", 500, media_type="text/plain; charset=utf-8")
 
 
-def parse_body(
-    raw: bytes, cls: type, types: dict[str, tuple[type, ...]], nullable: set[str] | None = None
-) -> Any:
-    """cls(**fields) from a (possibly empty) JSON object body: unknown keys are ignored, a
-    value of the wrong type or a missing required field raises ValueError; fields in
-    `nullable` (default: all) take null."""
-    body: Any = None
-    if raw.strip():
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ValueError(f"body: JSON decode error: {e}") from None
-    if body is not None and not isinstance(body, dict):
+def json_object(raw: bytes) -> dict:
+    """A control route's JSON object body; an empty body or null is {} (SGLang's GET
+    routes take no body), anything but an object raises ValueError."""
+    if not raw.strip():
+        return {}
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"body: JSON decode error: {e}") from None
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
         raise ValueError("body: Input should be a valid dictionary or object")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in (body or {}):
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"body.{f.name}: Field required")
-            continue
-        value = body[f.name]
-        if f.name not in types:
-            continue
-        if value is None and (nullable is None or f.name in nullable):
-            kwargs[f.name] = None
-            continue
-        allowed = types[f.name]
-        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-            raise ValueError(f"body.{f.name}: Input should be of type {allowed[0].__name__}")
-        if f.name == "activities" and not all(isinstance(a, str) for a in value):
-            raise ValueError("body.activities: Input should be a list of strings")
-        kwargs[f.name] = value
-    return cls(**kwargs)
+    return body
+
+
+def _request(raw: bytes, cls: type) -> Any:
+    """cls from a control route's body, its own fields validated as SGLang's FastAPI does
+    (BaseReq's rid / http_worker_ipc are not taken from clients)."""
+    own = [f.name for f in dataclasses.fields(cls) if f.name not in ("rid", "http_worker_ipc")]
+    return validate_body(cls, json_object(raw), own)
 
 
 def parse_profile_body(raw: bytes) -> ProfileReqInput:
-    return parse_body(raw, ProfileReqInput, _PROFILE_FIELD_TYPES, _PROFILE_NULLABLE)
+    """ProfileReqInput from a (possibly empty) JSON body; unknown keys are ignored, a wrong
+    type raises ValueError."""
+    body = json_object(raw)
+    fields = {f.name for f in dataclasses.fields(ProfileReqInput)}
+    kwargs = {}
+    for key, value in body.items():
+        if key not in fields or key not in _PROFILE_FIELD_TYPES:
+            continue
+        if value is None and key in _NULLABLE:
+            kwargs[key] = None
+            continue
+        types = _PROFILE_FIELD_TYPES[key]
+        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+            raise ValueError(f"body.{key}: Input should be of type {types[0].__name__}")
+        if key == "activities" and not all(isinstance(a, str) for a in value):
+            raise ValueError("body.activities: Input should be a list of strings")
+        kwargs[key] = value
+    return ProfileReqInput(**kwargs)
 
 
 def mount_control_routes(app: FastAPI) -> None:
@@ -126,7 +124,7 @@ def mount_control_routes(app: FastAPI) -> None:
         try:
             obj = parse_profile_body(await request.body())
         except ValueError as e:
-            return _bad_request(str(e))
+            return validation_error_response(str(e))
         try:
             await tmc.start_profile(get_state().tokenizer_manager, obj)
         except RuntimeError as e:
@@ -161,29 +159,27 @@ def mount_control_routes(app: FastAPI) -> None:
     @app.api_route("/configure_logging", methods=["GET", "POST"])
     async def configure_logging(request: Request) -> Response:
         try:
-            req = parse_body(await request.body(), ConfigureLoggingReq, _LOGGING_FIELD_TYPES)
+            req = _request(await request.body(), ConfigureLoggingReq)
             get_state().tokenizer_manager.request_logger.configure(req)
         except ValueError as e:
-            return _bad_request(str(e))
+            return validation_error_response(str(e))
         return Response(status_code=200)
 
     @app.api_route("/slow_down", methods=["GET", "POST"])
     async def slow_down(request: Request) -> Response:
-        types: dict[str, tuple[type, ...]] = {"forward_sleep_time": (float, int)}
         try:
-            req = parse_body(await request.body(), SlowDownReqInput, types)
+            req = _request(await request.body(), SlowDownReqInput)
         except ValueError as e:
-            return _bad_request(str(e))
+            return validation_error_response(str(e))
         await tmc.slow_down(get_state().tokenizer_manager, req)
         return orjson_response(None)
 
     @app.api_route("/open_session", methods=["GET", "POST"])
     async def open_session(request: Request) -> Response:
-        types: dict[str, tuple[type, ...]] = {"capacity_of_str_len": (int,), "session_id": (str,)}
         try:
-            req = parse_body(await request.body(), OpenSessionReqInput, types, {"session_id"})
+            req = _request(await request.body(), OpenSessionReqInput)
         except ValueError as e:
-            return _bad_request(str(e))
+            return validation_error_response(str(e))
         session_id = await tmc.open_session(get_state().tokenizer_manager, req)
         if session_id is None:
             return error_response(
@@ -194,10 +190,8 @@ def mount_control_routes(app: FastAPI) -> None:
     @app.api_route("/close_session", methods=["GET", "POST"])
     async def close_session(request: Request) -> Response:
         try:
-            req = parse_body(
-                await request.body(), CloseSessionReqInput, {"session_id": (str,)}, set()
-            )
-        except (ValueError, TypeError) as e:
-            return _bad_request(str(e))
+            req = _request(await request.body(), CloseSessionReqInput)
+        except ValueError as e:
+            return validation_error_response(str(e))
         await tmc.close_session(get_state().tokenizer_manager, req)
         return Response(status_code=200)

@@ -33,16 +33,17 @@ class BodyValidationError(ValueError):
     FastAPI / pydantic answers with 400 {"object": "error", "type": "Bad Request", ...}."""
 
 
-def validate_dataclass(cls: type, body: dict[str, Any]) -> Any:
+def validate_dataclass(cls: type, body: dict[str, Any], where: str = "body") -> Any:
     """`cls(**body)` with every field checked against its annotation the way SGLang's
     FastAPI / pydantic checks a request body (lax: "3" is an int, but 3 is no str).
-    Raises BodyValidationError naming each bad field ("body.<field>: <why>")."""
+    Raises BodyValidationError naming each bad field ("<where>.<field>: <why>"; `where`
+    places a nested object, e.g. "body.session_params")."""
     try:
         return _adapter(cls).validate_python(body)
     except ValidationError as e:
         raise BodyValidationError(
             "; ".join(
-                f"{'.'.join(str(p) for p in ('body', *err['loc']))}: {err['msg']}"
+                f"{'.'.join(str(p) for p in (where, *err['loc']))}: {err['msg']}"
                 for err in e.errors()
             )
         ) from None

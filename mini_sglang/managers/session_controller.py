@@ -22,6 +22,7 @@ picks, which may not hold its parent (then it is that 400).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -31,30 +32,33 @@ from mini_sglang.managers.io_struct import (
     OpenSessionReqInput,
     OpenSessionReqOutput,
     TokenizedGenerateReqInput,
+    validate_dataclass,
 )
 
 logger = logging.getLogger("mini_sglang")
 
-SESSION_PARAM_TYPES: dict[str, tuple[type, ...]] = {
-    "id": (str,),
-    "rid": (str,),
-    "offset": (int,),
-    "replace": (bool,),
-    "drop_previous_output": (bool,),
-}
+
+@dataclass
+class SessionParams:
+    """generate's session_params (SGLang's SessionParams)."""
+
+    id: Optional[str] = None
+    rid: Optional[str] = None
+    offset: Optional[int] = None
+    replace: Optional[bool] = None
+    drop_previous_output: Optional[bool] = None
 
 
-def check_session_params(params: Any) -> None:
-    """Raise ValueError unless params is a session_params object (all fields nullable)."""
+def normalize_session_params(params: Any) -> dict:
+    """session_params validated as a request body is (lax, like SGLang's pydantic: "3" is an
+    offset of 3), as a dict of every SessionParams field; raises ValueError."""
     if not isinstance(params, dict):
         raise ValueError('session_params must be an object such as {"id": "<session id>"}.')
-    for key, value in params.items():
-        if key not in SESSION_PARAM_TYPES:
+    known = {f.name for f in dataclasses.fields(SessionParams)}
+    for key in params:
+        if key not in known:
             raise ValueError(f"session_params: unknown field {key!r}.")
-        allowed = SESSION_PARAM_TYPES[key]
-        wrong_bool = isinstance(value, bool) and bool not in allowed
-        if value is not None and (wrong_bool or not isinstance(value, allowed)):
-            raise ValueError(f"session_params.{key} must be of type {allowed[0].__name__}.")
+    return dataclasses.asdict(validate_dataclass(SessionParams, params, "body.session_params"))
 
 
 @dataclass

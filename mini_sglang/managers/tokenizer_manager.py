@@ -36,7 +36,7 @@ from mini_sglang.managers.io_struct import (
 )
 from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
 from mini_sglang.managers.request_logging import RequestLogger
-from mini_sglang.managers.session_controller import check_session_params
+from mini_sglang.managers.session_controller import normalize_session_params
 from mini_sglang.managers.tokenizer_manager_control import wait_while_paused
 from mini_sglang.managers.tokenizer_manager_output import build_meta_info
 from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
@@ -233,8 +233,8 @@ class TokenizerManager:
                 )
         if obj.return_logprob:
             self._check_logprob_args(obj, n_in)
-        if obj.session_params is not None:
-            check_session_params(obj.session_params)
+        session = obj.session_params
+        session = normalize_session_params(session) if session is not None else None
         return TokenizedGenerateReqInput(
             rid=obj.rid,
             input_text=text,
@@ -246,7 +246,7 @@ class TokenizerManager:
             token_ids_logprob=obj.token_ids_logprob,
             stream=obj.stream,
             data_parallel_rank=obj.data_parallel_rank,
-            session_params=obj.session_params,
+            session_params=session,
         )
 
     def _check_logprob_args(self, obj: GenerateReqInput, n_in: int) -> None:

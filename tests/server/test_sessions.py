@@ -49,6 +49,8 @@ def test_session_requests_continue_their_parent(server: ServerHandle):
     assert dropped["output_ids"] == gen(server, P1 + P2)["output_ids"]
     cut = gen(server, P2, id=sid, rid=f"{sid}-r1", offset=2)
     assert cut["output_ids"] == gen(server, P1[:2] + P2)["output_ids"]
+    # validated as SGLang's pydantic does: a numeric string is an int
+    assert gen(server, P2, id=sid, rid=f"{sid}-r1", offset="2")["output_ids"] == cut["output_ids"]
     # replace: r3 takes the place of r1's continuations, so r2 is no longer in the session
     gen(server, P2, f"{sid}-r3", id=sid, rid=f"{sid}-r1", replace=True)
     gone = error(
@@ -65,7 +67,9 @@ def test_session_misuse_is_a_400(server: ServerHandle):
     assert error(server, "/open_session", {}) == "body.capacity_of_str_len: Field required"
     assert error(server, "/close_session", {}) == "body.session_id: Field required"
     bad = {"input_ids": P1, "session_params": {"id": 5}}
-    assert error(server, "/generate", bad) == "session_params.id must be of type str."
+    assert (
+        error(server, "/generate", bad) == "body.session_params.id: Input should be a valid string"
+    )
     bad = {"input_ids": P1, "session_params": {"id": "x", "turn": 1}}
     assert error(server, "/generate", bad) == "session_params: unknown field 'turn'."
     named = server.post("/open_session", json={"capacity_of_str_len": 5, "session_id": "mine"})
