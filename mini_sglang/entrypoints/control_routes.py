@@ -36,7 +36,8 @@ from mini_sglang.entrypoints.http_server import (
     error_response,
     get_state,
     orjson_response,
-    validate_body,
+    parse_error_response,
+    parse_request,
     validation_error_response,
 )
 from mini_sglang.managers import tokenizer_manager_control as tmc
@@ -71,33 +72,19 @@ def _internal_error() -> Response:
     return Response("Internal Server Error", 500, media_type="text/plain; charset=utf-8")
 
 
-def json_object(raw: bytes) -> dict:
-    """A control route's JSON object body; an empty body or null is {} (SGLang's GET
-    routes take no body), anything but an object raises ValueError."""
+def parse_profile_body(raw: bytes) -> ProfileReqInput:
+    """ProfileReqInput from a (possibly empty) JSON body; unknown keys are ignored, a wrong
+    type raises ValueError."""
     if not raw.strip():
-        return {}
+        return ProfileReqInput()
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise ValueError(f"body: JSON decode error: {e}") from None
     if body is None:
-        return {}
+        return ProfileReqInput()
     if not isinstance(body, dict):
         raise ValueError("body: Input should be a valid dictionary or object")
-    return body
-
-
-def _request(raw: bytes, cls: type) -> Any:
-    """cls from a control route's body, its own fields validated as SGLang's FastAPI does
-    (BaseReq's rid / http_worker_ipc are not taken from clients)."""
-    own = [f.name for f in dataclasses.fields(cls) if f.name not in ("rid", "http_worker_ipc")]
-    return validate_body(cls, json_object(raw), own)
-
-
-def parse_profile_body(raw: bytes) -> ProfileReqInput:
-    """ProfileReqInput from a (possibly empty) JSON body; unknown keys are ignored, a wrong
-    type raises ValueError."""
-    body = json_object(raw)
     fields = {f.name for f in dataclasses.fields(ProfileReqInput)}
     kwargs = {}
     for key, value in body.items():
@@ -159,27 +146,27 @@ def mount_control_routes(app: FastAPI) -> None:
     @app.api_route("/configure_logging", methods=["GET", "POST"])
     async def configure_logging(request: Request) -> Response:
         try:
-            req = _request(await request.body(), ConfigureLoggingReq)
+            req = await parse_request(request, ConfigureLoggingReq)
             get_state().tokenizer_manager.request_logger.configure(req)
-        except ValueError as e:
-            return validation_error_response(str(e))
+        except ValueError as e:  # a misfit body, or a level outside 0-3
+            return parse_error_response(e)
         return Response(status_code=200)
 
     @app.api_route("/slow_down", methods=["GET", "POST"])
     async def slow_down(request: Request) -> Response:
         try:
-            req = _request(await request.body(), SlowDownReqInput)
+            req = await parse_request(request, SlowDownReqInput)
         except ValueError as e:
-            return validation_error_response(str(e))
+            return parse_error_response(e)
         await tmc.slow_down(get_state().tokenizer_manager, req)
         return orjson_response(None)
 
     @app.api_route("/open_session", methods=["GET", "POST"])
     async def open_session(request: Request) -> Response:
         try:
-            req = _request(await request.body(), OpenSessionReqInput)
+            req = await parse_request(request, OpenSessionReqInput)
         except ValueError as e:
-            return validation_error_response(str(e))
+            return parse_error_response(e)
         session_id = await tmc.open_session(get_state().tokenizer_manager, req)
         if session_id is None:
             return error_response(
@@ -190,8 +177,8 @@ def mount_control_routes(app: FastAPI) -> None:
     @app.api_route("/close_session", methods=["GET", "POST"])
     async def close_session(request: Request) -> Response:
         try:
-            req = _request(await request.body(), CloseSessionReqInput)
+            req = await parse_request(request, CloseSessionReqInput)
         except ValueError as e:
-            return validation_error_response(str(e))
+            return parse_error_response(e)
         await tmc.close_session(get_state().tokenizer_manager, req)
         return Response(status_code=200)

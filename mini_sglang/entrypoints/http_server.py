@@ -9,6 +9,7 @@ streams are SSE events `data: <json>\\n\\n` ending with `data: [DONE]\\n\\n`. Na
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import threading
@@ -85,6 +86,30 @@ def validate_body(cls: type, body: dict, fields: Iterable[str]) -> Any:
     no ill-typed value reaches the scheduler."""
     wanted = set(fields)
     return validate_dataclass(cls, {k: v for k, v in body.items() if k in wanted})
+
+
+async def parse_request(request: Request, cls: type) -> Any:
+    """The request dataclass from the JSON body (unknown keys ignored; a GET without a body
+    reads the query string), its fields checked against their annotations as SGLang's
+    FastAPI / pydantic does (lax: "3" is an int, 3 is no str). Raises ValueError for bad
+    JSON, BodyValidationError for a misfit body; parse_error_response answers either."""
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"Invalid JSON in the request body: {e}") from None
+    if not isinstance(body, dict):
+        raise ValueError("The request body must be a JSON object.")
+    if request.method == "GET" and not body:
+        body = dict(request.query_params)
+    names = {f.name for f in dataclasses.fields(cls)} - {"rid", "http_worker_ipc"}
+    return validate_body(cls, body, names)
+
+
+def parse_error_response(e: ValueError) -> Response:
+    if isinstance(e, BodyValidationError):
+        return validation_error_response(str(e))
+    return error_response(str(e))
 
 
 app = FastAPI()

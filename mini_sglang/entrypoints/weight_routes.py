@@ -10,10 +10,8 @@ scheduler (where e.g. a list as group_name used to crash it).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -21,12 +19,11 @@ from mini_sglang.entrypoints.http_server import (
     error_response,
     get_state,
     orjson_response,
-    validate_body,
-    validation_error_response,
+    parse_error_response,
+    parse_request,
 )
 from mini_sglang.managers import tokenizer_manager_parallel as tmp
 from mini_sglang.managers.io_struct import (
-    BodyValidationError,
     DestroyWeightsUpdateGroupReqInput,
     GetWeightsByNameReqInput,
     InitWeightsUpdateGroupReqInput,
@@ -34,29 +31,6 @@ from mini_sglang.managers.io_struct import (
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightVersionReqInput,
 )
-
-
-async def _parse(request: Request, cls: type) -> Any:
-    """The request dataclass from the JSON body (unknown keys ignored), its fields checked
-    against their annotations as SGLang's FastAPI / pydantic does (lax: "3" is an int, 3 is
-    no str). Raises ValueError for bad JSON, BodyValidationError for a misfit body."""
-    raw = await request.body()
-    try:
-        body = orjson.loads(raw) if raw else {}
-    except orjson.JSONDecodeError as e:
-        raise ValueError(f"Invalid JSON in the request body: {e}") from None
-    if not isinstance(body, dict):
-        raise ValueError("The request body must be a JSON object.")
-    if request.method == "GET" and not body:
-        body = dict(request.query_params)
-    names = {f.name for f in dataclasses.fields(cls)} - {"rid", "http_worker_ipc"}
-    return validate_body(cls, body, names)
-
-
-def _parse_error(e: ValueError) -> Response:
-    if isinstance(e, BodyValidationError):
-        return validation_error_response(str(e))
-    return error_response(str(e))
 
 
 def _reply(out: Any, **extra: Any) -> Response:
@@ -67,9 +41,9 @@ def _reply(out: Any, **extra: Any) -> Response:
 def _forwarding_route(req_cls: type, call: Any):
     async def route(request: Request) -> Response:
         try:
-            obj = await _parse(request, req_cls)
+            obj = await parse_request(request, req_cls)
         except ValueError as e:
-            return _parse_error(e)
+            return parse_error_response(e)
         return _reply(await call(get_state().tokenizer_manager, obj))
 
     return route
@@ -81,9 +55,9 @@ def mount_weight_routes(app: FastAPI) -> None:
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request) -> Response:
         try:
-            obj = await _parse(request, UpdateWeightFromDiskReqInput)
+            obj = await parse_request(request, UpdateWeightFromDiskReqInput)
         except ValueError as e:
-            return _parse_error(e)
+            return parse_error_response(e)
         out = await tmp.update_weights_from_disk(get_state().tokenizer_manager, obj)
         return _reply(out, num_paused_requests=out.num_paused_requests)
 
@@ -108,9 +82,9 @@ def mount_weight_routes(app: FastAPI) -> None:
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def get_weights_by_name(request: Request) -> Response:
         try:
-            obj = await _parse(request, GetWeightsByNameReqInput)
+            obj = await parse_request(request, GetWeightsByNameReqInput)
         except ValueError as e:
-            return _parse_error(e)
+            return parse_error_response(e)
         ret = await tmp.get_weights_by_name(get_state().tokenizer_manager, obj)
         if ret is None:
             return error_response("Get parameter by name failed")
@@ -119,9 +93,9 @@ def mount_weight_routes(app: FastAPI) -> None:
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> Response:
         try:
-            obj = await _parse(request, UpdateWeightVersionReqInput)
+            obj = await parse_request(request, UpdateWeightVersionReqInput)
         except ValueError as e:
-            return _parse_error(e)
+            return parse_error_response(e)
         tm = get_state().tokenizer_manager
         if obj.abort_all_requests:
             tm.abort_request(abort_all=True)
