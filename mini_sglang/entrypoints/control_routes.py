@@ -33,11 +33,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from mini_sglang.entrypoints.http_server import (
+    body_route,
     error_response,
     get_state,
     orjson_response,
-    parse_error_response,
-    parse_request,
     validation_error_response,
 )
 from mini_sglang.managers import tokenizer_manager_control as tmc
@@ -143,42 +142,33 @@ def mount_control_routes(app: FastAPI) -> None:
         await tmc.freeze_gc(get_state().tokenizer_manager)
         return Response("Garbage collection frozen.\n", 200)
 
-    @app.api_route("/configure_logging", methods=["GET", "POST"])
-    async def configure_logging(request: Request) -> Response:
+    async def configure_logging(tm: Any, req: ConfigureLoggingReq) -> Response:
         try:
-            req = await parse_request(request, ConfigureLoggingReq)
-            get_state().tokenizer_manager.request_logger.configure(req)
-        except ValueError as e:  # a misfit body, or a level outside 0-3
-            return parse_error_response(e)
+            tm.request_logger.configure(req)
+        except ValueError as e:  # a level outside 0-3
+            return error_response(str(e))
         return Response(status_code=200)
 
-    @app.api_route("/slow_down", methods=["GET", "POST"])
-    async def slow_down(request: Request) -> Response:
-        try:
-            req = await parse_request(request, SlowDownReqInput)
-        except ValueError as e:
-            return parse_error_response(e)
-        await tmc.slow_down(get_state().tokenizer_manager, req)
+    async def slow_down(tm: Any, req: SlowDownReqInput) -> Response:
+        await tmc.slow_down(tm, req)
         return orjson_response(None)
 
-    @app.api_route("/open_session", methods=["GET", "POST"])
-    async def open_session(request: Request) -> Response:
-        try:
-            req = await parse_request(request, OpenSessionReqInput)
-        except ValueError as e:
-            return parse_error_response(e)
-        session_id = await tmc.open_session(get_state().tokenizer_manager, req)
+    async def open_session(tm: Any, req: OpenSessionReqInput) -> Response:
+        session_id = await tmc.open_session(tm, req)
         if session_id is None:
             return error_response(
                 "Failed to open the session. Check if a session with the same id is still open."
             )
         return orjson_response(session_id)
 
-    @app.api_route("/close_session", methods=["GET", "POST"])
-    async def close_session(request: Request) -> Response:
-        try:
-            req = await parse_request(request, CloseSessionReqInput)
-        except ValueError as e:
-            return parse_error_response(e)
-        await tmc.close_session(get_state().tokenizer_manager, req)
+    async def close_session(tm: Any, req: CloseSessionReqInput) -> Response:
+        await tmc.close_session(tm, req)
         return Response(status_code=200)
+
+    for path, req_cls, handle in (
+        ("/configure_logging", ConfigureLoggingReq, configure_logging),
+        ("/slow_down", SlowDownReqInput, slow_down),
+        ("/open_session", OpenSessionReqInput, open_session),
+        ("/close_session", CloseSessionReqInput, close_session),
+    ):
+        app.api_route(path, methods=["GET", "POST"])(body_route(req_cls, handle))

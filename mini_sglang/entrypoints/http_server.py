@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,20 @@ def parse_error_response(e: ValueError) -> Response:
     if isinstance(e, BodyValidationError):
         return validation_error_response(str(e))
     return error_response(str(e))
+
+
+def body_route(req_cls: type, handle: Callable[[Any, Any], Awaitable[Response]]):
+    """A route handler: the body parsed as req_cls (parse_request; a bad body is
+    parse_error_response's 400), answered by `await handle(tokenizer_manager, object)`."""
+
+    async def route(request: Request) -> Response:
+        try:
+            obj = await parse_request(request, req_cls)
+        except ValueError as e:
+            return parse_error_response(e)
+        return await handle(get_state().tokenizer_manager, obj)
+
+    return route
 
 
 app = FastAPI()

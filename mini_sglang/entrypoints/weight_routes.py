@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import Response
 
 from mini_sglang.entrypoints.http_server import (
+    body_route,
     error_response,
-    get_state,
     orjson_response,
-    parse_error_response,
-    parse_request,
 )
 from mini_sglang.managers import tokenizer_manager_parallel as tmp
 from mini_sglang.managers.io_struct import (
@@ -38,28 +36,25 @@ def _reply(out: Any, **extra: Any) -> Response:
     return orjson_response(content, 200 if out.success else 400)
 
 
-def _forwarding_route(req_cls: type, call: Any):
-    async def route(request: Request) -> Response:
-        try:
-            obj = await parse_request(request, req_cls)
-        except ValueError as e:
-            return parse_error_response(e)
-        return _reply(await call(get_state().tokenizer_manager, obj))
+def _forwarding(call: Any):
+    """body_route's handler for a call answered with {"success", "message"}."""
 
-    return route
+    async def handle(tm: Any, obj: Any) -> Response:
+        return _reply(await call(tm, obj))
+
+    return handle
 
 
 def mount_weight_routes(app: FastAPI) -> None:
     """Add the weight-update routes to `app` (called once by launch_server)."""
 
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> Response:
-        try:
-            obj = await parse_request(request, UpdateWeightFromDiskReqInput)
-        except ValueError as e:
-            return parse_error_response(e)
-        out = await tmp.update_weights_from_disk(get_state().tokenizer_manager, obj)
+    async def update_weights_from_disk(tm: Any, obj: UpdateWeightFromDiskReqInput) -> Response:
+        out = await tmp.update_weights_from_disk(tm, obj)
         return _reply(out, num_paused_requests=out.num_paused_requests)
+
+    app.post("/update_weights_from_disk")(
+        body_route(UpdateWeightFromDiskReqInput, update_weights_from_disk)
+    )
 
     # Routes whose whole job is: parse the body, forward it, answer {"success","message"}.
     forwarded = {
@@ -77,26 +72,19 @@ def mount_weight_routes(app: FastAPI) -> None:
         ),
     }
     for path, (req_cls, call) in forwarded.items():
-        app.post(path)(_forwarding_route(req_cls, call))
+        app.post(path)(body_route(req_cls, _forwarding(call)))
 
-    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
-    async def get_weights_by_name(request: Request) -> Response:
-        try:
-            obj = await parse_request(request, GetWeightsByNameReqInput)
-        except ValueError as e:
-            return parse_error_response(e)
-        ret = await tmp.get_weights_by_name(get_state().tokenizer_manager, obj)
+    async def get_weights_by_name(tm: Any, obj: GetWeightsByNameReqInput) -> Response:
+        ret = await tmp.get_weights_by_name(tm, obj)
         if ret is None:
             return error_response("Get parameter by name failed")
         return orjson_response(ret)
 
-    @app.post("/update_weight_version")
-    async def update_weight_version(request: Request) -> Response:
-        try:
-            obj = await parse_request(request, UpdateWeightVersionReqInput)
-        except ValueError as e:
-            return parse_error_response(e)
-        tm = get_state().tokenizer_manager
+    app.api_route("/get_weights_by_name", methods=["GET", "POST"])(
+        body_route(GetWeightsByNameReqInput, get_weights_by_name)
+    )
+
+    async def update_weight_version(tm: Any, obj: UpdateWeightVersionReqInput) -> Response:
         if obj.abort_all_requests:
             tm.abort_request(abort_all=True)
         tm.server_args.weight_version = obj.new_version
@@ -107,3 +95,7 @@ def mount_weight_routes(app: FastAPI) -> None:
                 "new_version": obj.new_version,
             }
         )
+
+    app.post("/update_weight_version")(
+        body_route(UpdateWeightVersionReqInput, update_weight_version)
+    )
