@@ -38,8 +38,9 @@ run_arm() {
 # machine drift hits every arm alike; lines matching PATTERN go to $OUT/NAME.log.
 ab_rounds() {
   local name=$1 pattern=$2 round i m arms; shift 2
-  IFS=';' read -ra arms <<< "${AB_ARMS:-}"
-  [ ${#arms[@]} -eq 0 ] && arms=("")
+  # The appended ';' ends the last arm, so a trailing empty arm ("tree=X;") is kept: `read -a`
+  # drops an empty field after the last delimiter, which once ran only the other arm.
+  IFS=';' read -ra arms <<< "${AB_ARMS:-};"
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for i in "${!arms[@]}"; do
       for m in $MODELS; do
