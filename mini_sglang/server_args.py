@@ -133,6 +133,7 @@ class ServerArgs:
     weight_version: str = "default"
     chat_template: str | None = None
     completion_template: str | None = None
+    multi_item_scoring_delimiter: int | None = None
     enable_cache_report: bool = False
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None

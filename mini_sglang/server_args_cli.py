@@ -98,6 +98,7 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "schedule_policy": lambda v: v == "priority",
     "device": lambda v: v is not None and v.split(":")[0] not in ("cuda", "cpu"),
     "completion_template": _given,
+    "multi_item_scoring_delimiter": _given,
     "enable_return_hidden_states": bool,
 }
 
@@ -340,6 +341,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--weight-version",), dict(type=_S, help="Version identifier of the model weights.")),
     (("--chat-template",), dict(type=_S, help="Builtin chat template name or template file path.")),
     (("--completion-template",), dict(type=_S, help="Builtin completion template name or file path.")),
+    (("--multi-item-scoring-delimiter",), dict(type=_I, help="Token id joining query and items in one sequence for /v1/score (multi-item scoring).")),
     (("--enable-cache-report",), dict(action=_T, help="Report cached tokens in usage.prompt_tokens_details.")),
     (("--reasoning-parser",), dict(type=_S, choices=SGLANG_REASONING_PARSERS, help=f"Reasoning parser (reasoning_content); implemented: {list(REASONING_PARSERS)}.")),
     (("--tool-call-parser",), dict(type=_S, choices=SGLANG_TOOL_CALL_PARSERS, help=f"Tool-call parser (tool_calls); implemented: {list(TOOL_CALL_PARSERS)}.")),

@@ -2,7 +2,8 @@
 
 `Engine(model_path=..., **server_args)` starts the same subprocesses as the server (one
 Scheduler per TP rank, one DetokenizerManager) and talks to them through an in-process
-TokenizerManager, without HTTP. `generate` / `async_generate` take SGLang's arguments.
+TokenizerManager, without HTTP. `generate` / `async_generate` take SGLang's arguments;
+`score` / `async_score` are SGLang's decoder-only scoring (/v1/score).
 """
 
 from __future__ import annotations
@@ -239,6 +240,27 @@ class Engine(EngineWeightsMixin):
         if stream:
             return gen
         return await gen.__anext__()
+
+    def score(self, *args: Any, **kwargs: Any) -> list[list[float]]:
+        """async_score, waited for."""
+        return self.loop.run_until_complete(self.async_score(*args, **kwargs))
+
+    async def async_score(
+        self,
+        query: str | list[int] | None = None,
+        items: str | list[str] | list[list[int]] | None = None,
+        label_token_ids: list[int] | None = None,
+        apply_softmax: bool = False,
+        item_first: bool = False,
+    ) -> list[list[float]]:
+        """Per item, the probability of each of label_token_ids as the token after
+        query + item (item + query with item_first), or their softmax with apply_softmax;
+        see managers/scoring.py (/v1/score). Bad input raises ValueError."""
+        from mini_sglang.managers.scoring import score_request
+
+        return await score_request(
+            self.tokenizer_manager, query, items, label_token_ids, apply_softmax, item_first
+        )
 
     def flush_cache(self) -> bool:
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache()).success

@@ -153,7 +153,8 @@ class Req:
             self.finished_reason = FINISH_LENGTH(length=sp.max_new_tokens)
             if sp.max_new_tokens == 0:
                 # Prefill only: the token sampled from the prompt is not an output (SGLang
-                # reports output_ids_through_stop == [] and completion_tokens 0).
+                # reports output_ids_through_stop == [] and completion_tokens 0), but the
+                # next position's top_logprobs / token_ids_logprob stay: /v1/score reads them.
                 self._drop_output_tokens()
             return
         if not self.output_ids:
@@ -184,15 +185,8 @@ class Req:
 
     def _drop_output_tokens(self) -> None:
         del self.output_ids[:]
-        for name in (
-            "output_token_logprobs_val",
-            "output_token_logprobs_idx",
-            "output_top_logprobs_val",
-            "output_top_logprobs_idx",
-            "output_token_ids_logprobs_val",
-            "output_token_ids_logprobs_idx",
-        ):
-            del getattr(self, name)[:]
+        del self.output_token_logprobs_val[:]
+        del self.output_token_logprobs_idx[:]
 
     def abort(self, message: str) -> None:
         self.to_abort = True

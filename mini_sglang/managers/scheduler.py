@@ -190,7 +190,10 @@ class Scheduler(
             self.stream_output([req])
             return
         if req.logprob_start_len == -1 or not req.return_logprob:
-            req.logprob_start_len = len(req.origin_input_ids) - 1
+            # By default only the output's logprobs; a prefill-only request (max_new_tokens
+            # 0, e.g. a /v1/score item) has none, so its prompt reports none either (SGLang).
+            prefill_only = sp.max_new_tokens == 0
+            req.logprob_start_len = len(req.origin_input_ids) - (0 if prefill_only else 1)
         # None (or too many) new tokens: whatever room the context leaves (SGLang).
         room = self.max_req_len - len(req.origin_input_ids) - 1
         sp.max_new_tokens = room if sp.max_new_tokens is None else min(sp.max_new_tokens, room)

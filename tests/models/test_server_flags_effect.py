@@ -1,8 +1,8 @@
 """Flags that were accepted and did nothing now act, as in SGLang 0.5.4:
 --decode-log-interval N logs "Decode batch." every N decode steps; --sampling-defaults
 openai ignores generation_config.json's sampling values (model: uses them);
---completion-template and --enable-return-hidden-states, whose features mini-sglang lacks,
-are named in a warning and reset. (--sampling-backend pytorch: tests/gpu/test_gpu_sampler.py.)
+--completion-template, --enable-return-hidden-states and --multi-item-scoring-delimiter, whose
+features mini-sglang lacks, are named in a warning and reset. (--sampling-backend pytorch: tests/gpu/test_gpu_sampler.py.)
 """
 
 from __future__ import annotations
@@ -48,7 +48,12 @@ def test_sampling_defaults(tiny_llama_path, tmp_path, mode, expected):
 
 
 @pytest.mark.parametrize(
-    "kw", [{"completion_template": "deepseek_coder"}, {"enable_return_hidden_states": True}]
+    "kw",
+    [
+        {"completion_template": "deepseek_coder"},
+        {"enable_return_hidden_states": True},
+        {"multi_item_scoring_delimiter": 50},
+    ],
 )
 def test_flags_for_missing_features_warn_and_reset(tiny_llama_path, caplog, kw):
     caplog.set_level(logging.WARNING, logger="mini_sglang")

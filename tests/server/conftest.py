@@ -7,6 +7,7 @@
   free port, wait for /health 200 (failing with the log tail), and return a `ServerHandle`;
   `handle.stop()` sends SIGTERM and asserts the whole process tree is gone.
 - `server` (session): one shared server on `tiny_model` for the read-only/light tests.
+- `tokenizer`, `hf_model` (session): the tiny model's tokenizer and its HF transformers model.
 
 Servers are expensive on the 2 shared CPU cores (~17 s to start), so share them.
 """
@@ -101,6 +102,23 @@ def build_tiny_model_dir(out_dir: str | Path, arch: str = "llama") -> TinyModel:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: TinyModel) -> Any:
+    """The tiny model's tokenizer (a test module may override it with its own)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model.path)
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_model: TinyModel) -> Any:
+    """The tiny model in HF transformers, float32: the reference for logits and logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model.path, dtype=torch.float32).eval()
 
 
 # ---- server process ---------------------------------------------------------------------

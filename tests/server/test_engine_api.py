@@ -157,6 +157,20 @@ def test_generate_takes_sglangs_other_keywords(engine):
         engine.generate(PROMPTS[0], GREEDY, tempreature=0.5)
 
 
+def test_score_matches_http(engine, server: ServerHandle):
+    """Engine.score is /v1/score without HTTP: same scores, and bad input is a ValueError."""
+    body = {"query": "Is it", "items": [" yes", " no"], "label_token_ids": [5, 9, 100]}
+    http = server.post("/v1/score", json=body)
+    assert http.status_code == 200, http.text
+    scores = engine.score(**body)
+    for row, http_row in zip(scores, http.json()["scores"], strict=True):
+        assert row == pytest.approx(http_row, rel=1e-4)
+    soft = engine.score(**body, apply_softmax=True)
+    assert [sum(row) for row in soft] == pytest.approx([1.0, 1.0], abs=1e-5)
+    with pytest.raises(ValueError, match="label_token_ids must be provided"):
+        engine.score("Is it", [" yes"])
+
+
 def test_shutdown_leaves_no_children(engine):
     pids = engine._test_child_pids
     assert len(pids) >= 2, pids  # scheduler + detokenizer

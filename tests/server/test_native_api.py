@@ -33,13 +33,6 @@ META_KEYS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model: TinyModel):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model.path)
-
-
 def compact(obj: Any) -> bytes:
     """orjson-style compact one-line JSON (non-ASCII kept as UTF-8)."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

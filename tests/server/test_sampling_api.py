@@ -20,20 +20,6 @@ from tests.server.conftest import ServerHandle, TinyModel, parse_sse
 ATOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model: TinyModel):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model.path)
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny_model: TinyModel):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model.path, dtype=torch.float32).eval()
-
-
 def generate(server: ServerHandle, body: dict) -> Any:
     r = server.post("/generate", json=body)
     assert r.status_code == 200, r.text

@@ -51,6 +51,7 @@ def test_cli_defaults_match_sglang():
         base_gpu_id=0, gpu_id_step=1, log_level="info", log_level_http=None,
         log_requests=False, log_requests_level=2, enable_metrics=False, api_key=None,
         weight_version="default", chat_template=None, completion_template=None,
+        multi_item_scoring_delimiter=None,
         enable_cache_report=False, nnodes=1, node_rank=0, dist_init_addr=None,
         json_model_override_args="{}", preferred_sampling_params=None, grammar_backend="xgrammar",
         disable_radix_cache=False, disable_overlap_schedule=False, enable_mixed_chunk=False,

@@ -372,3 +372,21 @@ class DetokenizeRequest(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     text: Union[str, list[str]]
+
+
+class ScoringRequest(BaseModel):
+    """/v1/score (SGLang's decoder-only scoring; see managers/scoring.py)."""
+
+    query: Optional[Union[str, list[int]]] = None
+    items: Optional[Union[str, list[str], list[list[int]]]] = None
+    label_token_ids: Optional[list[int]] = None
+    apply_softmax: bool = False
+    item_first: bool = False
+    model: str = DEFAULT_MODEL_NAME
+
+
+class ScoringResponse(BaseModel):
+    scores: list[list[float]]  # per item, in label_token_ids order
+    model: str
+    usage: Optional[UsageInfo] = None
+    object: str = "scoring"

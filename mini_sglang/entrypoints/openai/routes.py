@@ -1,7 +1,7 @@
 """Mounts the OpenAI-compatible routes on the server's FastAPI app.
 
 /v1/completions, /v1/chat/completions (also as SageMaker's /invocations), /v1/models/{model},
-/tokenize, /detokenize with their /v1 aliases, and SGLang's native parser endpoints
+/v1/score, /tokenize, /detokenize with their /v1 aliases, and SGLang's native parser endpoints
 /separate_reasoning and /parse_function_call. Bodies are parsed by FastAPI into the pydantic models of
 protocol.py, so malformed JSON and schema errors reach http_server's RequestValidationError
 handler (HTTP 400, OpenAI's error envelope); POSTs whose Content-Type is not
@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
     FunctionCallParser,
@@ -29,6 +29,8 @@ from mini_sglang.entrypoints.openai.protocol import (
     DetokenizeResponse,
     ModelCard,
     ParseFunctionCallReq,
+    ScoringRequest,
+    ScoringResponse,
     SeparateReasoningReqInput,
     TokenizeRequest,
     TokenizeResponse,
@@ -132,6 +134,31 @@ def mount_openai_routes(app: FastAPI) -> None:
             return orjson_response({"error": error}, 404)
         card = ModelCard(id=model, root=model, max_model_len=state.tokenizer_manager.context_len)
         return json_response(card)
+
+    @app.post("/v1/score", dependencies=json_only)
+    async def v1_score_request(request: ScoringRequest, raw_request: Request) -> Response:
+        from mini_sglang.managers.scoring import score_request
+
+        try:
+            scores = await score_request(
+                _tokenizer_manager(),
+                query=request.query,
+                items=request.items,
+                label_token_ids=request.label_token_ids,
+                apply_softmax=request.apply_softmax,
+                item_first=request.item_first,
+                request=raw_request,
+            )
+        except ValueError as e:
+            return create_error_response(str(e))
+        except Exception as e:  # SGLang's serving base: anything else is a 500
+            logger.exception("Error in /v1/score")
+            return create_error_response(
+                f"Internal server error: {e}", err_type="InternalServerError", status_code=500
+            )
+        # FastAPI's default JSONResponse (json.dumps: 1e-05, not orjson's 0.00001), as
+        # SGLang's route returns the model without a response class
+        return JSONResponse(ScoringResponse(scores=scores, model=request.model).model_dump())
 
     @app.post("/v1/tokenize", dependencies=json_only)
     @app.post("/tokenize", dependencies=json_only, include_in_schema=False)
