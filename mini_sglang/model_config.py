@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 
 from mini_sglang.model_loader.gguf_loader import gguf_config_dict, is_gguf_path
-from mini_sglang.server_args_cli import resolve_dtype as resolve_cli_dtype
+from mini_sglang.server_args_defaults import resolve_dtype as resolve_cli_dtype
 
 
 def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -> PretrainedConfig:
@@ -41,7 +41,7 @@ def resolve_dtype(
     dtype: str, config_dtype: torch.dtype | None, device: str, model_type: str = ""
 ) -> torch.dtype:
     """--dtype -> torch dtype. "auto" is float32 on CPU (ServerArgs already settles that),
-    elsewhere SGLang's rule for the checkpoint's dtype (server_args_cli.resolve_dtype)."""
+    elsewhere SGLang's rule for the checkpoint's dtype (server_args_defaults.resolve_dtype)."""
     if dtype == "auto" and str(device).startswith("cpu"):
         return torch.float32
     return resolve_cli_dtype(dtype, config_dtype, model_type)

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import random
+import socket
 import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mini_sglang.server_args_cli import is_port_available
-
 if TYPE_CHECKING:
     from mini_sglang.server_args import ServerArgs
+
+
+def is_port_available(port: int) -> bool:
+    """True if a TCP socket can bind `port` on all interfaces right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
 
 
 def _ipc_name() -> str:

@@ -3,10 +3,11 @@
 `ServerArgs` holds every `python -m mini_sglang.launch_server` flag under SGLang's field
 names. `__post_init__` resolves the `None` ("auto") defaults as SGLang does where
 mini-sglang has the feature, warns about (and resets) flags for features it lacks, and
-raises `ValueError` naming the flag for any invalid value. The flag vocabulary (argparse
-table, aliases, choices, the unsupported-flag table, `--config` YAML merge) and the pure
-memory heuristics live in `server_args_cli.py`; PortArgs (re-exported here, SGLang's
-import path) in `port_args.py`.
+raises `ValueError` naming the flag for any invalid value. Around it: the choices, limits,
+unsupported-flag table and checks live in `server_args_validation.py`; the pure rules behind
+the "auto" defaults (memory heuristics, dtype, GGUF detection) in `server_args_defaults.py`;
+the argparse flag table and `--config` YAML merge in `server_args_cli.py`; PortArgs
+(re-exported here, SGLang's import path) in `port_args.py`.
 """
 
 from __future__ import annotations
@@ -22,18 +23,23 @@ from typing import TYPE_CHECKING, Any
 
 from mini_sglang import server_args_cli as cli
 from mini_sglang.port_args import PortArgs  # noqa: F401  (SGLang's import path)
-from mini_sglang.server_args_cli import (
-    CHOICES,
+from mini_sglang.server_args_defaults import (
     CPU_CHUNKED_PREFILL_SIZE,
     CPU_MIN_MEM_FRACTION_STATIC,
-    MIN_VALUES,
-    UNSUPPORTED_FLAGS,
     compute_mem_fraction_static,
     default_chunked_prefill_and_cuda_graph_max_bs,
     generate_cuda_graph_batch_sizes,
     get_device_memory_capacity_mb,
     is_gguf_file,
     resolve_dtype,
+)
+from mini_sglang.server_args_validation import (
+    UNSUPPORTED_FLAGS,
+    check_arg,
+    flag_name,
+    validate_choices,
+    validate_ranges,
+    validate_resolved,
 )
 
 if TYPE_CHECKING:
@@ -42,11 +48,6 @@ if TYPE_CHECKING:
     import torch
 
 logger = logging.getLogger(__name__)
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
 
 
 def flashinfer_available() -> bool:
@@ -62,10 +63,6 @@ def _json_safe(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 @dataclass
@@ -185,28 +182,16 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if self.model_path is None:
             self.model_path = _default_model_path()
-        self._validate_choices()
+        validate_choices(self)
         self._reset_unsupported()
-        self._validate_ranges()
+        validate_ranges(self)
         self._handle_missing_default_values()
         self._handle_load_format_and_dtype()
         self._handle_memory_settings()
         self._handle_backends()
-        self._validate_resolved()
+        validate_resolved(self)
 
     # ---- resolution steps (SGLang's __post_init__ order) ----
-
-    def _validate_choices(self) -> None:
-        # SGLang feeds log levels to logging via .upper(), so "INFO" works there too.
-        self.log_level = self.log_level.lower()
-        self.log_level_http = self.log_level_http and self.log_level_http.lower()
-        for name, choices in CHOICES.items():
-            value = getattr(self, name)
-            _check(
-                value in choices,
-                f"{_flag(name)}: invalid choice {value!r}; choose from "
-                f"{[c for c in choices if c is not None]}",
-            )
 
     def _reset_unsupported(self) -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -215,7 +200,7 @@ class ServerArgs:
             if wants_missing_feature(value):
                 logger.warning(
                     "%s=%r is not supported by mini-sglang and is ignored (using %r).",
-                    _flag(name),
+                    flag_name(name),
                     value,
                     defaults[name],
                 )
@@ -223,61 +208,6 @@ class ServerArgs:
         if self.load_balance_method == "minimum_tokens":
             logger.warning("--load-balance-method=minimum_tokens is deprecated; using round_robin.")
             self.load_balance_method = "round_robin"
-
-    def _validate_ranges(self) -> None:
-        for name, low in MIN_VALUES.items():
-            value = getattr(self, name)
-            _check(value is None or value >= low, f"{_flag(name)} must be >= {low}, got {value}")
-        for name in ("port", "nccl_port"):
-            value = getattr(self, name)
-            _check(
-                value is None or 1 <= value <= 65535,
-                f"{_flag(name)} must be in [1, 65535], got {value}",
-            )
-        m = self.mem_fraction_static
-        _check(m is None or 0 < m < 1, f"--mem-fraction-static must be in (0, 1), got {m}")
-        _check(
-            self.schedule_conservativeness >= 0,
-            f"--schedule-conservativeness must be >= 0, got {self.schedule_conservativeness}",
-        )
-        _check(
-            self.watchdog_timeout > 0,
-            f"--watchdog-timeout must be > 0, got {self.watchdog_timeout}",
-        )
-        if self.cuda_graph_bs is not None:
-            _check(
-                len(self.cuda_graph_bs) > 0 and min(self.cuda_graph_bs) >= 1,
-                f"--cuda-graph-bs must be a non-empty list of sizes >= 1, got {self.cuda_graph_bs}",
-            )
-        _check(
-            self.node_rank < self.nnodes,
-            f"--node-rank must be < --nnodes ({self.nnodes}), got {self.node_rank}",
-        )
-        _check(
-            self.tp_size * self.pp_size % self.nnodes == 0,
-            f"--tp-size ({self.tp_size}) must be divisible by --nnodes ({self.nnodes})",
-        )
-        _check(
-            self.dp_size == 1 or self.nnodes == 1,
-            "--dp-size > 1 across several nodes (--nnodes > 1) is not supported",
-        )
-        for name in ("json_model_override_args", "preferred_sampling_params"):
-            text = getattr(self, name)
-            if text is not None:
-                try:
-                    _check(isinstance(json.loads(text), dict), "not an object")
-                except ValueError as e:
-                    raise ValueError(
-                        f"{_flag(name)} must be a JSON object, got {text!r} ({e})"
-                    ) from None
-        if self.dist_init_addr is not None:
-            host, _, port = self.dist_init_addr.rpartition(":")
-            _check(
-                bool(host) and port.isdigit(),
-                f"--dist-init-addr must be host:port, got {self.dist_init_addr!r}",
-            )
-        if self.chunked_prefill_size is not None and self.chunked_prefill_size <= 0:
-            self.chunked_prefill_size = -1  # any value <= 0 means "chunked prefill disabled"
 
     def _handle_missing_default_values(self) -> None:
         if self.tokenizer_path is None:
@@ -345,7 +275,7 @@ class ServerArgs:
             if self.is_cpu and self.mem_fraction_static < CPU_MIN_MEM_FRACTION_STATIC:
                 self.mem_fraction_static = CPU_MIN_MEM_FRACTION_STATIC
             m = self.mem_fraction_static
-            _check(
+            check_arg(
                 0 < m < 1,
                 f"--mem-fraction-static: the automatic value {m} for {mem_mb} MB of device "
                 "memory is not in (0, 1); pass --mem-fraction-static explicitly",
@@ -359,9 +289,9 @@ class ServerArgs:
                 "decode_attention_backend",
             ):
                 value = getattr(self, name)
-                _check(
+                check_arg(
                     value in (None, "torch_native"),
-                    f"{_flag(name)}={value} needs CUDA; on --device cpu use torch_native",
+                    f"{flag_name(name)}={value} needs CUDA; on --device cpu use torch_native",
                 )
             self.attention_backend = self.attention_backend or "torch_native"
             if self.sampling_backend == "flashinfer":
@@ -385,22 +315,13 @@ class ServerArgs:
             logger.warning("Sampling backend is set to pytorch for deterministic inference.")
             self.sampling_backend = "pytorch"
 
-    def _validate_resolved(self) -> None:
-        c = self.chunked_prefill_size
-        _check(
-            c <= 0 or c % self.page_size == 0,
-            f"--chunked-prefill-size ({c}) must be divisible by --page-size ({self.page_size})",
-        )
-        m = self.mem_fraction_static
-        _check(0 < m < 1, f"--mem-fraction-static must be in (0, 1), got {m}")
-
     # ---- public API (SGLang's names) ----
 
     def check_server_args(self) -> None:
         """Re-run the validation (SGLang calls this before launching); raises ValueError."""
-        self._validate_choices()
-        self._validate_ranges()
-        self._validate_resolved()
+        validate_choices(self)
+        validate_ranges(self)
+        validate_resolved(self)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

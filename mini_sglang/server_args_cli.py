@@ -1,12 +1,10 @@
-"""The flag vocabulary of ServerArgs: choices, limits, the unsupported-flag table, the pure
-rules behind the "auto" defaults, argparse and --config.
+"""The command line of ServerArgs: the argparse flag table and --config YAML handling.
 
-The memory heuristics (chunked prefill size, CUDA-graph batch sizes, --mem-fraction-static)
-are pure functions of the device memory so they can be tested without a GPU.
 `add_cli_args(parser)` declares every flag with SGLang 0.5.4's spelling, aliases, types and
-choices; defaults come from the `ServerArgs` dataclass so there is one source of truth.
-`prepare_server_args(argv)` merges `--config file.yaml` under the command line (CLI wins)
-and builds a resolved `ServerArgs`. An unknown flag makes argparse exit with status 2.
+choices (the choice lists come from `server_args_validation.py`); defaults come from the
+`ServerArgs` dataclass so there is one source of truth. `prepare_server_args(argv)` merges
+`--config file.yaml` under the command line (CLI wins) and builds a resolved `ServerArgs`.
+An unknown flag makes argparse exit with status 2.
 """
 
 from __future__ import annotations
@@ -14,8 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import socket
-import subprocess
 from typing import TYPE_CHECKING, Any
 
 from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
@@ -26,260 +22,24 @@ from mini_sglang.entrypoints.openai.reasoning_parser import (
     REASONING_PARSERS,
     SGLANG_REASONING_PARSERS,
 )
+from mini_sglang.server_args_validation import (
+    ATTENTION_BACKEND_CHOICES,
+    DTYPE_CHOICES,
+    GRAMMAR_BACKEND_CHOICES,
+    KV_CACHE_DTYPE_CHOICES,
+    LOAD_BALANCE_METHOD_CHOICES,
+    LOAD_FORMAT_CHOICES,
+    QUANTIZATION_CHOICES,
+    RADIX_EVICTION_POLICY_CHOICES,
+    SAMPLING_BACKEND_CHOICES,
+    SAMPLING_DEFAULTS_CHOICES,
+    SCHEDULE_POLICY_CHOICES,
+    SPECULATIVE_ALGORITHM_CHOICES,
+    TOKENIZER_MODE_CHOICES,
+)
 
 if TYPE_CHECKING:
-    import torch
-
     from mini_sglang.server_args import ServerArgs
-
-LOAD_FORMAT_CHOICES = ["auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "gguf",
-                       "bitsandbytes", "layered", "remote", "remote_instance"]  # fmt: skip
-QUANTIZATION_CHOICES = ["awq", "fp8", "gptq", "marlin", "gptq_marlin", "awq_marlin",
-                        "bitsandbytes", "gguf", "modelopt", "modelopt_fp8", "modelopt_fp4",
-                        "petit_nvfp4", "w8a8_int8", "w8a8_fp8", "moe_wna16", "qoq", "w4afp8",
-                        "mxfp4", "compressed-tensors"]  # fmt: skip
-ATTENTION_BACKEND_CHOICES = ["triton", "torch_native", "flex_attention", "nsa", "cutlass_mla",
-                             "fa3", "fa4", "flashinfer", "flashmla", "trtllm_mla", "trtllm_mha",
-                             "dual_chunk_flash_attn", "aiter", "wave", "intel_amx", "ascend",
-                             "intel_xpu"]  # fmt: skip
-DTYPE_CHOICES = ["auto", "half", "float16", "bfloat16", "float", "float32"]
-KV_CACHE_DTYPE_CHOICES = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"]
-SCHEDULE_POLICY_CHOICES = ["lpm", "random", "fcfs", "dfs-weight", "lof", "priority"]
-LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "minimum_tokens"]
-SAMPLING_BACKEND_CHOICES = ["flashinfer", "pytorch"]
-GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]
-RADIX_EVICTION_POLICY_CHOICES = ["lru", "lfu"]
-TOKENIZER_MODE_CHOICES = ["auto", "slow"]
-LOG_LEVEL_CHOICES = ["debug", "info", "warning", "error", "critical"]
-SAMPLING_DEFAULTS_CHOICES = ["openai", "model"]
-SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]
-
-# What mini-sglang implements; other values in SGLang's choices are reset with a warning.
-SUPPORTED_ATTENTION_BACKENDS = ("torch_native", "flashinfer", "triton")
-SUPPORTED_LOAD_FORMATS = ("auto", "pt", "safetensors", "dummy", "gguf")
-
-
-def _unsupported_backend(v: Any) -> bool:
-    return v is not None and v not in SUPPORTED_ATTENTION_BACKENDS
-
-
-def _given(v: Any) -> bool:
-    return v is not None
-
-
-# The single table of flags that are accepted for SGLang compatibility but whose feature
-# mini-sglang lacks: field name -> "this value asks for the missing feature". ServerArgs
-# logs such a value (naming the flag) and resets it to the field's default, so downstream
-# code never sees it.
-UNSUPPORTED_FLAGS: dict[str, Any] = {
-    "pp_size": lambda v: v != 1,
-    "quantization": lambda v: v not in (None, "gguf"),  # gguf weights are dequantized at load
-    "kv_cache_dtype": lambda v: v != "auto",
-    "load_format": lambda v: v not in SUPPORTED_LOAD_FORMATS,
-    "is_embedding": bool,
-    "enable_torch_compile": bool,
-    "enable_dp_attention": bool,
-    "enable_hierarchical_cache": bool,
-    "enable_lora": bool,
-    "lora_paths": bool,
-    "max_lora_rank": _given,
-    "speculative_algorithm": _given,
-    "speculative_draft_model_path": _given,
-    "speculative_num_steps": _given,
-    "speculative_eagle_topk": _given,
-    "speculative_num_draft_tokens": _given,
-    # SGLang parser names whose formats mini-sglang lacks (gpt-oss, mistral, ...).
-    "reasoning_parser": lambda v: v is not None and v not in REASONING_PARSERS,
-    "tool_call_parser": lambda v: v is not None and v not in TOOL_CALL_PARSERS,
-    "attention_backend": _unsupported_backend,
-    "prefill_attention_backend": _unsupported_backend,
-    "decode_attention_backend": _unsupported_backend,
-    "grammar_backend": lambda v: v not in (None, "xgrammar", "none"),
-    "schedule_policy": lambda v: v == "priority",
-    "device": lambda v: v is not None and v.split(":")[0] not in ("cuda", "cpu"),
-    "completion_template": _given,
-    "multi_item_scoring_delimiter": _given,
-    "enable_return_hidden_states": bool,
-}
-
-# Fields whose value must be one of a fixed list (argparse checks the CLI; this checks code).
-CHOICES: dict[str, list[Any]] = {
-    "tokenizer_mode": TOKENIZER_MODE_CHOICES,
-    "load_format": LOAD_FORMAT_CHOICES,
-    "dtype": DTYPE_CHOICES,
-    "kv_cache_dtype": KV_CACHE_DTYPE_CHOICES,
-    "quantization": [None, *QUANTIZATION_CHOICES],
-    "schedule_policy": SCHEDULE_POLICY_CHOICES,
-    "radix_eviction_policy": RADIX_EVICTION_POLICY_CHOICES,
-    "load_balance_method": LOAD_BALANCE_METHOD_CHOICES,
-    "attention_backend": [None, *ATTENTION_BACKEND_CHOICES],
-    "prefill_attention_backend": [None, *ATTENTION_BACKEND_CHOICES],
-    "decode_attention_backend": [None, *ATTENTION_BACKEND_CHOICES],
-    "sampling_backend": [None, *SAMPLING_BACKEND_CHOICES],
-    "grammar_backend": [None, *GRAMMAR_BACKEND_CHOICES],
-    "log_level": LOG_LEVEL_CHOICES,
-    "log_level_http": [None, *LOG_LEVEL_CHOICES],
-    "log_requests_level": [0, 1, 2, 3],
-    "sampling_defaults": SAMPLING_DEFAULTS_CHOICES,
-    "speculative_algorithm": [None, *SPECULATIVE_ALGORITHM_CHOICES],
-    "reasoning_parser": [None, *SGLANG_REASONING_PARSERS],
-    "tool_call_parser": [None, *SGLANG_TOOL_CALL_PARSERS],
-}
-
-# Fields that, when given (not None), must be >= the bound.
-MIN_VALUES: dict[str, int] = {
-    "tp_size": 1, "pp_size": 1, "dp_size": 1, "page_size": 1, "stream_interval": 1,
-    "max_running_requests": 1, "max_total_tokens": 1, "max_queued_requests": 1,
-    "max_prefill_tokens": 1, "context_length": 1, "cuda_graph_max_bs": 1,
-    "torch_compile_max_bs": 1, "nnodes": 1, "node_rank": 0, "base_gpu_id": 0,
-    "gpu_id_step": 1, "dist_timeout": 1, "decode_log_interval": 1,
-}  # fmt: skip
-
-
-# --mem-fraction-static bookkeeping, all in MB (SGLang's _handle_gpu_memory_settings).
-_BASE_RESERVED_MB = 512
-_LARGE_GPU_MB = 60 * 1024
-_LARGE_GPU_MIN_RESERVED_MB = 10 * 1024
-_UNKNOWN_MEM_FRACTION = 0.88
-# CPU prefill is compute-bound and slow (seconds per 2k tokens on a few cores); a small chunk
-# bounds how long running decodes stall behind one long prompt, and 2048 is also SGLang's
-# smallest-GPU tier. SGLang would size it from host RAM instead, giving 16k on big hosts.
-CPU_CHUNKED_PREFILL_SIZE = 2048
-# SGLang's activation estimate (1.5 MB per prefill token) is sized for large models on GPUs;
-# on a small CPU host with chunking disabled it would exceed the whole RAM and make the
-# fraction negative. CPU tests must not fail for that, so the auto value has a floor there.
-CPU_MIN_MEM_FRACTION_STATIC = 0.3
-
-
-def default_chunked_prefill_and_cuda_graph_max_bs(
-    gpu_mem_mb: float | None, tp_size: int
-) -> tuple[int, int]:
-    """SGLang's (chunked_prefill_size, cuda_graph_max_bs) for a device of `gpu_mem_mb` MB."""
-    if gpu_mem_mb is None:
-        return 4096, 160
-    small_tp = tp_size < 4
-    for limit_gb, chunk, bs_small_tp, bs_large_tp in (
-        (20, 2048, 8, 8),  # T4, 4080
-        (35, 2048, 16, 80),  # A10, 4090, 5090
-        (60, 4096, 32, 160),  # A100-40G, L40
-        (90, 8192, 256, 512),  # H100, A100-80G
-        (160, 8192, 256, 512),  # H20, H200
-    ):
-        if gpu_mem_mb < limit_gb * 1024:
-            return chunk, bs_small_tp if small_tp else bs_large_tp
-    return 16384, 512  # B200, MI300
-
-
-def compute_mem_fraction_static(
-    gpu_mem_mb: float | None,
-    chunked_prefill_size: int,
-    cuda_graph_max_bs: int,
-    tp_size: int = 1,
-    pp_size: int = 1,
-    max_prefill_tokens: int = 16384,
-) -> float:
-    """SGLang's auto --mem-fraction-static: (mem - reserved) / mem, rounded to 3 places.
-
-    reserved = 512 + max(prefill chunk, 2048) * 1.5 (activations) + cuda_graph_max_bs * 2
-    (graph buffers) + tp * pp / 8 * 1024, at least 10 GB on GPUs above 60 GB; 0.88 when the
-    memory size is unknown. The fraction bounds model weights plus the KV cache pool.
-    """
-    if gpu_mem_mb is None:
-        return _UNKNOWN_MEM_FRACTION
-    chunk = chunked_prefill_size if chunked_prefill_size > 0 else max_prefill_tokens
-    reserved = _BASE_RESERVED_MB + max(chunk, 2048) * 1.5
-    reserved += cuda_graph_max_bs * 2 + tp_size * pp_size / 8 * 1024
-    if gpu_mem_mb > _LARGE_GPU_MB:
-        reserved = max(reserved, _LARGE_GPU_MIN_RESERVED_MB)
-    return round((gpu_mem_mb - reserved) / gpu_mem_mb, 3)
-
-
-def generate_cuda_graph_batch_sizes(
-    cuda_graph_max_bs: int, disable_padding: bool = False
-) -> list[int]:
-    """SGLang's capture list: [1,2,4,8,12] + 16..256/8 + 272..496/16 + 512../32, <= max."""
-    if disable_padding:  # a graph for every size, used only on an exact match
-        return list(range(1, cuda_graph_max_bs + 1))
-    bs = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
-    bs += list(range(512, cuda_graph_max_bs + 1, 32))
-    return [b for b in bs if b <= cuda_graph_max_bs]
-
-
-def get_device_memory_capacity_mb(device: str) -> float | None:
-    """Smallest GPU's memory in MB (host RAM for cpu, as SGLang), None when unknown.
-
-    nvidia-smi is asked first because querying torch.cuda would create a CUDA context in
-    the launcher process, which the scheduler subprocesses must own.
-    """
-    if device.startswith("cpu"):
-        import psutil
-
-        return float(psutil.virtual_memory().total // (1 << 20))
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        sizes = [float(x) for x in out.split() if x.strip()]
-        if sizes:
-            return min(sizes)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        pass
-    import torch
-
-    if torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        return min(torch.cuda.get_device_properties(i).total_memory for i in range(n)) / (1 << 20)
-    return None
-
-
-_STR_TO_DTYPE_NAME = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16",
-                      "float": "float32", "float32": "float32"}  # fmt: skip
-
-
-def resolve_dtype(dtype: str, config_torch_dtype: Any = None, model_type: str = "") -> torch.dtype:
-    """--dtype -> torch.dtype with SGLang's "auto" rule for a checkpoint of `config_torch_dtype`.
-
-    auto: FP32 checkpoints (or unknown) -> FP16 (BF16 for Gemma); FP16/BF16 stay as they are.
-    """
-    import torch
-
-    if isinstance(config_torch_dtype, str):
-        config_torch_dtype = getattr(torch, _STR_TO_DTYPE_NAME.get(config_torch_dtype, ""), None)
-    if config_torch_dtype is None:
-        config_torch_dtype = torch.float32
-    if dtype != "auto":
-        if dtype not in _STR_TO_DTYPE_NAME:
-            raise ValueError(f"--dtype: unknown dtype {dtype!r}; choose from {DTYPE_CHOICES}")
-        return getattr(torch, _STR_TO_DTYPE_NAME[dtype])
-    if config_torch_dtype == torch.float32:
-        return torch.bfloat16 if model_type.startswith("gemma") else torch.float16
-    return config_torch_dtype
-
-
-def is_gguf_file(path: str) -> bool:
-    """True for a local file that is GGUF (by suffix or magic), as SGLang's check_gguf_file."""
-    try:
-        if path.endswith(".gguf"):
-            return True
-        with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
-def is_port_available(port: int) -> bool:
-    """True if a TCP socket can bind `port` on all interfaces right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
 
 
 _S, _I, _F = str, int, float

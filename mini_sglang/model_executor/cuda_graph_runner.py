@@ -17,7 +17,7 @@ import torch
 
 from mini_sglang.layers.logits_processor import LogitsProcessorOutput
 from mini_sglang.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from mini_sglang.server_args_cli import generate_cuda_graph_batch_sizes
+from mini_sglang.server_args_defaults import generate_cuda_graph_batch_sizes
 
 if TYPE_CHECKING:
     from mini_sglang.model_executor.model_runner import ModelRunner

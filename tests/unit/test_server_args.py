@@ -12,12 +12,12 @@ import pytest
 
 from mini_sglang import server_args as sa_mod
 from mini_sglang.server_args import PortArgs, ServerArgs, prepare_server_args, resolve_dtype
-from mini_sglang.server_args_cli import (
-    UNSUPPORTED_FLAGS,
+from mini_sglang.server_args_defaults import (
     compute_mem_fraction_static,
     default_chunked_prefill_and_cuda_graph_max_bs,
     generate_cuda_graph_batch_sizes,
 )
+from mini_sglang.server_args_validation import UNSUPPORTED_FLAGS
 
 MODEL = "/models/some-model"
 
