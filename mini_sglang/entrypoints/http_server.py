@@ -388,6 +388,7 @@ def launch_server(server_args) -> None:
 
     from mini_sglang.entrypoints.cloud_routes import mount_cloud_routes
     from mini_sglang.entrypoints.control_routes import mount_control_routes
+    from mini_sglang.entrypoints.embedding_routes import mount_embedding_routes
     from mini_sglang.entrypoints.engine import launch_subprocesses
     from mini_sglang.entrypoints.openai.routes import mount_openai_routes
     from mini_sglang.entrypoints.weight_routes import mount_weight_routes
@@ -400,6 +401,7 @@ def launch_server(server_args) -> None:
     mount_weight_routes(app)
     mount_control_routes(app)
     mount_cloud_routes(app)
+    mount_embedding_routes(app)
 
     def on_term(signum, frame) -> None:
         logger.info("Received signal %d; shutting down.", signum)
