@@ -320,3 +320,32 @@ def test_reasoning_then_tool_call(pserver: ServerHandle) -> None:
     assert streamed["reasoning"] == message["reasoning_content"] and streamed["content"] == ""
     assert streamed["calls"] == {0: ["get_weather", call["function"]["arguments"]]}
     assert streamed["finish"][0] == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def no_parser_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
+    # compact JSON, as pserver, so the random model's constrained reply ends within max_tokens
+    handle = launch_server(
+        tiny_model.path, "--constrained-json-disable-any-whitespace", log_dir=server_logs
+    )
+    yield handle
+    handle.stop()
+
+
+def test_tools_without_a_parser_reply_as_text(no_parser_server: ServerHandle) -> None:
+    """Without --tool-call-parser SGLang still takes tools: the template renders them and the
+    reply is plain content. A named tool_choice still constrains it to the JSON array of
+    calls, which stays text: no tool_calls, finish_reason "stop"."""
+    server = no_parser_server
+    plain = _chat(server, max_tokens=4)
+    with_tools = _chat(server, tools=[WEATHER], max_tokens=4)
+    assert with_tools["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+    message = with_tools["choices"][0]["message"]
+    assert message["tool_calls"] is None and isinstance(message["content"], str)
+    forced = _chat(server, tools=[WEATHER], tool_choice=WEATHER_CHOICE, max_tokens=200)
+    (choice,) = forced["choices"]
+    assert choice["message"]["tool_calls"] is None
+    assert choice["finish_reason"] == "stop", choice
+    (call,) = json.loads(choice["message"]["content"])
+    assert call["name"] == "get_weather"
+    _check_weather_args(json.dumps(call["parameters"]))

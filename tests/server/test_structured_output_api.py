@@ -145,3 +145,20 @@ def test_invalid_and_conflicting_constraints_are_400(
     assert _generate(gserver, "hi", regex=REGEX)["text"]  # the scheduler is fine
     m = gserver.wait_memory_all_free()
     assert m["failures"] == 0
+
+
+def test_json_schema_shorthand_is_the_full_form(client: openai.OpenAI) -> None:
+    """SGLang's chat also takes {"type": "json_schema", "schema": {...}} without the
+    json_schema object: it is the same constraint, so greedy decoding gives the same JSON."""
+    messages = [{"role": "user", "content": "Describe someone."}]
+    full = {"type": "json_schema", "json_schema": {"name": "Schema", "schema": SCHEMA}}
+    short = {"type": "json_schema", "schema": SCHEMA}
+    replies = [
+        client.chat.completions.create(
+            model="m", messages=messages, response_format=fmt, temperature=0, max_tokens=64
+        ).choices[0]
+        for fmt in (full, short)
+    ]
+    assert replies[0].finish_reason == "stop"
+    check_person_json(replies[0].message.content)
+    assert replies[1].message.content == replies[0].message.content

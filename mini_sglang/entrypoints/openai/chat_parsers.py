@@ -72,10 +72,11 @@ def is_forced_choice(tool_choice: Any) -> bool:
 
 
 # ---- requests ------------------------------------------------------------------------------
-def validate_tools(request: ChatCompletionRequest, tool_call_parser: str | None) -> str | None:
-    """The 400 message for bad tools / tool_choice, or None. SGLang's checks and order;
-    the last check is mini-sglang's: SGLang would render the tools and return the raw
-    reply, but without a parser the client gets no tool_calls, so it is refused."""
+def validate_tools(request: ChatCompletionRequest) -> str | None:
+    """The 400 message for bad tools / tool_choice, or None (SGLang's checks and order).
+    Without --tool-call-parser tools are still fine, as in SGLang: the template renders
+    them and the reply comes back as plain content (tool_choice "required" / a named
+    function still constrains it to the JSON array of calls)."""
     tools, choice = request.tools, request.tool_choice
     if choice == "required" and not tools:
         return "Tools cannot be empty if tool choice is set to required."
@@ -88,11 +89,6 @@ def validate_tools(request: ChatCompletionRequest, tool_call_parser: str | None)
         error = _schema_error(tool.function.parameters)
         if error:
             return f"Tool {i} function has invalid 'parameters' schema: {error}"
-    if tools and choice != "none" and not tool_call_parser:
-        return (
-            "Tool calling needs a tool-call parser: start the server with "
-            "--tool-call-parser (e.g. qwen25 or llama3), or send tool_choice 'none'."
-        )
     return None
 
 

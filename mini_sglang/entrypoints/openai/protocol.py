@@ -289,6 +289,27 @@ class ChatCompletionRequest(_SglangExtras):
             values["tool_choice"] = "none" if values.get("tools") is None else "auto"
         return values
 
+    @model_validator(mode="before")
+    @classmethod
+    def _json_schema_shorthand(cls, values: Any) -> Any:
+        # SGLang's set_json_schema: {"type": "json_schema", "schema": {...}} (no json_schema
+        # object) means json_schema {"name": schema title or "Schema", "schema", "strict"},
+        # strict when the schema's own "strict" property (removed) defaults to true.
+        fmt = values.get("response_format") if isinstance(values, dict) else None
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            return values
+        schema = fmt.pop("schema", None)
+        if fmt.get("json_schema") or not isinstance(schema, dict):
+            return values
+        properties = schema.get("properties")
+        strict = properties.pop("strict", None) if isinstance(properties, dict) else None
+        fmt["json_schema"] = {
+            "name": schema.get("title", "Schema"),
+            "schema": schema,
+            "strict": isinstance(strict, dict) and bool(strict.get("default", False)),
+        }
+        return values
+
 
 class ChatMessage(BaseModel):
     role: Optional[str] = None

@@ -97,7 +97,7 @@ class OpenAIServingChat(OpenAIServingBase):
     def _validate_request(self, request: ChatCompletionRequest) -> str | None:
         if not request.messages:
             return "Messages cannot be empty."
-        error = validate_tools(request, self.tool_call_parser)
+        error = validate_tools(request)
         if error:
             return error
         max_out = request.max_completion_tokens or request.max_tokens
