@@ -213,6 +213,9 @@ class OpenAIServingChat(OpenAIServingBase):
             rid=request.rid,
             priority=request.priority,
             extra_key=_extra_key(request),
+            # features this server lacks: the TokenizerManager answers SGLang's 400
+            return_hidden_states=request.return_hidden_states,
+            custom_logit_processor=request.custom_logit_processor,
         )
 
     # ---- logprobs ----------------------------------------------------------------------

@@ -70,6 +70,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
             rid=request.rid,
             priority=request.priority,
             extra_key=_extra_key(request),
+            # features this server lacks: the TokenizerManager answers SGLang's 400
+            return_hidden_states=request.return_hidden_states,
+            custom_logit_processor=request.custom_logit_processor,
         )
 
     # ---- echo -------------------------------------------------------------------------
