@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
     FunctionCallParser,
@@ -36,7 +36,11 @@ from mini_sglang.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from mini_sglang.entrypoints.openai.reasoning_parser import ReasoningParser
-from mini_sglang.entrypoints.openai.serving_base import create_error_response, json_response
+from mini_sglang.entrypoints.openai.serving_base import (
+    create_error_response,
+    fastapi_json_response,
+    json_response,
+)
 from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
 
@@ -156,9 +160,7 @@ def mount_openai_routes(app: FastAPI) -> None:
             return create_error_response(
                 f"Internal server error: {e}", err_type="InternalServerError", status_code=500
             )
-        # FastAPI's default JSONResponse (json.dumps: 1e-05, not orjson's 0.00001), as
-        # SGLang's route returns the model without a response class
-        return JSONResponse(ScoringResponse(scores=scores, model=request.model).model_dump())
+        return fastapi_json_response(ScoringResponse(scores=scores, model=request.model))
 
     @app.post("/v1/tokenize", dependencies=json_only)
     @app.post("/tokenize", dependencies=json_only, include_in_schema=False)

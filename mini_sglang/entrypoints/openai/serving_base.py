@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from mini_sglang.entrypoints.openai.protocol import ErrorResponse, LogProbs, UsageInfo
@@ -35,6 +36,14 @@ SSE_DONE = b"data: [DONE]\n\n"
 def json_response(model: BaseModel, status_code: int = 200) -> Response:
     """One-line compact JSON in the model's field order."""
     return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
+def fastapi_json_response(model: BaseModel) -> Response:
+    """The bytes FastAPI sends for a route that returns `model` without a response class, as
+    SGLang's non-stream chat, completions and /v1/score do: jsonable_encoder (inf and nan
+    become null), then json.dumps, compact. Floats read as Python writes them (1e-05, where
+    pydantic and orjson write 0.00001)."""
+    return JSONResponse(jsonable_encoder(model))
 
 
 def create_error_response(

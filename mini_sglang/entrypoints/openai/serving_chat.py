@@ -49,8 +49,8 @@ from mini_sglang.entrypoints.openai.protocol import (
 from mini_sglang.entrypoints.openai.serving_base import (
     OpenAIServingBase,
     common_sampling_params,
+    fastapi_json_response,
     finish_fields,
-    json_response,
     logger,
     response_fields,
     sse,
@@ -274,7 +274,7 @@ class OpenAIServingChat(OpenAIServingBase):
         response = ChatCompletionResponse(
             choices=choices, **response_fields(ret, request, self.enable_cache_report)
         )
-        return json_response(response)
+        return fastapi_json_response(response)
 
     # ---- stream ------------------------------------------------------------------------
     async def _generate_stream(

@@ -26,8 +26,8 @@ from mini_sglang.entrypoints.openai.protocol import (
 from mini_sglang.entrypoints.openai.serving_base import (
     OpenAIServingBase,
     common_sampling_params,
+    fastapi_json_response,
     finish_fields,
-    json_response,
     response_fields,
     sse,
     to_openai_style_logprobs,
@@ -119,7 +119,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         response = CompletionResponse(
             choices=choices, **response_fields(ret, request, self.enable_cache_report)
         )
-        return json_response(response)
+        return fastapi_json_response(response)
 
     # ---- stream ------------------------------------------------------------------------
     async def _generate_stream(
