@@ -4,6 +4,8 @@ in OpenAI's error envelope (a stream's error event). They used to be ignored."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.server.conftest import ServerHandle, parse_sse
@@ -16,6 +18,7 @@ LOGIT_PROCESSOR = (
     "The server is not configured to enable custom logit processor. "
     "Please set `--enable-custom-logit-processor` to enable this feature."
 )
+DONE = b"\n\ndata: [DONE]\n\n"
 BODIES = {
     "/v1/completions": {"model": "m", "prompt": "hi", "max_tokens": 2},
     "/v1/chat/completions": {
@@ -44,7 +47,9 @@ def test_unsupported_extras_are_400s(server: ServerHandle, path, field, message,
         "code": 400,
     }
     if stream:
+        # SGLang's bytes: json.dumps with its default ", " / ": " separators
         assert r.status_code == 200 and parse_sse(r.content) == [{"error": error}]
+        assert r.content == b"data: " + json.dumps({"error": error}).encode() + DONE
     else:
         assert r.status_code == 400 and r.json() == error, r.text
     assert server.post(path, json=BODIES[path]).status_code == 200

@@ -10,6 +10,7 @@ sent); anything else is 500 "Internal server error: ...".
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -59,9 +60,11 @@ def create_error_response(
 def streaming_error_event(
     message: str, err_type: str = "BadRequestError", code: int = 400
 ) -> bytes:
-    """`data: {"error": {...ErrorResponse...}}` for errors after the stream started."""
+    """`data: {"error": {...ErrorResponse...}}` for errors after the stream started, in
+    SGLang's bytes: json.dumps' defaults (", " and ": " separators, non-ASCII escaped),
+    unlike the compact chunks around it."""
     error = ErrorResponse(message=json_safe(message), type=err_type, param=None, code=code)
-    return b"data: " + orjson.dumps({"error": error.model_dump()}) + b"\n\n"
+    return b"data: " + json.dumps({"error": error.model_dump()}).encode() + b"\n\n"
 
 
 def sse(model: BaseModel, exclude_none: bool = False) -> bytes:
