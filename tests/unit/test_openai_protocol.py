@@ -43,3 +43,19 @@ def test_json_schema_shorthand_defaults_and_precedence():
     # Other types are untouched.
     req = ChatCompletionRequest(messages=MESSAGES, response_format={"type": "json_object"})
     assert req.response_format.json_schema is None
+
+
+def test_reasoning_object_sets_effort_and_thinking():
+    req = ChatCompletionRequest(messages=MESSAGES, reasoning={"effort": "high", "enabled": "yes"})
+    assert req.reasoning_effort == "high"
+    assert req.chat_template_kwargs == {"thinking": True}
+    # The request's own kwarg wins; an unknown effort and a false flag change nothing.
+    req = ChatCompletionRequest(
+        messages=MESSAGES,
+        reasoning={"reasoning_effort": "max", "enable": True},
+        chat_template_kwargs={"thinking": False, "x": 1},
+    )
+    assert req.reasoning_effort == "medium"
+    assert req.chat_template_kwargs == {"thinking": False, "x": 1}
+    req = ChatCompletionRequest(messages=MESSAGES, reasoning={"enabled": False})
+    assert req.chat_template_kwargs is None

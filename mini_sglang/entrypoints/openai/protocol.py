@@ -291,6 +291,28 @@ class ChatCompletionRequest(_SglangExtras):
 
     @model_validator(mode="before")
     @classmethod
+    def _reasoning_object(cls, values: Any) -> Any:
+        # SGLang's normalize_reasoning_inputs: {"reasoning": {"effort", "enabled"}} (or
+        # "reasoning_effort" / "enable") sets reasoning_effort, and turns on the template's
+        # "thinking" kwarg unless the request sets it.
+        r = values.get("reasoning") if isinstance(values, dict) else None
+        if not isinstance(r, dict):
+            return values
+        effort = r.get("effort") or r.get("reasoning_effort")
+        if effort in {"low", "medium", "high"}:
+            values["reasoning_effort"] = effort
+        enabled = r.get("enabled") if r.get("enabled") is not None else r.get("enable", False)
+        if isinstance(enabled, str):
+            enabled = enabled.strip().lower() in {"1", "true", "yes", "y", "on"}
+        if enabled:
+            kwargs = values.get("chat_template_kwargs")
+            kwargs = kwargs if isinstance(kwargs, dict) else {}
+            kwargs.setdefault("thinking", True)
+            values["chat_template_kwargs"] = kwargs
+        return values
+
+    @model_validator(mode="before")
+    @classmethod
     def _json_schema_shorthand(cls, values: Any) -> Any:
         # SGLang's set_json_schema: {"type": "json_schema", "schema": {...}} (no json_schema
         # object) means json_schema {"name": schema title or "Schema", "schema", "strict"},
@@ -358,56 +380,3 @@ class ChatCompletionStreamResponse(BaseModel):
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: Optional[UsageInfo] = None
-
-
-# ---- /separate_reasoning, /parse_function_call (SGLang's native parser endpoints) --------
-class SeparateReasoningReqInput(BaseModel):
-    text: str
-    reasoning_parser: str
-
-
-class ParseFunctionCallReq(BaseModel):
-    text: str
-    tools: list[Tool] = Field(default_factory=list)
-    tool_call_parser: Optional[str] = None
-
-
-# ---- /tokenize, /detokenize ------------------------------------------------------------
-class TokenizeRequest(BaseModel):
-    model: str = DEFAULT_MODEL_NAME
-    prompt: Union[str, list[str]]
-    add_special_tokens: bool = True
-
-
-class TokenizeResponse(BaseModel):
-    tokens: Union[list[int], list[list[int]]]
-    count: Union[int, list[int]]
-    max_model_len: int
-
-
-class DetokenizeRequest(BaseModel):
-    model: str = DEFAULT_MODEL_NAME
-    tokens: Union[list[int], list[list[int]]]
-    skip_special_tokens: bool = True
-
-
-class DetokenizeResponse(BaseModel):
-    text: Union[str, list[str]]
-
-
-class ScoringRequest(BaseModel):
-    """/v1/score (SGLang's decoder-only scoring; see managers/scoring.py)."""
-
-    query: Optional[Union[str, list[int]]] = None
-    items: Optional[Union[str, list[str], list[list[int]]]] = None
-    label_token_ids: Optional[list[int]] = None
-    apply_softmax: bool = False
-    item_first: bool = False
-    model: str = DEFAULT_MODEL_NAME
-
-
-class ScoringResponse(BaseModel):
-    scores: list[list[float]]  # per item, in label_token_ids order
-    model: str
-    usage: Optional[UsageInfo] = None
-    object: str = "scoring"

@@ -25,9 +25,11 @@ from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
 from mini_sglang.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    ModelCard,
+)
+from mini_sglang.entrypoints.openai.protocol_utility import (
     DetokenizeRequest,
     DetokenizeResponse,
-    ModelCard,
     ParseFunctionCallReq,
     ScoringRequest,
     ScoringResponse,
