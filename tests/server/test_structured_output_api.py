@@ -162,3 +162,25 @@ def test_json_schema_shorthand_is_the_full_form(client: openai.OpenAI) -> None:
     assert replies[0].finish_reason == "stop"
     check_person_json(replies[0].message.content)
     assert replies[1].message.content == replies[0].message.content
+
+
+def test_masked_token_logprobs_are_null_not_a_500(gserver: ServerHandle) -> None:
+    """A grammar that allows one token leaves every other token at logprob -inf; a greedy
+    request with top logprobs then reports them. JSON has no -inf: the body says null (as
+    pydantic writes it) where json.dumps alone, SGLang's serialiser, would fail with a 500."""
+    body = {
+        "model": "m",
+        "prompt": "Say a:",
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": 3,
+        "regex": "a",
+    }
+    r = gserver.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    assert choice["text"] == "a"
+    (top,) = choice["logprobs"]["top_logprobs"]
+    values = list(top.values())
+    assert values[0] is not None and values[0] == pytest.approx(0.0, abs=1e-5)
+    assert None in values[1:], top

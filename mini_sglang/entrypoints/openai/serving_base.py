@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -41,10 +42,21 @@ def json_response(model: BaseModel, status_code: int = 200) -> Response:
 
 def fastapi_json_response(model: BaseModel) -> Response:
     """The bytes FastAPI sends for a route that returns `model` without a response class, as
-    SGLang's non-stream chat, completions and /v1/score do: jsonable_encoder (inf and nan
-    become null), then json.dumps, compact. Floats read as Python writes them (1e-05, where
-    pydantic and orjson write 0.00001)."""
-    return JSONResponse(jsonable_encoder(model))
+    SGLang's non-stream chat, completions and /v1/score do: jsonable_encoder, then json.dumps,
+    compact. Floats read as Python writes them (1e-05, where pydantic and orjson write
+    0.00001). One deliberate difference: a non-finite float (a -inf logprob of a token a
+    grammar masks) is null, as pydantic writes it; json.dumps would refuse it, a 500 there."""
+    return JSONResponse(_null_non_finite(jsonable_encoder(model)))
+
+
+def _null_non_finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [_null_non_finite(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _null_non_finite(v) for k, v in value.items()}
+    return value
 
 
 def create_error_response(
