@@ -30,6 +30,7 @@ from mini_sglang.managers.io_struct import (
     validate_dataclass,
 )
 from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.utils.json_body import fastapi_default_response
 from mini_sglang.utils.unicode_check import json_safe
 
 logger = logging.getLogger("mini_sglang")
@@ -344,7 +345,7 @@ async def generate_request(request: Request) -> Response:
         return error_response(str(e))
     except RequestAborted as e:
         return error_response(str(e))
-    return orjson_response(ret)
+    return fastapi_default_response(ret)  # SGLang returns the dict: json.dumps, not orjson
 
 
 # ---- launching ---------------------------------------------------------------------------

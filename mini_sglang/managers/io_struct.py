@@ -145,8 +145,12 @@ class GenerateReqInput:
     def normalize_batch_and_arguments(self) -> None:
         """Validate the inputs, decide single vs batch, expand ``n`` and fill defaults."""
         given = [x is not None for x in (self.text, self.input_ids, self.input_embeds)]
-        if sum(given) != 1:
+        # SGLang refuses none or all three. With text and input_ids the ids are the prompt and
+        # the text is kept as its input text; input_embeds beside either is dropped.
+        if not any(given) or all(given):
             raise ValueError("Either text, input_ids or input_embeds should be provided.")
+        if self.text is not None or self.input_ids is not None:
+            self.input_embeds = None
         self._determine_batch_size()
         self._determine_parallel_sample_num()
         if self.is_single:

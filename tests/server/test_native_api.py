@@ -349,7 +349,7 @@ def test_abort_all(server: ServerHandle):
 # ---- bad input --------------------------------------------------------------------------
 BAD_BODIES = {
     "missing_input": {"sampling_params": {"max_new_tokens": 2}},
-    "text_and_input_ids": {"text": "hi", "input_ids": [1, 2]},
+    "all_three_inputs": {"text": "hi", "input_ids": [1, 2], "input_embeds": [[0.1]]},
     "temperature_negative": {"text": "hi", "sampling_params": {"temperature": -1}},
     "top_p_zero": {"text": "hi", "sampling_params": {"top_p": 0}},
     "top_k_zero": {"text": "hi", "sampling_params": {"top_k": 0}},
@@ -361,6 +361,18 @@ BAD_BODIES = {
 }
 
 
+def test_text_with_input_ids_generates_from_the_ids(server: ServerHandle):
+    """SGLang takes both: the ids are the prompt (the text is only kept as its input text)."""
+    sp = {"max_new_tokens": 3, "temperature": 0}
+    ids_only = generate(server, {"input_ids": [5, 6, 7], "sampling_params": sp})
+    both = generate(
+        server, {"text": "unrelated words", "input_ids": [5, 6, 7], "sampling_params": sp}
+    )
+    assert both.status_code == 200, both.text
+    assert both.json()["output_ids"] == ids_only.json()["output_ids"]
+    assert both.json()["meta_info"]["prompt_tokens"] == 3
+
+
 @pytest.mark.parametrize("name", sorted(BAD_BODIES))
 def test_bad_input_is_400(server: ServerHandle, name: str):
     r = generate(server, BAD_BODIES[name])
@@ -368,7 +380,7 @@ def test_bad_input_is_400(server: ServerHandle, name: str):
     err = r.json()
     assert list(err) == ["error"] and list(err["error"]) == ["message"]
     assert isinstance(err["error"]["message"], str) and err["error"]["message"]
-    if name in ("missing_input", "text_and_input_ids"):
+    if name in ("missing_input", "all_three_inputs"):
         assert (
             err["error"]["message"] == "Either text, input_ids or input_embeds should be provided."
         )

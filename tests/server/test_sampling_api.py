@@ -9,6 +9,7 @@ lacks. One shared server (conftest `server`).
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -151,6 +152,24 @@ def test_logprob_triples_match_transformers(server, tokenizer, hf_model):
         watched = meta["output_token_ids_logprobs"][j]
         assert [x[1] for x in watched] == [ids[1], 100]
         assert [x[0] for x in watched] == pytest.approx(row[[ids[1], 100]].tolist(), abs=ATOL)
+
+
+def test_non_stream_body_is_json_dumps(server):
+    """SGLang returns /generate's dict through FastAPI's default JSONResponse: json.dumps,
+    compact, so a logprob near 0 reads -2e-06 (orjson writes -0.000002). A large logit bias
+    makes the greedy token's logprob that small."""
+    body = {
+        # fixed: the logprobs (float32 steps of 1.2e-07 near 0) depend on the prompt, and
+        # this one's are -8.4e-05 and -8.3e-06, below json.dumps' 1e-04 exponent threshold
+        "text": "Numbers in JSON:",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 2, "logit_bias": {"100": 25}},
+        "return_logprob": True,
+    }
+    r = server.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == [100, 100]
+    assert r.text == json.dumps(r.json(), ensure_ascii=False, separators=(",", ":"))
+    assert "e-0" in r.text  # the tiny logprobs are in exponent form
 
 
 def test_logprobs_without_text_carry_null(server):

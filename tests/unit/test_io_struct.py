@@ -92,15 +92,23 @@ def test_single_input_ids_and_given_rid_kept():
     assert req.token_ids_logprob is None  # [] means none
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [{}, {"text": "a", "input_ids": [1]}, {"text": "a", "input_embeds": [[0.1]]}],
-)
-def test_exactly_one_input_required(kwargs):
+@pytest.mark.parametrize("kwargs", [{}, {"text": "a", "input_ids": [1], "input_embeds": [[0.1]]}])
+def test_none_or_all_three_inputs_rejected(kwargs):
     with pytest.raises(
         ValueError, match=r"^Either text, input_ids or input_embeds should be provided\.$"
     ):
         normalized(**kwargs)
+
+
+def test_text_beside_input_ids_or_embeds_is_sglangs():
+    """SGLang takes text with input_ids (the ids are the prompt, the text stays as its input
+    text) and drops input_embeds given beside text or input_ids."""
+    req = normalized(text="a", input_ids=[1, 2])
+    assert req.is_single and req.text == "a" and req.input_ids == [1, 2]
+    req = normalized(text="a", input_embeds=[[0.1]])
+    assert req.input_embeds is None and req.text == "a"
+    req = normalized(input_ids=[[1], [2, 3]], input_embeds=[[0.1]])
+    assert req.input_embeds is None and req.batch_size == 2
 
 
 @pytest.mark.parametrize("input_ids", [[], [[1], []]])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -20,13 +19,14 @@ from typing import Any
 import orjson
 from fastapi import Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from mini_sglang.entrypoints.openai.protocol import ErrorResponse, LogProbs, UsageInfo
 from mini_sglang.managers.io_struct import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
 from mini_sglang.sampling.sampling_params import SamplingParams
+from mini_sglang.utils.json_body import fastapi_default_response
 from mini_sglang.utils.unicode_check import json_safe
 
 logger = logging.getLogger("mini_sglang")
@@ -41,22 +41,9 @@ def json_response(model: BaseModel, status_code: int = 200) -> Response:
 
 
 def fastapi_json_response(model: BaseModel) -> Response:
-    """The bytes FastAPI sends for a route that returns `model` without a response class, as
-    SGLang's non-stream chat, completions and /v1/score do: jsonable_encoder, then json.dumps,
-    compact. Floats read as Python writes them (1e-05, where pydantic and orjson write
-    0.00001). One deliberate difference: a non-finite float (a -inf logprob of a token a
-    grammar masks) is null, as pydantic writes it; json.dumps would refuse it, a 500 there."""
-    return JSONResponse(_null_non_finite(jsonable_encoder(model)))
-
-
-def _null_non_finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, list):
-        return [_null_non_finite(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _null_non_finite(v) for k, v in value.items()}
-    return value
+    """`model` in the bytes SGLang's non-stream chat, completions and /v1/score send
+    (jsonable_encoder, then FastAPI's default response; see utils/json_body.py)."""
+    return fastapi_default_response(jsonable_encoder(model))
 
 
 def create_error_response(
