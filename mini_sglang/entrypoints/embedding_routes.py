@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -34,7 +34,6 @@ class EmbeddingReqInput:
     text: Optional[Union[list[list[str]], list[str], str]] = None
     image_data: Optional[Any] = None
     input_ids: Optional[Union[list[list[int]], list[int]]] = None
-    rid: Optional[Union[list[str], str]] = None
 
 
 class MultimodalEmbeddingInput(BaseModel):
@@ -123,13 +122,13 @@ def mount_embedding_routes(app: FastAPI) -> None:
     json_only = [Depends(validate_json_request)]
 
     @app.post("/v1/embeddings", dependencies=json_only)
-    async def openai_v1_embeddings(request: EmbeddingRequest, raw_request: Request) -> Response:
+    async def openai_v1_embeddings(request: EmbeddingRequest) -> Response:
         return create_error_response(openai_input_error(request.input) or NOT_AN_EMBEDDING_MODEL)
 
     @app.post("/v1/classify", dependencies=json_only)
-    async def openai_v1_classify(request: ClassifyRequest, raw_request: Request) -> Response:
+    async def openai_v1_classify(request: ClassifyRequest) -> Response:
         return create_error_response(openai_input_error(request.input) or NOT_AN_EMBEDDING_MODEL)
 
     @app.api_route("/v1/rerank", methods=["POST", "PUT"], dependencies=json_only)
-    async def v1_rerank_request(request: V1RerankReqInput, raw_request: Request) -> Response:
+    async def v1_rerank_request(request: V1RerankReqInput) -> Response:
         return create_error_response(rerank_input_error(request) or NOT_AN_EMBEDDING_MODEL)

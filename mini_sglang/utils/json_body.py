@@ -27,5 +27,10 @@ def null_non_finite(value: Any) -> Any:
 
 
 def fastapi_default_response(content: Any) -> JSONResponse:
-    """`content` as FastAPI's default response writes it (see the module docstring)."""
-    return JSONResponse(null_non_finite(content))
+    """`content` as FastAPI's default response writes it (see the module docstring). The
+    copy without non-finite floats is made only when json.dumps refuses them, which is rare,
+    so a long logprob list is not walked twice."""
+    try:
+        return JSONResponse(content)
+    except ValueError:  # json.dumps(allow_nan=False): an inf or nan somewhere
+        return JSONResponse(null_non_finite(content))
