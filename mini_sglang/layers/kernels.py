@@ -73,8 +73,8 @@ def _pdl_on_device(index: int) -> bool:
 
 
 # PDL pays where a step is many short kernels: decode at small batch. At larger batches it
-# has nothing to hide, and with it on at every size one set of nano-vllm runs on an H100
-# came out ~1% lower (docs/benchmarks.md, session 15).
+# has nothing to hide, and with it on at every size a set of nano-vllm runs on an H100
+# came out ~1% lower (docs/performance/decode-gemv.md).
 PDL_MAX_ROWS = 32
 
 

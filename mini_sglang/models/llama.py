@@ -173,7 +173,7 @@ class LlamaDecoderLayer(nn.Module):
         the input add-RMSNorm kernel does not run. The post-attention one does: folded into
         gate_up_proj, whose GEMV is the largest and then loads the norm's weight beside x in
         every program, it cost more than it saved (Llama-3.1-8B batch 1, H100: 5.61 vs 5.48
-        ms/token unfused; this dataflow 5.46 vs 5.49-5.51; docs/benchmarks.md, session 18)."""
+        ms/token unfused; this dataflow 5.46 vs 5.49-5.51; docs/performance/decode-gemv.md)."""
         attn, mlp = self.self_attn, self.mlp
         qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
         o = attn.o_proj(attn.attend(positions, qkv, fb))

@@ -2,8 +2,8 @@
 
 JSON may escape a lone UTF-16 surrogate ("\\ud800"); Python's json turns it into a str that
 cannot be encoded as UTF-8, and the HF fast tokenizer then raises an opaque TypeError
-("TextEncodeInput must be Union[...]"), which used to surface as a 500 on /tokenize and as
-a meaningless 400 elsewhere. The HTTP routes now refuse such bodies when parsing them
+("TextEncodeInput must be Union[...]"), which would surface as a 500 on /tokenize and as
+a meaningless 400 elsewhere. The HTTP routes refuse such bodies when parsing them
 (orjson for the native routes, openai/routes.validate_json_request for the OpenAI ones);
 these checks keep the TokenizerManager safe for in-process callers (the Engine API).
 """
@@ -25,5 +25,5 @@ def ensure_valid_unicode(text: str, what: str) -> None:
 def json_safe(message: str) -> str:
     """`message` with lone surrogates written as backslash escapes. Error messages may quote
     client input; orjson and pydantic refuse to serialise a lone surrogate, so an error
-    envelope quoting one used to turn a 400 into a 500."""
+    envelope quoting one unescaped would turn a 400 into a 500."""
     return message.encode("utf-8", "backslashreplace").decode("utf-8")
