@@ -129,7 +129,7 @@ def test_default_model_json_schema_answer_parses(default_scheduler) -> None:
 
 
 # ---- Qwen3-0.6B shape, dummy weights -------------------------------------------------------
-# Exactly the benchmark architecture of /work/shared/models/README.md.
+# Exactly the benchmark architecture of benchmarks/models/qwen3-0.6b/config.json.
 QWEN3_0_6B = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",

@@ -197,10 +197,10 @@ def test_prefill_adder_reserves_the_decode_tokens() -> None:
 
 
 def test_chunked_prompt_logprobs_same_under_overlap(model_path: str) -> None:
-    """Regression: each step's prompt-logprob offsets are frozen in its snapshot. They
-    used to be read from the request when results were processed, which under overlap is
-    after the next chunk was scheduled (a 45-token prompt in 16-token chunks with
-    logprob_start_len 3 lost three values and misplaced the rest)."""
+    """Each step's prompt-logprob offsets are frozen in its snapshot: under overlap the
+    results are processed after the next chunk was scheduled, so offsets read from the
+    request then would be the next chunk's (a 45-token prompt in 16-token chunks with
+    logprob_start_len 3 would lose three values and misplace the rest)."""
     prompt = _prompts()[2]
     got = []
     for overlap in (False, True):

@@ -1,4 +1,4 @@
-"""Flags that were accepted and did nothing now act, as in SGLang 0.5.4:
+"""Flags that act as in SGLang 0.5.4 (accepting them without acting would be silent):
 --decode-log-interval N logs "Decode batch." every N decode steps; --sampling-defaults
 openai ignores generation_config.json's sampling values (model: uses them);
 --completion-template, --enable-return-hidden-states and --multi-item-scoring-delimiter, whose

@@ -1,6 +1,6 @@
 """SGLang's extras that ask for features this server lacks, on the OpenAI routes: the same
 400s as /generate (SGLang 0.5.4 passes them to the TokenizerManager, which refuses them),
-in OpenAI's error envelope (a stream's error event). They used to be ignored."""
+in OpenAI's error envelope (a stream's error event), never silently ignored."""
 
 from __future__ import annotations
 

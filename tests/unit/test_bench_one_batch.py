@@ -151,11 +151,11 @@ def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
 
 
 def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_path, tmp_path):
-    """A rank whose group teardown never returns no longer holds the benchmark: its numbers
+    """A rank whose group teardown never returns does not hold the benchmark: its numbers
     are already reported, the rank's stack is in the log after half of TEARDOWN_TIMEOUT_S,
-    and the parent kills it after TEARDOWN_TIMEOUT_S. (On two H100s NCCL's teardown waited
-    for the CUDA graphs that had captured its collectives; the ranks now destroy them first,
-    which tests/gpu/test_gpu_tp.py checks; this guards against any other such hang.) The
+    and the parent kills it after TEARDOWN_TIMEOUT_S. (NCCL's teardown waits for CUDA graphs
+    that captured its collectives, so the ranks destroy them first, which
+    tests/gpu/test_gpu_tp.py checks; this guards against any other such hang.) The
     teardown is made to hang in the rank processes by a sitecustomize that every interpreter
     started here runs."""
     import os
