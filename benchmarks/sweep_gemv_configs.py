@@ -7,8 +7,8 @@ weight cold in L2 as in small_m_gemm's own pick.
 The grid is small_m_gemm._CONFIGS plus BLOCK_N 1-8, BLOCK_K 2048 up to the whole row, 4-16
 warps and 1-3 stages. Prints cuBLAS, the pick and the best 8 configs per shape, and writes
 MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
-beats the pick by >= 2%, FILE.all the best config of every shape. Session 21 (H100) found
-nothing the picks miss (docs/benchmarks.md).
+beats the pick by >= 2%, FILE.all the best config of every shape. On an H100 this grid
+found nothing the picks miss (docs/performance/decode-gemv.md).
 """
 
 from __future__ import annotations
