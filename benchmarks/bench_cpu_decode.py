@@ -44,7 +44,7 @@ def bench_mini_sglang(scheduler, prompts: list[list[int]], output_len: int) -> R
     the batch it launched (run_step: overlap scheduling unless --disable-overlap-schedule;
     on CPU the forward is synchronous, so a step's time is its own forward plus the
     processing of the previous step's tokens)."""
-    from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
+    from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
     from mini_sglang.sampling.sampling_params import SamplingParams
 
     scheduler.flush_cache()  # no prefix hits from an earlier round

@@ -133,7 +133,7 @@ def run_once(
 def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int = 0):
     """The same batch through an in-process Scheduler (its loop, overlap and streaming
     included): (time to first token, per-token decode seconds)."""
-    from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
+    from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
 
     vocab = scheduler.model_config.vocab_size
     gen = torch.Generator().manual_seed(seed)

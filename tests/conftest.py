@@ -214,7 +214,7 @@ class ReqResult:
 def make_req(rid: str, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool, **kw):
     """A greedy TokenizedGenerateReqInput (sampling params normalised as the tokenizer
     manager would)."""
-    from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
+    from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
     from mini_sglang.sampling.sampling_params import SamplingParams
 
     sp = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=ignore_eos)

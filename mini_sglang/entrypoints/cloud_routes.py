@@ -25,8 +25,9 @@ from mini_sglang.entrypoints.http_server import (
     parse_json_body,
     validation_error_response,
 )
-from mini_sglang.managers.io_struct import BodyValidationError, GenerateReqInput
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.utils.dataclass_validation import BodyValidationError
 
 
 def vertex_to_generate(body: dict) -> dict | None:

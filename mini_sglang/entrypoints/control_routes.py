@@ -40,7 +40,7 @@ from mini_sglang.entrypoints.http_server import (
     validation_error_response,
 )
 from mini_sglang.managers import tokenizer_manager_control as tmc
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
     ConfigureLoggingReq,
     OpenSessionReqInput,

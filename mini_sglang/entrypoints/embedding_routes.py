@@ -11,7 +11,6 @@ get there: the native routes' "At least one of text, input_ids, or image should 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from fastapi import Depends, FastAPI
@@ -20,20 +19,12 @@ from pydantic import BaseModel
 
 from mini_sglang.entrypoints.openai.protocol import DEFAULT_MODEL_NAME
 from mini_sglang.entrypoints.openai.serving_base import create_error_response
+from mini_sglang.managers.io_struct.generate import EmbeddingReqInput
 
 NOT_AN_EMBEDDING_MODEL = (
     "This model does not appear to be an embedding model by default. "
     "Please add `--is-embedding` when launching the server or try another model."
 )
-
-
-@dataclass
-class EmbeddingReqInput:
-    """/encode and /classify's body (SGLang's fields; only the inputs matter here)."""
-
-    text: Optional[Union[list[list[str]], list[str], str]] = None
-    image_data: Optional[Any] = None
-    input_ids: Optional[Union[list[list[int]], list[int]]] = None
 
 
 class MultimodalEmbeddingInput(BaseModel):

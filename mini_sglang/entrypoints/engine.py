@@ -24,7 +24,7 @@ from mini_sglang.entrypoints.parallel_launch import (
     serve_non_zero_node,
     start_dp_controller,
 )
-from mini_sglang.managers.io_struct import GenerateReqInput
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.server_args import PortArgs, ServerArgs
 from mini_sglang.utils.process import kill_process_tree
 
@@ -268,7 +268,7 @@ class Engine(EngineWeightsMixin):
     def start_profile(self, **kwargs: Any) -> None:
         """/start_profile's body as keyword arguments (output_dir, num_steps, activities, ...)."""
         from mini_sglang.managers import tokenizer_manager_control as control
-        from mini_sglang.managers.io_struct_control import ProfileReqInput
+        from mini_sglang.managers.io_struct.control import ProfileReqInput
 
         tm = self.tokenizer_manager
         self.loop.run_until_complete(control.start_profile(tm, ProfileReqInput(**kwargs)))

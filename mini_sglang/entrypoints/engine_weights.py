@@ -11,14 +11,14 @@ from typing import Any
 import torch
 
 from mini_sglang.managers import tokenizer_manager_parallel as tmp
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     GetWeightsByNameReqInput,
     InitWeightsUpdateGroupReqInput,
     UpdateWeightFromDiskReqInput,
     UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromTensorReqInput,
 )
-from mini_sglang.managers.io_struct_parallel import UpdateWeightsFromTensorReqInput
 
 
 class EngineWeightsMixin:

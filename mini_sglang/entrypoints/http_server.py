@@ -23,13 +23,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
-from mini_sglang.managers.io_struct import (
-    AbortReq,
-    BodyValidationError,
-    GenerateReqInput,
-    validate_dataclass,
-)
+from mini_sglang.managers.io_struct.control import AbortReq
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.utils.dataclass_validation import BodyValidationError, validate_dataclass
 from mini_sglang.utils.json_body import fastapi_default_response
 from mini_sglang.utils.unicode_check import json_safe
 

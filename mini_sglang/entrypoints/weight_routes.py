@@ -21,7 +21,7 @@ from mini_sglang.entrypoints.http_server import (
     orjson_response,
 )
 from mini_sglang.managers import tokenizer_manager_parallel as tmp
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     GetWeightsByNameReqInput,
     InitWeightsUpdateGroupReqInput,

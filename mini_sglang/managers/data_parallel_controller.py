@@ -30,13 +30,15 @@ from typing import Any
 
 import zmq
 
-from mini_sglang.managers.io_struct import (
-    BatchTokenizedGenerateReqInput,
+from mini_sglang.managers.io_struct.control import (
     GetLoadReqInput,
     GetLoadReqOutput,
+    WatchLoadUpdateReq,
+)
+from mini_sglang.managers.io_struct.generate import (
+    BatchTokenizedGenerateReqInput,
     TokenizedGenerateReqInput,
 )
-from mini_sglang.managers.io_struct_parallel import WatchLoadUpdateReq
 from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
 
 logger = logging.getLogger("mini_sglang")

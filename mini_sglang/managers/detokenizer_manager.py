@@ -15,7 +15,12 @@ from typing import Any
 import zmq
 
 from mini_sglang.managers.incremental_detok import IncrementalDetokenizer
-from mini_sglang.managers.io_struct import BatchStrOutput, BatchTokenIDOutput, FreezeGCReq
+from mini_sglang.managers.io_struct.control import FreezeGCReq
+from mini_sglang.managers.io_struct.output import (
+    PASSTHROUGH_FIELDS,
+    BatchStrOutput,
+    BatchTokenIDOutput,
+)
 from mini_sglang.utils.gc_utils import freeze_gc
 from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
 
@@ -48,7 +53,7 @@ class DetokenizerManager:
             return BatchStrOutput(
                 output_strs=[""] * len(recv.rids),
                 output_ids=recv.output_ids,
-                **{k: getattr(recv, k) for k in _PASSTHROUGH},
+                **{k: getattr(recv, k) for k in PASSTHROUGH_FIELDS},
             )
         return self.detok.handle_batch_token_id_out(recv)
 
@@ -69,6 +74,3 @@ def run_detokenizer_process(server_args, port_args) -> None:
     except Exception:
         logger.error("DetokenizerManager hit an exception: %s", traceback.format_exc())
         os.kill(os.getppid(), signal.SIGQUIT)
-
-
-from mini_sglang.managers.io_struct import PASSTHROUGH_FIELDS as _PASSTHROUGH  # noqa: E402

@@ -32,7 +32,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from mini_sglang.managers.io_struct import PASSTHROUGH_FIELDS, BatchStrOutput, BatchTokenIDOutput
+from mini_sglang.managers.io_struct.output import (
+    PASSTHROUGH_FIELDS,
+    BatchStrOutput,
+    BatchTokenIDOutput,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mini_sglang.managers.io_struct import GenerateReqInput, TokenizedGenerateReqInput
+    from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
 
 

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from mini_sglang.managers.io_struct_control import ConfigureLoggingReq
+from mini_sglang.managers.io_struct.control import ConfigureLoggingReq
 
 logger = logging.getLogger("mini_sglang")
 

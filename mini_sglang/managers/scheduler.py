@@ -15,14 +15,16 @@ from collections.abc import Callable
 from typing import Any
 
 from mini_sglang.managers.finish_reason import FINISH_ABORT
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import (
     AbortReq,
-    BatchTokenizedGenerateReqInput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     FreezeGCReq,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+)
+from mini_sglang.managers.io_struct.generate import (
+    BatchTokenizedGenerateReqInput,
     TokenizedGenerateReqInput,
 )
 from mini_sglang.managers.req import Req

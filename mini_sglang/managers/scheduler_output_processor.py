@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mini_sglang.managers.io_struct import BatchTokenIDOutput
-from mini_sglang.managers.io_struct_output import LOGPROB_FIELDS
+from mini_sglang.managers.io_struct.output import LOGPROB_FIELDS, BatchTokenIDOutput
 
 if TYPE_CHECKING:
     from mini_sglang.managers.req import Req

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import torch
 
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import (
     ProfileReq,
     ProfileReqOutput,
     ProfileReqType,

@@ -17,11 +17,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import GetLoadReqInput, GetLoadReqOutput
+from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     DestroyWeightsUpdateGroupReqOutput,
-    GetLoadReqInput,
-    GetLoadReqOutput,
     GetWeightsByNameReqInput,
     GetWeightsByNameReqOutput,
     InitWeightsUpdateGroupReqInput,
@@ -30,8 +29,6 @@ from mini_sglang.managers.io_struct import (
     UpdateWeightFromDiskReqOutput,
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightsFromDistributedReqOutput,
-)
-from mini_sglang.managers.io_struct_parallel import (
     UpdateWeightsFromTensorReqInput,
     UpdateWeightsFromTensorReqOutput,
 )

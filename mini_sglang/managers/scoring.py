@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mini_sglang.managers.io_struct import GenerateReqInput
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 
 if TYPE_CHECKING:
     from mini_sglang.managers.tokenizer_manager import TokenizerManager

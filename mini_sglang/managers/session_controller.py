@@ -27,13 +27,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
     OpenSessionReqInput,
     OpenSessionReqOutput,
-    TokenizedGenerateReqInput,
-    validate_dataclass,
 )
+from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
+from mini_sglang.utils.dataclass_validation import validate_dataclass
 
 logger = logging.getLogger("mini_sglang")
 

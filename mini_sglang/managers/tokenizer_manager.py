@@ -21,19 +21,18 @@ import zmq
 import zmq.asyncio
 
 from mini_sglang.managers.input_checks import check_generate_features
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import (
     AbortReq,
-    BatchStrOutput,
     FlushCacheReqInput,
     FlushCacheReqOutput,
-    GenerateReqInput,
     GetInternalStateReq,
     GetInternalStateReqOutput,
     OpenSessionReqOutput,
     ProfileReqOutput,
     SlowDownReqOutput,
-    TokenizedGenerateReqInput,
 )
+from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
+from mini_sglang.managers.io_struct.output import BatchStrOutput
 from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
 from mini_sglang.managers.request_logging import RequestLogger
 from mini_sglang.managers.session_controller import normalize_session_params

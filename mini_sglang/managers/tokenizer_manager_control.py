@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Optional
 
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
     FreezeGCReq,
     OpenSessionReqInput,

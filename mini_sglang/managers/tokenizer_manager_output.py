@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mini_sglang.managers.io_struct import BatchStrOutput
+    from mini_sglang.managers.io_struct.output import BatchStrOutput
     from mini_sglang.managers.tokenizer_manager import ReqState, TokenizerManager
 
 _PAIRS = (

@@ -18,10 +18,10 @@ import asyncio
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct.control import GetLoadReqOutput
+from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     DestroyWeightsUpdateGroupReqOutput,
-    GetLoadReqOutput,
     GetWeightsByNameReqInput,
     GetWeightsByNameReqOutput,
     InitWeightsUpdateGroupReqInput,
@@ -30,8 +30,6 @@ from mini_sglang.managers.io_struct import (
     UpdateWeightFromDiskReqOutput,
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightsFromDistributedReqOutput,
-)
-from mini_sglang.managers.io_struct_parallel import (
     UpdateWeightsFromTensorReqInput,
     UpdateWeightsFromTensorReqOutput,
 )

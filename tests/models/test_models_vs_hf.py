@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from mini_sglang.managers.io_struct import AbortReq
+from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.sampling.sampling_params import SamplingParams

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
+from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
 from mini_sglang.sampling.sampling_params import SamplingParams
 from tests.conftest import assert_memory_all_free, build_tiny_model, make_scheduler
 

@@ -5,7 +5,7 @@ request slots all come back."""
 
 from __future__ import annotations
 
-from mini_sglang.managers.io_struct import OpenSessionReqInput
+from mini_sglang.managers.io_struct.control import OpenSessionReqInput
 from tests.conftest import assert_memory_all_free, collect_outputs, make_req, make_scheduler
 
 

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from mini_sglang.managers.io_struct import AbortReq
+from mini_sglang.managers.io_struct.control import AbortReq
 from tests.conftest import (
     GRAMMAR_EBNF,
     GRAMMAR_EBNF_RE,

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from mini_sglang.managers.data_parallel_controller import DataParallelController, DPBudget
-from mini_sglang.managers.io_struct import GetLoadReqOutput
+from mini_sglang.managers.io_struct.control import GetLoadReqOutput
 from tests.server.conftest import (
     ServerHandle,
     TinyModel,

@@ -114,7 +114,7 @@ def test_tp2_matches_transformers_and_tp1_sampling(tp2_server: ServerHandle, tin
     assert r.status_code == 200, r.text
     root = _root_conftest()
     sched = root.make_scheduler(tiny_model.path, random_seed=SEED)
-    from mini_sglang.managers.io_struct import TokenizedGenerateReqInput
+    from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
     from mini_sglang.sampling.sampling_params import SamplingParams
 
     sp = SamplingParams(**body)

@@ -24,7 +24,7 @@ from mini_sglang.managers.incremental_detok import (
     stop_hold_back_start,
     trim_matched_stop,
 )
-from mini_sglang.managers.io_struct import BatchStrOutput, BatchTokenIDOutput
+from mini_sglang.managers.io_struct.output import BatchStrOutput, BatchTokenIDOutput
 
 FFFD = "\ufffd"
 QWEN_IM_END = 151645

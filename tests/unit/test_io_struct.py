@@ -10,7 +10,6 @@ import re
 import orjson
 import pytest
 
-from mini_sglang.managers import io_struct, io_struct_control, io_struct_output
 from mini_sglang.managers.finish_reason import (
     FINISH_ABORT,
     FINISH_LENGTH,
@@ -18,15 +17,14 @@ from mini_sglang.managers.finish_reason import (
     FINISH_MATCHED_TOKEN,
     FINISHED_MATCHED_REGEX,
 )
-from mini_sglang.managers.io_struct import (
+from mini_sglang.managers.io_struct import control, generate, output, weights
+from mini_sglang.managers.io_struct.control import (
     AbortReq,
-    BatchStrOutput,
-    BatchTokenIDOutput,
     FlushCacheReqOutput,
-    GenerateReqInput,
     GetInternalStateReqOutput,
-    TokenizedGenerateReqInput,
 )
+from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
+from mini_sglang.managers.io_struct.output import BatchStrOutput, BatchTokenIDOutput
 from mini_sglang.sampling.sampling_params import SamplingParams
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -217,7 +215,7 @@ def test_regenerate_rid():
 # ---------------------------------------------------------------- picklability
 def _message_classes():
     classes = []
-    for module in (io_struct, io_struct_control, io_struct_output):
+    for module in (generate, output, control, weights):
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if dataclasses.is_dataclass(cls) and cls.__module__ == module.__name__:
                 classes.append(cls)
@@ -261,4 +259,4 @@ def test_specific_messages():
         cached_tokens=[0],
     )
     assert pickle.loads(pickle.dumps(b)) == b
-    assert {f.name for f in dataclasses.fields(BatchStrOutput)} >= set(io_struct.PASSTHROUGH_FIELDS)
+    assert {f.name for f in dataclasses.fields(BatchStrOutput)} >= set(output.PASSTHROUGH_FIELDS)

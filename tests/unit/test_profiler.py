@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from mini_sglang.entrypoints.control_routes import parse_profile_body
-from mini_sglang.managers.io_struct import ProfileReq, ProfileReqInput, ProfileReqType
+from mini_sglang.managers.io_struct.control import ProfileReq, ProfileReqInput, ProfileReqType
 from mini_sglang.managers.scheduler_profiler import SchedulerProfilerMixin
 from mini_sglang.model_executor.forward_batch_info import ForwardMode
 from mini_sglang.utils.profile_merger import merge_chrome_traces

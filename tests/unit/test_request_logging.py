@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mini_sglang.managers.io_struct import ConfigureLoggingReq, GenerateReqInput
+from mini_sglang.managers.io_struct.control import ConfigureLoggingReq
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.request_logging import RequestLogger, truncated_repr
 
 

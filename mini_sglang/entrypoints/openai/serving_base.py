@@ -23,7 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from mini_sglang.entrypoints.openai.protocol import ErrorResponse, LogProbs, UsageInfo
-from mini_sglang.managers.io_struct import GenerateReqInput
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.json_body import fastapi_default_response

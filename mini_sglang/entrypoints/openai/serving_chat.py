@@ -58,7 +58,7 @@ from mini_sglang.entrypoints.openai.serving_base import (
     usage_from_metas,
 )
 from mini_sglang.entrypoints.openai.serving_completions import _extra_key
-from mini_sglang.managers.io_struct import GenerateReqInput
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 
 # OpenAI's defaults, used when neither the request nor generation_config.json sets a value.
 _DEFAULT_SAMPLING = {

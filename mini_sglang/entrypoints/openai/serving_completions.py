@@ -33,7 +33,7 @@ from mini_sglang.entrypoints.openai.serving_base import (
     to_openai_style_logprobs,
     usage_from_metas,
 )
-from mini_sglang.managers.io_struct import GenerateReqInput
+from mini_sglang.managers.io_struct.generate import GenerateReqInput
 
 
 class OpenAIServingCompletion(OpenAIServingBase):

@@ -1,7 +1,4 @@
-"""Per-step outputs: scheduler -> detokenizer -> TokenizerManager (SGLang's names).
-
-Re-exported by ``io_struct``; import them from there.
-"""
+"""Per-step outputs: scheduler -> detokenizer -> TokenizerManager (SGLang's names)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""Messages between mini-sglang's processes (SGLang 0.5.4's ``io_struct`` names).
+"""Generate and embedding requests (SGLang 0.5.4's ``io_struct`` names).
 
 Flow: HTTP body -> ``GenerateReqInput`` (TokenizerManager) -> ``TokenizedGenerateReqInput``
-(scheduler) -> ``BatchTokenIDOutput`` (detokenizer) -> ``BatchStrOutput`` (TokenizerManager).
-Everything here is a plain dataclass of builtins (and ``SamplingParams``) so it pickles
-across ZMQ. The batch outputs live in ``io_struct_output`` and control messages (abort,
-flush, weights, ...) in ``io_struct_control``; both are re-exported here, so
-``from mini_sglang.managers.io_struct import AbortReq, BatchStrOutput`` works.
+(scheduler); the outputs that come back are in ``io_struct.output``. Everything here is a
+plain dataclass of builtins (and ``SamplingParams``) so it pickles across ZMQ.
 """
 
 from __future__ import annotations
@@ -14,45 +11,10 @@ import copy
 import dataclasses
 import uuid
 from dataclasses import dataclass, field
-from functools import cache
 from typing import Any, Optional, Union
 
-from pydantic import TypeAdapter, ValidationError
-
-from mini_sglang.managers.io_struct_control import *  # noqa: F401,F403  (re-export)
-from mini_sglang.managers.io_struct_output import (  # noqa: F401  (re-export)
-    PASSTHROUGH_FIELDS,
-    BatchStrOutput,
-    BatchTokenIDOutput,
-)
 from mini_sglang.sampling.sampling_params import SamplingParams
-
-
-class BodyValidationError(ValueError):
-    """A JSON body whose fields do not fit the request type's annotations: what SGLang's
-    FastAPI / pydantic answers with 400 {"object": "error", "type": "Bad Request", ...}."""
-
-
-def validate_dataclass(cls: type, body: dict[str, Any], where: str = "body") -> Any:
-    """`cls(**body)` with every field checked against its annotation the way SGLang's
-    FastAPI / pydantic checks a request body (lax: "3" is an int, but 3 is no str).
-    Raises BodyValidationError naming each bad field ("<where>.<field>: <why>"; `where`
-    places a nested object, e.g. "body.session_params")."""
-    try:
-        return _adapter(cls).validate_python(body)
-    except ValidationError as e:
-        raise BodyValidationError(
-            "; ".join(
-                f"{'.'.join(str(p) for p in (where, *err['loc']))}: {err['msg']}"
-                for err in e.errors()
-            )
-        ) from None
-
-
-@cache
-def _adapter(cls: type) -> TypeAdapter:
-    return TypeAdapter(cls)
-
+from mini_sglang.utils.dataclass_validation import validate_dataclass
 
 # Upper bound of the `n` sampling param. SGLang has none, but a batch is expanded into n
 # sub-request objects up front, so n = 2**31 exhausted the HTTP process's memory.
@@ -421,3 +383,12 @@ class BatchTokenizedGenerateReqInput:
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.batch)
+
+
+@dataclass
+class EmbeddingReqInput:
+    """/encode and /classify's body (SGLang's fields; only the inputs matter: mini-sglang serves generation models, so the request is checked and refused)."""
+
+    text: Optional[Union[list[list[str]], list[str], str]] = None
+    image_data: Optional[Any] = None
+    input_ids: Optional[Union[list[list[int]], list[int]]] = None

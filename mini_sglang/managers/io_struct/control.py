@@ -1,9 +1,11 @@
-"""Control messages (abort, flush, internal state, weights, ...), SGLang 0.5.4's names.
+"""Control requests and their replies (SGLang 0.5.4's names): abort, flush, internal state,
+load, profiling, pause/continue, GC, logging, sessions.
 
-Re-exported by ``io_struct``; import them from there. Each request/reply is a small
-picklable dataclass; ``rid`` (keyword-only, like SGLang's ``BaseReq``) lets a reply be routed
-back to the HTTP worker that asked. Replies to the HTTP layer (``*ReqOutput``) go from the
-scheduler straight to the TokenizerManager.
+Requests go TokenizerManager -> scheduler (the DP controller fans them out to every replica;
+``WatchLoadUpdateReq`` is the controller's own); replies (``*ReqOutput``) go from the
+scheduler straight back to the TokenizerManager. Each is a small picklable dataclass;
+``rid`` (keyword-only, like SGLang's ``BaseReq``) lets a reply be routed back to the HTTP
+worker that asked. Weight-update messages are in ``io_struct.weights``.
 """
 
 from __future__ import annotations
@@ -11,48 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
-
-__all__ = [
-    "AbortReq",
-    "BaseReq",
-    "CloseSessionReqInput",
-    "ConfigureLoggingReq",
-    "ContinueGenerationReqInput",
-    "DestroyWeightsUpdateGroupReqInput",
-    "DestroyWeightsUpdateGroupReqOutput",
-    "FlushCacheReqInput",
-    "FlushCacheReqOutput",
-    "FreezeGCReq",
-    "GetInternalStateReq",
-    "GetInternalStateReqOutput",
-    "GetLoadReqInput",
-    "GetLoadReqOutput",
-    "GetWeightsByNameReqInput",
-    "GetWeightsByNameReqOutput",
-    "HealthCheckOutput",
-    "InitWeightsUpdateGroupReqInput",
-    "InitWeightsUpdateGroupReqOutput",
-    "OpenSessionReqInput",
-    "OpenSessionReqOutput",
-    "PauseGenerationReqInput",
-    "ProfileReq",
-    "ProfileReqInput",
-    "ProfileReqOutput",
-    "ProfileReqType",
-    "ReleaseMemoryOccupationReqInput",
-    "ReleaseMemoryOccupationReqOutput",
-    "ResumeMemoryOccupationReqInput",
-    "ResumeMemoryOccupationReqOutput",
-    "SetInternalStateReq",
-    "SetInternalStateReqOutput",
-    "SlowDownReqInput",
-    "SlowDownReqOutput",
-    "UpdateWeightFromDiskReqInput",
-    "UpdateWeightFromDiskReqOutput",
-    "UpdateWeightVersionReqInput",
-    "UpdateWeightsFromDistributedReqInput",
-    "UpdateWeightsFromDistributedReqOutput",
-]
 
 
 @dataclass
@@ -129,102 +89,10 @@ class GetLoadReqOutput(BaseReq):
 
 
 @dataclass
-class UpdateWeightFromDiskReqInput(BaseReq):
-    model_path: str
-    load_format: Optional[str] = None
-    abort_all_requests: bool = False
-    weight_version: Optional[str] = None
-    is_async: bool = False
-    torch_empty_cache: bool = False
-    keep_pause: bool = False
+class WatchLoadUpdateReq(BaseReq):
+    """Per-replica loads, for the controller's shortest_queue budget."""
 
-
-@dataclass
-class UpdateWeightFromDiskReqOutput(BaseReq):
-    success: bool
-    message: str
-    num_paused_requests: Optional[int] = 0
-
-
-@dataclass
-class UpdateWeightsFromDistributedReqInput(BaseReq):
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
-    group_name: str = "weight_update_group"
-    flush_cache: bool = True
-    abort_all_requests: bool = False
-    weight_version: Optional[str] = None
-
-
-@dataclass
-class UpdateWeightsFromDistributedReqOutput(BaseReq):
-    success: bool
-    message: str
-
-
-@dataclass
-class InitWeightsUpdateGroupReqInput(BaseReq):
-    master_address: str
-    master_port: int
-    rank_offset: int
-    world_size: int
-    group_name: str = "weight_update_group"
-    backend: str = "nccl"
-
-
-@dataclass
-class InitWeightsUpdateGroupReqOutput(BaseReq):
-    success: bool
-    message: str
-
-
-@dataclass
-class DestroyWeightsUpdateGroupReqInput(BaseReq):
-    group_name: str = "weight_update_group"
-
-
-@dataclass
-class DestroyWeightsUpdateGroupReqOutput(BaseReq):
-    success: bool
-    message: str
-
-
-@dataclass
-class UpdateWeightVersionReqInput(BaseReq):
-    new_version: str
-    abort_all_requests: bool = True
-
-
-@dataclass
-class GetWeightsByNameReqInput(BaseReq):
-    name: str
-    truncate_size: int = 100
-
-
-@dataclass
-class GetWeightsByNameReqOutput(BaseReq):
-    parameter: list
-
-
-@dataclass
-class ReleaseMemoryOccupationReqInput(BaseReq):
-    tags: Optional[list[str]] = None
-
-
-@dataclass
-class ReleaseMemoryOccupationReqOutput(BaseReq):
-    pass
-
-
-@dataclass
-class ResumeMemoryOccupationReqInput(BaseReq):
-    tags: Optional[list[str]] = None
-
-
-@dataclass
-class ResumeMemoryOccupationReqOutput(BaseReq):
-    pass
+    loads: list[GetLoadReqOutput] = field(default_factory=list)
 
 
 @dataclass
