@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -51,6 +52,12 @@ def test_metrics_count_requests_and_tokens(metrics_server: ServerHandle) -> None
     assert _value(text, "sglang:time_to_first_token_seconds_count") >= 2
     assert _value(text, "sglang:e2e_request_latency_seconds_count") >= 2
     assert _value(text, "sglang:inter_token_latency_seconds_count") >= 5
+    # The scheduler updates its gauges after the batch that finished the request, which can
+    # be a moment after the response reached the client: wait for the idle state.
+    deadline = time.monotonic() + 10
+    while _value(text, "sglang:num_running_reqs") != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = metrics_server.get("/metrics").text
     assert _value(text, "sglang:num_running_reqs") == 0
     assert _value(text, "sglang:num_queue_reqs") == 0
     # The second identical prompt hit the radix cache (all but its last token).
