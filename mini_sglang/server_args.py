@@ -366,19 +366,3 @@ def _default_model_path() -> str:
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parse `argv` (typically sys.argv[1:]), with `--config file.yaml` merged under the CLI."""
     return cli.prepare_server_args(argv)
-
-
-_global_server_args: ServerArgs | None = None
-
-
-def set_global_server_args_for_scheduler(server_args: ServerArgs) -> None:
-    """Make `server_args` reachable from deep inside a scheduler process (as SGLang)."""
-    global _global_server_args
-    _global_server_args = server_args
-
-
-def get_global_server_args() -> ServerArgs:
-    """The ServerArgs set by set_global_server_args_for_scheduler; raises if unset."""
-    if _global_server_args is None:
-        raise ValueError("Global server args is not set yet!")
-    return _global_server_args

@@ -38,21 +38,6 @@ def _make_param(shape: tuple[int, ...], loader) -> nn.Parameter:
     return param
 
 
-class ReplicatedLinear(nn.Module):
-    """A plain linear layer whose weight is the same on every rank."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__()
-        self.weight = _make_param((output_size, input_size), self.weight_loader)
-        self.bias = _make_param((output_size,), self.weight_loader) if bias else None
-
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        param.data.copy_(loaded)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
-
-
 class ColumnParallelLinear(nn.Module):
     """Y = X A^T with A's rows (output features) split across ranks."""
 

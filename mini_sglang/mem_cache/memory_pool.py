@@ -88,12 +88,6 @@ class MHATokenToKVPool:
     def mem_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.k_buffer + self.v_buffer)
 
-    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.k_buffer[layer_id]
-
-    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
-        return self.v_buffer[layer_id]
-
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 

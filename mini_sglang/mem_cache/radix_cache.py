@@ -276,15 +276,6 @@ class RadixCache:
         assert evictable == self.evictable_size_, (evictable, self.evictable_size_)
         assert protected == self.protected_size_, (protected, self.protected_size_)
 
-    def pretty_print(self) -> None:
-        """Print the tree, one edge per line, indented by depth."""
-        stack = [(self.root_node, 0)]
-        while stack:
-            node, indent = stack.pop()
-            print(" " * indent, len(node.key), node.key[:10], f"r={node.lock_ref}")
-            stack.extend((c, indent + 2) for c in node.children.values())
-        print(f"#tokens: {self.total_size()}")
-
     # ------------------------------------------------------------------ internals
 
     def _tree_prefix_len(self, req: Req) -> int:
