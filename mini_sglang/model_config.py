@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 
-from mini_sglang.model_loader.gguf_loader import gguf_config_dict, is_gguf_path
+from mini_sglang.model_loader.gguf_loader import gguf_config_dict
 from mini_sglang.server_args_defaults import resolve_dtype as resolve_cli_dtype
+from mini_sglang.utils.gguf_path import is_gguf_path
 
 
 def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -> PretrainedConfig:

@@ -17,14 +17,14 @@ import gguf
 import numpy as np
 import torch
 
+from mini_sglang.utils.gguf_path import GGUF_MAGIC
+
 # GGUF `general.architecture` -> (HF model_type, HF architecture class name).
 SUPPORTED_GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "LlamaForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
 }
-
-_GGUF_MAGIC = b"GGUF"
 
 # Top-level GGUF tensor name -> HF parameter name (suffix `.weight`/`.bias` is carried over).
 _GLOBAL_NAMES = {
@@ -56,22 +56,6 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
 
 
-def is_gguf_path(path: str) -> bool:
-    """True if ``path`` names a GGUF checkpoint: a name ending in ``.gguf`` (existing or not,
-    so a missing file still reaches the GGUF loader's clear error) or an existing file that
-    starts with the GGUF magic bytes."""
-    path = str(path)
-    if path.lower().endswith(".gguf"):
-        return True
-    if not os.path.isfile(path):
-        return False
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == _GGUF_MAGIC
-    except OSError:
-        return False
-
-
 def open_gguf(gguf_path: str) -> gguf.GGUFReader:
     """Open and validate a GGUF file.
 
@@ -83,9 +67,9 @@ def open_gguf(gguf_path: str) -> gguf.GGUFReader:
         raise ValueError(f"{path} is not a valid GGUF file: no such file")
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic != _GGUF_MAGIC:
+    if magic != GGUF_MAGIC:
         raise ValueError(
-            f"{path} is not a valid GGUF file: bad magic {magic!r}, expected {_GGUF_MAGIC!r}"
+            f"{path} is not a valid GGUF file: bad magic {magic!r}, expected {GGUF_MAGIC!r}"
         )
     try:
         reader = gguf.GGUFReader(path)

@@ -17,8 +17,9 @@ from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp, full_dummy
-from mini_sglang.model_loader.gguf_loader import is_gguf_path, iterate_gguf_weights
+from mini_sglang.model_loader.gguf_loader import iterate_gguf_weights
 from mini_sglang.models.registry import resolve_model_class
+from mini_sglang.utils.gguf_path import is_gguf_path
 
 logger = logging.getLogger("mini_sglang")
 

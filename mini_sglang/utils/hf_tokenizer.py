@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from mini_sglang.model_loader.gguf_loader import is_gguf_path
+from mini_sglang.utils.gguf_path import is_gguf_path
 
 
 def get_tokenizer(tokenizer_path: str, server_args: Any = None) -> Any:
@@ -14,8 +15,6 @@ def get_tokenizer(tokenizer_path: str, server_args: Any = None) -> Any:
     trust = bool(getattr(server_args, "trust_remote_code", False))
     use_fast = getattr(server_args, "tokenizer_mode", "auto") != "slow"
     if is_gguf_path(tokenizer_path):
-        import os
-
         directory, name = os.path.split(os.path.abspath(tokenizer_path))
         return AutoTokenizer.from_pretrained(directory, gguf_file=name, use_fast=use_fast)
     return AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust, use_fast=use_fast)

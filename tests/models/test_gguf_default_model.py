@@ -26,9 +26,9 @@ from mini_sglang.model_loader.default_model import (
 )
 from mini_sglang.model_loader.gguf_loader import (
     gguf_config_dict,
-    is_gguf_path,
     iterate_gguf_weights,
 )
+from mini_sglang.utils.gguf_path import is_gguf_path
 
 
 @pytest.fixture(scope="module")
