@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -29,7 +30,9 @@ from mini_sglang.layers.logits_processor import LogitsProcessor, LogitsProcessor
 from mini_sglang.layers.radix_attention import RadixAttention
 from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from mini_sglang.model_executor.forward_batch_info import ForwardBatch
+
+if TYPE_CHECKING:
+    from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
 
 def norms_in_gemvs(x: torch.Tensor) -> bool:
@@ -280,6 +283,3 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(
                 f"The checkpoint has no weights for {len(missing)} parameters: {shown}"
             )
-
-
-EntryClass = LlamaForCausalLM

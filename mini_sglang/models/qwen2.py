@@ -7,6 +7,3 @@ from mini_sglang.models.llama import LlamaForCausalLM
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     qkv_bias_default = True
-
-
-EntryClass = Qwen2ForCausalLM

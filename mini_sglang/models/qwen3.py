@@ -7,6 +7,3 @@ from mini_sglang.models.llama import LlamaForCausalLM
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
-
-
-EntryClass = Qwen3ForCausalLM
