@@ -1,7 +1,7 @@
 """Lower bounds on the speed targets from measured kernel speeds (no GPU needed to run).
 
     python benchmarks/roofline.py --model llama-3.1-8b \\
-        --linear docs/results/s13_kernels_linear_h100.jsonl \\
+        --linear docs/results/roofline_decode_gemms_h100.jsonl \\
         --attention-tb-s 3.0 --prefill-tok-s 43995
 
 An engine that wastes nothing still runs, per decode step, the model's GEMMs at the step's
