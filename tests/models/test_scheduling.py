@@ -182,10 +182,10 @@ def test_tiny_pool_retracts_and_matches(
 
 
 def test_retraction_right_after_prefill_under_overlap(model_path: str) -> None:
-    """Regression: with overlap, a prefill batch joins the running batch before its results
-    are processed; when that decode batch does not fit, retraction must wait for those
-    results (it once retracted a request whose prefill result was still pending, and
-    processing that result then crashed on the request's freed slot)."""
+    """With overlap, a prefill batch joins the running batch before its results are
+    processed; when that decode batch does not fit, retraction must wait for those results
+    (retracting a request whose prefill result is still pending frees its slot, and
+    processing that result then fails on the freed slot)."""
     rng = random.Random(5)
     shared = [rng.randrange(100, 50000) for _ in range(rng.choice([8, 40, 90]))]
     prompts = []

@@ -213,17 +213,19 @@ def test_fuzz_api(fuzz_server: ServerHandle) -> None:
     assert _greedy_ids(server) == before
 
 
-# ---- regressions: each input below once crashed the scheduler or answered badly -----------
+# ---- regressions -------------------------------------------------------------------------
+# Each input below must get its listed status and message; unchecked, it would crash the
+# scheduler or be answered badly (each comment says how).
 SP = {"max_new_tokens": 2, "temperature": 0}
 REGRESSIONS: list[tuple[str, Any, int, str]] = [
-    # A list group name reached the scheduler's `in groups` check: TypeError, server down.
+    # A list group name would reach the scheduler's `in groups` check: TypeError, server down.
     (
         "/destroy_weights_update_group",
         {"group_name": [1]},
         400,
         "body.group_name: Input should be a valid string",
     ),
-    # A list rid reached the scheduler's rid.startswith(prefix): TypeError, server down.
+    # A list rid would reach the scheduler's rid.startswith(prefix): TypeError, server down.
     ("/abort_request", {"rid": ["a"]}, 400, "body.rid: Input should be a valid string"),
     # Logprob options the scheduler indexes with: nested / out-of-vocab ids, a top-k above
     # the vocab, a non-integer count.
@@ -252,18 +254,18 @@ REGRESSIONS: list[tuple[str, Any, int, str]] = [
         400,
         "logprob_start_len must be -1 or at least 0, got -5.",
     ),
-    # A list rid on a single prompt became an unhashable request key.
+    # A list rid on a single prompt would become an unhashable request key.
     (
         "/v1/chat/completions",
         {"model": "m", "messages": MSGS, "max_tokens": 2, "rid": ["a", "b"]},
         400,
         "The rid should be a string for a single request.",
     ),
-    # n is expanded into n sub-request objects up front: 2**31 exhausted the memory.
+    # n is expanded into n sub-request objects up front: 2**31 would exhaust the memory.
     ("/generate", {"text": "hi", "sampling_params": {"n": 2**31}}, 400, "n must be at most 1024"),
     ("/v1/completions", {"model": "m", "prompt": "hi", "n": 10**9}, 400, "n must be at most 1024"),
-    # A lone surrogate made the HF tokenizer raise an opaque TypeError (500 on /tokenize),
-    # and failed serialising a response that echoes it (the rid) after generating.
+    # A lone surrogate makes the HF tokenizer raise an opaque TypeError (500 on /tokenize),
+    # and a response that echoes it (the rid) fails to serialise after generating.
     ("/tokenize", {"prompt": "a\ud800"}, 400, "body: Invalid Unicode: "),
     ("/v1/completions", {"model": "m", "prompt": "\ud800", "max_tokens": 2}, 400, "body: Invalid Unicode: "),
     (
@@ -273,7 +275,7 @@ REGRESSIONS: list[tuple[str, Any, int, str]] = [
         "body: Invalid Unicode: ",
     ),
     ("/v1/completions", {"model": "m", "prompt": "hi", "stop": ["\ud800"]}, 400, "body: Invalid Unicode: "),
-    # An error message quoting a lone surrogate could not be serialised: 500.
+    # An error message quoting a lone surrogate unescaped cannot be serialised: 500.
     (
         "/separate_reasoning",
         {"text": "a", "reasoning_parser": "\ud800"},
@@ -281,7 +283,7 @@ REGRESSIONS: list[tuple[str, Any, int, str]] = [
         "Unsupported model type: \\ud800",
     ),
     ("/v1/chat/completions", {"model": "m", "messages": MSGS, "max_tokens": 1, "rid": "\ud800"}, 400, "Invalid Unicode"),
-    # A list logprob option on a single prompt reached an int comparison: TypeError.
+    # A list logprob option on a single prompt would reach an int comparison: TypeError.
     (
         "/generate",
         {"text": "hi", "return_logprob": True, "top_logprobs_num": [3], "sampling_params": SP},

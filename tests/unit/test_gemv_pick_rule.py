@@ -1,7 +1,7 @@
 """small_m_gemm's choice between cuBLAS and the Triton GEMV from their standalone timings
 (choose / pick_rule), on the timings that decided it on real cards
-(docs/performance/decode-gemv.md): under PDL a Triton GEMV earns a fixed credit for the launch and ramp it hides,
-not a factor of its time."""
+(docs/performance/decode-gemv.md): under PDL a Triton GEMV earns a fixed credit for the
+launch and ramp it hides, not a factor of its time."""
 
 from __future__ import annotations
 
