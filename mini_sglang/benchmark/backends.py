@@ -9,7 +9,6 @@ latency is the time of the last non-blank line; TTFT the first line carrying new
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
@@ -18,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+
+from mini_sglang.environ import envs
 
 # Long benchmarks must never hit a client timeout; large SSE lines need a big buffer.
 _AIOHTTP_TIMEOUT_S = 6 * 60 * 60
@@ -65,9 +66,9 @@ def create_bench_client_session() -> aiohttp.ClientSession:
 
 def get_auth_headers() -> dict[str, str]:
     """``Bearer $OPENAI_API_KEY``, else the raw ``$API_KEY``, else nothing."""
-    if key := os.environ.get("OPENAI_API_KEY"):
+    if key := envs.OPENAI_API_KEY.get():
         return {"Authorization": f"Bearer {key}"}
-    if key := os.environ.get("API_KEY"):
+    if key := envs.API_KEY.get():
         return {"Authorization": f"{key}"}
     return {}
 

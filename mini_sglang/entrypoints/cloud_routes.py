@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import os
-
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -25,6 +23,7 @@ from mini_sglang.entrypoints.http_server import (
     parse_json_body,
     validation_error_response,
 )
+from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
 from mini_sglang.utils.dataclass_validation import BodyValidationError
@@ -53,7 +52,7 @@ def mount_cloud_routes(app: FastAPI) -> None:
     async def ping() -> Response:
         return Response(status_code=200)
 
-    @app.post(os.environ.get("AIP_PREDICT_ROUTE", "/vertex_generate"))
+    @app.post(envs.AIP_PREDICT_ROUTE.get())
     async def vertex_generate(request: Request) -> Response:
         try:
             body = vertex_to_generate(await parse_json_body(request))

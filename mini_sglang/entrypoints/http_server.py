@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
+from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
@@ -32,7 +33,7 @@ from mini_sglang.utils.unicode_check import json_safe
 
 logger = logging.getLogger("mini_sglang")
 
-HEALTH_CHECK_TIMEOUT = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20"))
+HEALTH_CHECK_TIMEOUT = envs.SGLANG_HEALTH_CHECK_TIMEOUT.get()
 
 
 @dataclass

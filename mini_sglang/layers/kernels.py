@@ -7,10 +7,11 @@ speed. Set MINI_SGLANG_DISABLE_FLASHINFER_OPS=1 to force the torch paths on CUDA
 from __future__ import annotations
 
 import functools
-import os
 from types import ModuleType
 
 import torch
+
+from mini_sglang.environ import envs
 
 try:  # grid dependency control for programmatic dependent launch (Hopper+); Triton >= 3.4
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -36,7 +37,7 @@ if triton is not None:
 
 @functools.cache
 def _flashinfer() -> ModuleType | None:
-    if os.environ.get("MINI_SGLANG_DISABLE_FLASHINFER_OPS") == "1":
+    if envs.MINI_SGLANG_DISABLE_FLASHINFER_OPS.get():
         return None
     try:
         import flashinfer  # noqa: F401
@@ -67,7 +68,7 @@ def flashinfer_module() -> ModuleType | None:
 @functools.cache
 def _pdl_on_device(index: int) -> bool:
     # griddepcontrol is PTX: NVIDIA only (ROCm reports MI300 as capability 9.x too)
-    if os.environ.get("MINI_SGLANG_DISABLE_PDL") == "1" or torch.version.hip is not None:
+    if envs.MINI_SGLANG_DISABLE_PDL.get() or torch.version.hip is not None:
         return False
     return gdc_wait is not None and torch.cuda.get_device_capability(index)[0] >= 9
 

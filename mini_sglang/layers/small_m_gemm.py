@@ -17,11 +17,11 @@ is fastest, so the norm and residual variants are timed as themselves.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 
+from mini_sglang.environ import envs
 from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled, silu_mul
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
@@ -34,9 +34,9 @@ except ImportError:
 logger = logging.getLogger(__name__)
 
 MAX_M = 8
-_ENABLED = os.environ.get("MINI_SGLANG_DISABLE_SMALL_M_GEMM") != "1"
-_FUSE_SILU_MUL = os.environ.get("MINI_SGLANG_DISABLE_GEMV_SILU_FUSION") != "1"
-FUSE_NORM = os.environ.get("MINI_SGLANG_DISABLE_GEMV_NORM_FUSION") != "1"
+_ENABLED = not envs.MINI_SGLANG_DISABLE_SMALL_M_GEMM.get()
+_FUSE_SILU_MUL = not envs.MINI_SGLANG_DISABLE_GEMV_SILU_FUSION.get()
+FUSE_NORM = not envs.MINI_SGLANG_DISABLE_GEMV_NORM_FUSION.get()
 # (M bucket, N, K, dtype, fused variant) -> None (cuBLAS) or the Triton config (BLOCK_N,
 # BLOCK_K, num_warps[, num_stages])
 _choice: dict[tuple, tuple | None] = {}
@@ -63,7 +63,7 @@ _MARGIN = 0.97
 # win on an H200, where inside the step cuBLAS ran Llama-3.1-8B's gate_up and down faster
 # (batch 1: 4.81 ms/token vs 4.64 with cuBLAS there), while the 2-5 us GEMVs of Qwen3-0.6B
 # need the credit (0.90 vs 0.81 without it). MINI_SGLANG_GEMV_PDL_CREDIT_US overrides it.
-_PDL_CREDIT_MS = float(os.environ.get("MINI_SGLANG_GEMV_PDL_CREDIT_US", "1.0")) / 1000
+_PDL_CREDIT_MS = envs.MINI_SGLANG_GEMV_PDL_CREDIT_US.get() / 1000
 
 
 def _parse_forced(spec: str) -> dict[tuple[int, int], tuple | None]:
@@ -79,7 +79,7 @@ def _parse_forced(spec: str) -> dict[tuple[int, int], tuple | None]:
     return forced
 
 
-_FORCED = _parse_forced(os.environ.get("MINI_SGLANG_GEMV_CONFIGS", ""))
+_FORCED = _parse_forced(envs.MINI_SGLANG_GEMV_CONFIGS.get())
 
 
 if triton is not None:

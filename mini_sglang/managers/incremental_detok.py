@@ -27,11 +27,11 @@ TokenizerManager concatenates increments into SGLang's cumulative ``text``.
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.output import (
     PASSTHROUGH_FIELDS,
     BatchStrOutput,
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
 # Most requests a detokenizer tracks at once; the oldest are evicted beyond this (SGLang).
-DETOKENIZER_MAX_STATES = int(os.environ.get("SGLANG_DETOKENIZER_MAX_STATES", 1 << 16))
+DETOKENIZER_MAX_STATES = envs.SGLANG_DETOKENIZER_MAX_STATES.get()
 
 
 @dataclass

@@ -18,17 +18,18 @@ back from both memory budgets (SGLang's accounting).
 
 from __future__ import annotations
 
-import os
 import random
 from collections import defaultdict
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
+from mini_sglang.environ import envs
+
 if TYPE_CHECKING:
     from mini_sglang.managers.req import Req
     from mini_sglang.managers.schedule_batch import ScheduleBatch
 
-CLIP_MAX_NEW_TOKENS = int(os.environ.get("SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "4096"))
+CLIP_MAX_NEW_TOKENS = envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.get()
 LPM_FALLBACK_QUEUE_LEN = 128
 
 CACHE_AWARE = ("lpm", "dfs-weight")

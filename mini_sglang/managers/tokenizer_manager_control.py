@@ -16,11 +16,11 @@ Pausing twice or continuing while running are harmless no-ops beyond the abort. 
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from typing import TYPE_CHECKING, Optional
 
+from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
     FreezeGCReq,
@@ -44,7 +44,7 @@ async def start_profile(
 ) -> ProfileReqOutput:
     obj = obj or ProfileReqInput()
     # SGLang: stacks are on unless the request or SGLANG_PROFILE_WITH_STACK turns them off.
-    env_stack = os.getenv("SGLANG_PROFILE_WITH_STACK", "true").lower() in ("true", "1")
+    env_stack = envs.SGLANG_PROFILE_WITH_STACK.get()
     with_stack = obj.with_stack is not False and env_stack
     req = ProfileReq(
         type=ProfileReqType.START_PROFILE,

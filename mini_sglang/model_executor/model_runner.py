@@ -9,11 +9,11 @@ pool gets MINI_SGLANG_CPU_KV_CACHE_GB (default 2) GiB. --max-total-tokens caps e
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import create_attention_backend
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
@@ -32,7 +32,7 @@ GiB = 1 << 30
 # 1.98/2.10/2.71/3.49 vs 1.43/1.77/2.50/3.53; flashinfer's own kernel is ahead at batch 64+
 # (benchmarks/bench_decode_attention.py). 16 splits beat 8 and 32 at batch 1 (Llama-3.1-8B,
 # scheduler mode: 6.21 / 6.14 / 6.16 ms/token).
-SMALL_DECODE_MAX_BS = 32
+SMALL_DECODE_MAX_BS = envs.MINI_SGLANG_TRITON_DECODE_MAX_BS.default  # 32
 SMALL_DECODE_KV_SPLITS = 16
 
 
@@ -109,7 +109,7 @@ class ModelRunner:
             or self.kv_dtype != self.model_config.dtype
         ):
             return 0
-        return int(os.environ.get("MINI_SGLANG_TRITON_DECODE_MAX_BS", SMALL_DECODE_MAX_BS))
+        return envs.MINI_SGLANG_TRITON_DECODE_MAX_BS.get()
 
     def attention_backend_name(self) -> str:
         name = self.server_args.attention_backend or (
@@ -130,7 +130,7 @@ class ModelRunner:
     def profile_max_num_tokens(self) -> int:
         cell = self.kv_cell_bytes()
         if self.device.type == "cpu":
-            budget = float(os.environ.get("MINI_SGLANG_CPU_KV_CACHE_GB", "2")) * GiB
+            budget = envs.MINI_SGLANG_CPU_KV_CACHE_GB.get() * GiB
         else:
             free, total = gpu_memory_gib(self.device)
             budget = (free - total * (1 - self.server_args.mem_fraction_static)) * GiB

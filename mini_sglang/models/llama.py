@@ -7,7 +7,6 @@ before RoPE. Everything else (RMSNorm, SwiGLU MLP, RoPE, tied embeddings) is sha
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ import torch
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.environ import envs
 from mini_sglang.layers import fused_kernels, small_m_gemm
 from mini_sglang.layers.activation import SiluAndMul
 from mini_sglang.layers.attention.base_attn_backend import QKNormRope
@@ -83,7 +83,7 @@ class LlamaAttention(nn.Module):
         assert self.num_heads * tp == config.num_attention_heads
         self.rotary_emb = rotary_emb
         self.qk_norm = qk_norm
-        self.use_fused = os.environ.get("MINI_SGLANG_DISABLE_FUSED_QK_ROPE") != "1"
+        self.use_fused = not envs.MINI_SGLANG_DISABLE_FUSED_QK_ROPE.get()
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)

@@ -11,11 +11,11 @@ prefill kernel attends over cached prefix and new tokens alike.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
 from mini_sglang.layers.attention.kv_indices import fill_kv_indices
 
@@ -37,9 +37,9 @@ def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[boo
     true/false forces it (SGLang's variable); MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS=N keeps it
     for batches up to N only.
     """
-    forced = os.environ.get("SGLANG_FLASHINFER_USE_TENSOR_CORE")
-    use = forced.lower() == "true" if forced is not None else num_qo_heads // num_kv_heads >= 4
-    max_bs = int(os.environ.get("MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS", "1000000000"))
+    forced = envs.SGLANG_FLASHINFER_USE_TENSOR_CORE.get()
+    use = forced if forced is not None else num_qo_heads // num_kv_heads >= 4
+    max_bs = envs.MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS.get()
     return use, max_bs
 
 

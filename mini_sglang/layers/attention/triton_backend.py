@@ -18,11 +18,11 @@ the runner refills before replay, so replay has nothing else to plan.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend, QKNormRope
 from mini_sglang.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd
 from mini_sglang.layers.attention.triton_ops.decode_from_qkv import decode_from_qkv_fwd
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 DEFAULT_NUM_KV_SPLITS = 8  # SGLang's --triton-attention-num-kv-splits default
 # forward_decode_from_qkv's single kernel (RoPE + K/V store + split-KV stage 1); =1 restores
 # the separate qk_norm_rope_store kernel, for A/B runs
-_DECODE_FROM_QKV = os.environ.get("MINI_SGLANG_DISABLE_DECODE_FROM_QKV") != "1"
+_DECODE_FROM_QKV = not envs.MINI_SGLANG_DISABLE_DECODE_FROM_QKV.get()
 
 
 class TritonAttnBackend(AttentionBackend):
