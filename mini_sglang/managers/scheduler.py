@@ -9,11 +9,11 @@ Incoming messages are dispatched by type through a small handler table.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
+from mini_sglang.environ import envs
 from mini_sglang.managers.finish_reason import FINISH_ABORT
 from mini_sglang.managers.io_struct.control import (
     AbortReq,
@@ -46,9 +46,9 @@ from mini_sglang.utils.gc_utils import freeze_gc
 
 logger = logging.getLogger("mini_sglang")
 
-INIT_NEW_TOKEN_RATIO = float(os.environ.get("SGLANG_INIT_NEW_TOKEN_RATIO", "0.7"))
-MIN_NEW_TOKEN_RATIO_FACTOR = float(os.environ.get("SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR", "0.14"))
-NEW_TOKEN_RATIO_DECAY_STEPS = int(os.environ.get("SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS", "600"))
+INIT_NEW_TOKEN_RATIO = envs.SGLANG_INIT_NEW_TOKEN_RATIO.get()
+MIN_NEW_TOKEN_RATIO_FACTOR = envs.SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR.get()
+NEW_TOKEN_RATIO_DECAY_STEPS = envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get()
 
 
 class Scheduler(

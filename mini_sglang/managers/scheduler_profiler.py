@@ -31,6 +31,7 @@ from typing import Any, Optional
 
 import torch
 
+from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import (
     ProfileReq,
     ProfileReqOutput,
@@ -112,7 +113,7 @@ class SchedulerProfilerMixin:
                 message=f"No supported profiler activity in {recv.activities}.",
             )
         self.profiler_activities = activities
-        self.profiler_output_dir = recv.output_dir or os.getenv("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+        self.profiler_output_dir = recv.output_dir or envs.SGLANG_TORCH_PROFILER_DIR.get()
         self.profile_id = recv.profile_id or str(time.time())
         self.profiler_with_stack = recv.with_stack is not False
         self.profiler_record_shapes = bool(recv.record_shapes)

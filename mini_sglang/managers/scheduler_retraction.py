@@ -4,11 +4,11 @@ KV pool runs out (SGLang's policy and its new_token_ratio re-estimate)."""
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.environ import envs
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mini_sglang")
 
-RETRACT_DECODE_STEPS = int(os.environ.get("SGLANG_RETRACT_DECODE_STEPS", "20"))
+RETRACT_DECODE_STEPS = envs.SGLANG_RETRACT_DECODE_STEPS.get()
 
 
 class SchedulerRetractionMixin:
