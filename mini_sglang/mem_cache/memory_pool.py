@@ -97,6 +97,7 @@ class MHATokenToKVPool:
         if cache_k.dtype != self.dtype:
             cache_k, cache_v = cache_k.to(self.dtype), cache_v.to(self.dtype)
         if cache_k.is_cuda:
+            # Local: the kernel module imports triton, which only CUDA pools use.
             from mini_sglang.layers.fused_kernels import store_kv, triton
 
             if triton is not None:

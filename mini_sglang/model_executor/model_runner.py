@@ -14,11 +14,13 @@ import torch
 
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
-from mini_sglang.layers.attention.base_attn_backend import create_attention_backend
+from mini_sglang.layers.attention import create_attention_backend
+from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from mini_sglang.model_config import ModelConfig
+from mini_sglang.model_executor.cuda_graph_runner import CudaGraphRunner
 from mini_sglang.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
 from mini_sglang.model_loader.loader import get_model
 
@@ -83,7 +85,7 @@ class ModelRunner:
         small_bs = self.small_decode_max_bs(decode)
         if prefill == decode and not small_bs:
             return create_attention_backend(prefill, self)
-        from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
+        # Local: the module imports triton, needed only for a hybrid with small decodes.
         from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
         if prefill != decode:
@@ -191,8 +193,6 @@ class ModelRunner:
 
     # ---- forward -------------------------------------------------------------------
     def init_cuda_graphs(self) -> None:
-        from mini_sglang.model_executor.cuda_graph_runner import CudaGraphRunner
-
         self.graph_runner = CudaGraphRunner(self)
 
     def make_forward_batch(self, batch: ModelWorkerBatch) -> ForwardBatch:

@@ -163,6 +163,7 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
     config.json, generation_config.json, tokenizer files and float32 model.safetensors."""
     from safetensors.torch import save_file
 
+    # Local, as safetensors: gguf_loader imports gguf and torch, needed only to convert.
     from mini_sglang.model_loader.gguf_loader import (
         config_dict_from_reader,
         open_gguf,

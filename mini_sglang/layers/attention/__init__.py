@@ -1,4 +1,5 @@
-"""Attention backends; importing this package registers the built-in ones.
+"""Attention backends: the built-in ones are registered here, and
+`create_attention_backend` builds one by name.
 
 flashinfer and triton register lazily: their factories import the GPU libraries only when
 a runner asks for them, so CPU installs never need them.
@@ -6,17 +7,24 @@ a runner asks for them, so CPU installs never need them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mini_sglang.layers.attention import torch_native_backend  # noqa: F401
-from mini_sglang.layers.attention.base_attn_backend import ATTENTION_BACKENDS
+from mini_sglang.layers.attention.base_attn_backend import ATTENTION_BACKENDS, AttentionBackend
+
+if TYPE_CHECKING:
+    from mini_sglang.model_executor.model_runner import ModelRunner
 
 
 def _flashinfer(runner):
+    # Local: the module imports flashinfer, needed only when this backend is chosen.
     from mini_sglang.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
     return FlashInferAttnBackend(runner)
 
 
 def _triton(runner):
+    # Local: the module imports triton, needed only when this backend is chosen.
     from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
     return TritonAttnBackend(runner, runner.server_args.triton_attention_num_kv_splits)
@@ -24,3 +32,13 @@ def _triton(runner):
 
 ATTENTION_BACKENDS.setdefault("flashinfer", _flashinfer)
 ATTENTION_BACKENDS.setdefault("triton", _triton)
+
+
+def create_attention_backend(name: str, runner: ModelRunner) -> AttentionBackend:
+    """The backend registered as `name`, built for `runner`; ValueError naming the
+    registered ones if there is none."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(
+            f"Unknown attention backend {name!r}; available: {', '.join(sorted(ATTENTION_BACKENDS))}"
+        )
+    return ATTENTION_BACKENDS[name](runner)

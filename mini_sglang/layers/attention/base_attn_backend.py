@@ -111,14 +111,3 @@ def register_attention_backend(name: str):
         return factory
 
     return deco
-
-
-def create_attention_backend(name: str, runner: ModelRunner) -> AttentionBackend:
-    # Importing the package registers the built-in backends.
-    import mini_sglang.layers.attention  # noqa: F401
-
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(
-            f"Unknown attention backend {name!r}; available: {', '.join(sorted(ATTENTION_BACKENDS))}"
-        )
-    return ATTENTION_BACKENDS[name](runner)

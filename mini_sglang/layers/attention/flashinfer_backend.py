@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
 from mini_sglang.layers.attention.kv_indices import fill_kv_indices
@@ -51,8 +52,6 @@ class FlashInferAttnBackend(AttentionBackend):
 
         self.fi = flashinfer
         cfg = runner.model_config
-        from mini_sglang.distributed.parallel_state import get_tp_size
-
         tp = get_tp_size()
         self.num_qo_heads = cfg.num_attention_heads // tp
         self.num_kv_heads = cfg.num_kv_heads_per_rank(tp)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend, QKNormRope
 from mini_sglang.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd
@@ -43,8 +44,6 @@ class TritonAttnBackend(AttentionBackend):
     supports_cuda_graph = True
 
     def __init__(self, runner: ModelRunner, num_kv_splits: int = DEFAULT_NUM_KV_SPLITS) -> None:
-        from mini_sglang.distributed.parallel_state import get_tp_size
-
         cfg = runner.model_config
         tp = get_tp_size()
         self.num_q_heads = cfg.num_attention_heads // tp
