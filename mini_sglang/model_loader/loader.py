@@ -31,7 +31,7 @@ def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
 
     for path in files:
         with safe_open(path, framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118  # safe_open is not iterable
                 yield name, f.get_tensor(name)
 
 

@@ -3,6 +3,7 @@ cleanup, and making children die with their parent (no orphans)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -55,18 +56,14 @@ def kill_process_tree(pid: int, include_parent: bool = True, sig: int = signal.S
     except psutil.NoSuchProcess:
         return
     for child in parent.children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
     if include_parent:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             if pid == os.getpid():
                 sys.stdout.flush()
                 sys.stderr.flush()
             parent.send_signal(sig)
-        except psutil.NoSuchProcess:
-            pass
 
 
 def configure_logger(server_args, prefix: str = "") -> None:

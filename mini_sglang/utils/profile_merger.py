@@ -40,10 +40,9 @@ def _relabel(events: list[dict[str, Any]], info: dict[str, int]) -> None:
     label = _label(info)
     for ev in events:
         pid = ev.get("pid")
-        if ev.get("name") == "process_sort_index" and isinstance(pid, int):
-            if pid < PID_SORT_LIMIT:
-                extra = sum(info.get(k, 0) * m for k, m in SORT_MULTIPLIERS.items())
-                ev.setdefault("args", {})["sort_index"] = pid + extra
+        if ev.get("name") == "process_sort_index" and isinstance(pid, int) and pid < PID_SORT_LIMIT:
+            extra = sum(info.get(k, 0) * m for k, m in SORT_MULTIPLIERS.items())
+            ev.setdefault("args", {})["sort_index"] = pid + extra
         ev["pid"] = f"{label} {pid}"
 
 

@@ -36,11 +36,8 @@ BLOCK_H = 16
 @triton.jit
 def _dot(a, b, IEEE: tl.constexpr):
     """a @ b with fp32 accumulation; IEEE (for float32 inputs) avoids TF32 rounding."""
-    if IEEE:
-        r = tl.dot(a, b, input_precision="ieee")
-    else:
-        r = tl.dot(a, b)
-    return r
+    # IEEE is constexpr: Triton compiles only the branch taken.
+    return tl.dot(a, b, input_precision="ieee") if IEEE else tl.dot(a, b)
 
 
 @triton.jit
