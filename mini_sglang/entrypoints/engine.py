@@ -24,6 +24,12 @@ from mini_sglang.entrypoints.parallel_launch import (
     serve_non_zero_node,
     start_dp_controller,
 )
+from mini_sglang.entrypoints.startup import (
+    check_main_guard,
+    close_parent_ends,
+    exit_if_bootstrapping_child,
+    wait_for_children,
+)
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.server_args import PortArgs, ServerArgs
 from mini_sglang.utils.process import kill_process_tree
@@ -51,8 +57,13 @@ def _watch_children(procs: list[mp.Process], stop: threading.Event) -> None:
 _stopping_children = threading.Event()
 
 
+# Set while launch_subprocesses waits for the children: wait_for_children reports a child
+# that fails then (with its name and exit code), so its SIGQUIT must not end the process.
+_starting_children = threading.Event()
+
+
 def _sigquit_handler(signum, frame) -> None:
-    if _stopping_children.is_set():
+    if _stopping_children.is_set() or _starting_children.is_set():
         return
     logger.error("Received sigquit from a child process. It usually means the child failed.")
     kill_process_tree(os.getpid(), include_parent=False)
@@ -82,18 +93,38 @@ class Subprocesses:
 def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesses]:
     """Start schedulers + detokenizer, build the TokenizerManager, wait until ready.
 
-    Returns (tokenizer_manager, scheduler_info, children).
+    Returns (tokenizer_manager, scheduler_info, children). A child that exits or fails
+    before it is ready raises `StartupError` (naming it and its exit code) within about a
+    second, after every child started has been killed; see entrypoints/startup.py.
     """
+
+    exit_if_bootstrapping_child()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGQUIT, _sigquit_handler)
+    # A child that fails during start-up also sends SIGQUIT; wait_for_children reports it.
+    _starting_children.set()
+    procs: list[mp.Process] = []
+    try:
+        return _launch(server_args, procs)
+    except BaseException:
+        for p in procs:
+            kill_process_tree(p.pid)
+        for p in procs:
+            p.join(timeout=5)
+        raise
+    finally:
+        _starting_children.clear()
+
+
+def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict, Subprocesses]:
+    """launch_subprocesses' work; every child started is appended to `procs` at once."""
     from mini_sglang.managers.detokenizer_manager import run_detokenizer_process
     from mini_sglang.managers.scheduler_process import run_scheduler_process
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGQUIT, _sigquit_handler)
     port_args = PortArgs.init_new(server_args)
     ctx = mp.get_context("spawn")
-    procs: list[mp.Process] = []
-    readers = []
+    readers, writers = [], []
     # One scheduler per (DP replica, TP rank) on this node; see parallel_launch.
     specs = plan_schedulers(server_args, port_args)
     for spec in specs:
@@ -107,12 +138,16 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesse
         proc.start()
         procs.append(proc)
         readers.append(reader)
+        writers.append(writer)
     if server_args.node_rank >= 1:  # schedulers only, serving through node 0: never returns
+        close_parent_ends(writers)
+        _starting_children.clear()  # serve_non_zero_node watches its schedulers itself
         serve_non_zero_node(server_args, procs, readers)
     controller = start_dp_controller(ctx, server_args, port_args, specs)
     if controller is not None:
         procs.append(controller[0])
         readers.append(controller[1])
+        writers.append(controller[2])
     detok = ctx.Process(
         target=run_detokenizer_process,
         args=(server_args, port_args),
@@ -121,25 +156,9 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesse
     )
     detok.start()
     procs.append(detok)
+    close_parent_ends(writers)
     tokenizer_manager = TokenizerManager(server_args, port_args)
-    infos = []
-
-    def fail() -> None:
-        for p in procs:
-            kill_process_tree(p.pid)
-
-    for reader, proc in zip(readers, procs):
-        try:
-            info = reader.recv()
-        except EOFError:
-            fail()
-            raise RuntimeError(
-                f"{proc.name} died during start-up (exit code {proc.exitcode}); see its log above."
-            ) from None
-        if info.get("status") != "ready":
-            fail()
-            raise RuntimeError(f"{proc.name} failed to start:\n{info.get('error')}")
-        infos.append(info)
+    infos = wait_for_children(list(zip(procs, readers)), procs[len(readers) :])
     stop = threading.Event()
     threading.Thread(target=_watch_children, args=(procs, stop), daemon=True).start()
     return tokenizer_manager, infos[0], Subprocesses(procs, stop)
@@ -159,6 +178,10 @@ class Engine(EngineWeightsMixin):
     """The offline engine. Use as a context manager or call shutdown()."""
 
     def __init__(self, server_args: ServerArgs | None = None, **kwargs: Any) -> None:
+        """Start the children and wait until they are ready; a child that cannot start
+        raises `StartupError` (one line naming it and its exit code)."""
+        exit_if_bootstrapping_child()  # before ServerArgs resolves anything
+        check_main_guard()
         if server_args is None:
             kwargs.setdefault("log_level", "error")
             server_args = ServerArgs(**kwargs)

@@ -105,8 +105,8 @@ def init_scheduler_tp_group(server_args, port_args, tp_rank: int) -> None:
 
 
 def start_dp_controller(ctx, server_args, port_args, specs: list[SchedulerSpec]):
-    """Start the DataParallelController (node 0, dp_size > 1); returns (process, reader)
-    or None."""
+    """Start the DataParallelController (node 0, dp_size > 1); returns (process, reader,
+    writer) or None (the caller closes its copy of the writer once every child started)."""
     if server_args.dp_size == 1:
         return None
     from mini_sglang.managers.data_parallel_controller import (
@@ -122,7 +122,7 @@ def start_dp_controller(ctx, server_args, port_args, specs: list[SchedulerSpec])
         daemon=True,
     )
     proc.start()
-    return proc, reader
+    return proc, reader, writer
 
 
 def serve_non_zero_node(server_args, procs: list, readers: list) -> None:

@@ -1,0 +1,144 @@
+"""Start-up of the server's child processes: waiting until each reports ready, and failing
+fast (with one clear line) when one cannot start.
+
+Contract of `wait_for_children`: it returns the ready reports of the children that have a
+pipe, in order, once every one has reported "ready"; if any child (with a pipe or not)
+exits, or reports an error, before that, it raises `StartupError` naming that child and its
+exit code, within about a second of the exit. It never blocks on a dead child: the parent
+must have closed its own copy of each pipe's write end (`close_parent_ends`), so a child's
+death is an EOF, and each child's process sentinel is watched beside its pipe.
+
+A script that creates an `Engine` at import time, without an
+`if __name__ == "__main__":` guard, would make every spawned child re-run it while
+bootstrapping. `check_main_guard` finds that case in the parent before any child starts
+(the call's line in the main script is outside every `if` that tests `__name__`); as a
+backstop for guards it cannot see through, `exit_if_bootstrapping_child` ends such a child
+with `MISSING_MAIN_GUARD_EXIT_CODE`, which the parent turns into the same advice.
+"""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing as mp
+import signal
+import sys
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+# A spawned child that found itself re-running the main script's Engine() exits with this.
+MISSING_MAIN_GUARD_EXIT_CODE = 86
+
+MISSING_MAIN_GUARD_HINT = (
+    'the script that creates the Engine has no `if __name__ == "__main__":` guard; '
+    "child processes are spawned and re-import the main script, so put the code that "
+    "creates the Engine under that guard"
+)
+
+
+class StartupError(RuntimeError):
+    """The server or engine could not start; the message is one line a user can act on."""
+
+
+def _in_name_guard(tree: ast.Module, lineno: int) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.lineno <= lineno <= (node.end_lineno or 0):
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)):
+                return True
+    return False
+
+
+def check_main_guard() -> None:
+    """Raise StartupError if the main script's top-level code is creating the engine
+    outside an `if __name__ ...:` block (scripts only: not -c, a REPL or a notebook)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path or mp.parent_process() is not None:
+        return
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    if not _in_name_guard(tree, frame.f_lineno):
+        raise StartupError(f"{path}, line {frame.f_lineno}: {MISSING_MAIN_GUARD_HINT}")
+
+
+def exit_if_bootstrapping_child() -> None:
+    """In a spawned child that is re-importing the main script (multiprocessing marks it
+    `_inheriting` then), starting an engine is the missing-guard mistake: exit with
+    MISSING_MAIN_GUARD_EXIT_CODE instead of multiprocessing's long traceback."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        print(f"mini_sglang: {MISSING_MAIN_GUARD_HINT}.", file=sys.stderr, flush=True)
+        sys.exit(MISSING_MAIN_GUARD_EXIT_CODE)
+
+
+def close_parent_ends(writers: list[Connection]) -> None:
+    """Close the parent's copies of the pipes' write ends (after the children started), so
+    that a child's exit reads as EOF instead of a wait that never ends."""
+    for w in writers:
+        w.close()
+
+
+def describe_exit(proc: mp.Process) -> str:
+    """'<name> (pid N) exited with code C' (a signal by its name), plus the guard hint."""
+    code = proc.exitcode
+    if code is not None and code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            how = f"exited with code {code}"
+    else:
+        how = f"exited with code {code}"
+    text = f"{proc.name} (pid {proc.pid}) {how} during start-up"
+    if code == MISSING_MAIN_GUARD_EXIT_CODE:
+        text += f": {MISSING_MAIN_GUARD_HINT}"
+    else:
+        text += "; see its log above"
+    return text
+
+
+def wait_for_children(
+    piped: list[tuple[mp.Process, Connection]], others: list[mp.Process]
+) -> list[dict[str, Any]]:
+    """Wait for each piped child's {"status": "ready", ...} report; see the module contract."""
+    infos: dict[int, dict[str, Any]] = {}
+    pending = dict(enumerate(piped))
+    by_sentinel = {p.sentinel: p for p, _ in piped}
+    by_sentinel.update({p.sentinel: p for p in others})
+    while pending:
+        readers = {r: i for i, (_, r) in pending.items()}
+        ready = wait([*readers, *by_sentinel])
+        # Pipes first: a child that reported and then exited is judged by its report.
+        for obj in ready:
+            if obj in readers:
+                i = readers[obj]
+                proc = pending[i][0]
+                try:
+                    info = obj.recv()
+                except EOFError:
+                    proc.join(timeout=5)
+                    raise StartupError(describe_exit(proc)) from None
+                if info.get("status") != "ready":
+                    error = str(info.get("error") or "").strip()
+                    last = error.splitlines()[-1] if error else "no details"
+                    raise StartupError(f"{proc.name} failed to start: {last}")
+                infos[i] = info
+                del pending[i]
+        for obj in ready:
+            if obj in by_sentinel:
+                proc = by_sentinel[obj]
+                # A piped child's report may still be in its pipe: read it next round.
+                if any(p is proc and r.poll() for p, r in pending.values()):
+                    continue
+                if any(p is proc for p, _ in pending.values()) or proc in others:
+                    proc.join(timeout=5)
+                    raise StartupError(describe_exit(proc))
+                del by_sentinel[obj]  # reported ready, then exited: the watcher's business
+    return [infos[i] for i in range(len(piped))]
