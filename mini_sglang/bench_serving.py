@@ -81,11 +81,13 @@ async def get_request(rows: list[DatasetRow], request_rate: float):
 async def _server_accept_length(base_url: str) -> float | None:
     """``internal_states[0].avg_spec_accept_length`` from ``/get_server_info`` if present."""
     try:
-        async with aiohttp.ClientSession() as session:
-            async with session.get(base_url + "/get_server_info", headers=get_auth_headers()) as r:
-                if r.status != 200:
-                    return None
-                body = await r.read()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(base_url + "/get_server_info", headers=get_auth_headers()) as r,
+        ):
+            if r.status != 200:
+                return None
+            body = await r.read()
     except aiohttp.ClientError:
         return None  # Do not throw away a finished run over an optional statistic.
     info = json.loads(body)  # A 200 must be valid JSON, as for SGLang.
@@ -146,9 +148,11 @@ async def benchmark(
     print(f"Warmup completed with {args.warmup_requests} sequences. Starting main benchmark run...")
 
     if args.flush_cache:
-        async with aiohttp.ClientSession() as session:
-            async with session.post(base_url + "/flush_cache", headers=get_auth_headers()) as r:
-                await r.read()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(base_url + "/flush_cache", headers=get_auth_headers()) as r,
+        ):
+            await r.read()
     await asyncio.sleep(1.0)  # Same settle time as SGLang before the timed run.
 
     if args.profile:

@@ -69,47 +69,68 @@ class Llama32Detector(BaseFormatDetector):
     ) -> StreamingParseResult:
         self._buf += new_text
         out = StreamingParseResult()
-        while self._buf:
-            if self._mode == "start":
-                self._mode = "call" if self._buf.startswith("{") else "text"
-                if self._mode == "call":
-                    self._start_call(tools)
-            elif self._mode == "text":
-                idx = self._buf.find(self.bot_token)
-                if idx < 0:
-                    keep = partial_suffix_len(self._buf, self.bot_token)
-                    out.normal_text += self._buf[: len(self._buf) - keep]
-                    self._buf = self._buf[len(self._buf) - keep :]
-                    return out
-                out.normal_text += self._buf[:idx]
-                self._buf = self._buf[idx + len(self.bot_token) :]
+        while self._buf and self._STEPS[self._mode](self, out, tools):
+            pass
+        return out
+
+    # Each step consumes what it can of self._buf for its mode and returns whether parsing
+    # goes on with what is left (False: wait for more text).
+
+    def _step_start(self, out: StreamingParseResult, tools: Sequence[Any]) -> bool:
+        self._mode = "call" if self._buf.startswith("{") else "text"
+        if self._mode == "call":
+            self._start_call(tools)
+        return True
+
+    def _step_text(self, out: StreamingParseResult, tools: Sequence[Any]) -> bool:
+        idx = self._buf.find(self.bot_token)
+        if idx < 0:
+            keep = partial_suffix_len(self._buf, self.bot_token)
+            out.normal_text += self._buf[: len(self._buf) - keep]
+            self._buf = self._buf[len(self._buf) - keep :]
+            return False
+        out.normal_text += self._buf[:idx]
+        self._buf = self._buf[idx + len(self.bot_token) :]
+        self._mode = "call"
+        self._start_call(tools)
+        return True
+
+    def _step_call(self, out: StreamingParseResult, tools: Sequence[Any]) -> bool:
+        call = self._call
+        if not self._feed_call(out):
+            return False
+        self._mode = "dead" if call is not None and call.failed else "after"
+        return True
+
+    def _step_after(self, out: StreamingParseResult, tools: Sequence[Any]) -> bool:
+        if not self._trailing_begun:
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return False
+            if self._buf.startswith(self.tool_call_separator):
+                rest = self._buf[len(self.tool_call_separator) :].lstrip()
+                if not rest:
+                    return False  # wait for the next call
+                self._buf = rest
                 self._mode = "call"
                 self._start_call(tools)
-            elif self._mode == "call":
-                call = self._call
-                if not self._feed_call(out):
-                    return out
-                self._mode = "dead" if call is not None and call.failed else "after"
-            elif self._mode == "after":
-                if not self._trailing_begun:
-                    self._buf = self._buf.lstrip()
-                    if not self._buf:
-                        return out
-                    if self._buf.startswith(self.tool_call_separator):
-                        rest = self._buf[len(self.tool_call_separator) :].lstrip()
-                        if not rest:
-                            return out  # wait for the next call
-                        self._buf = rest
-                        self._mode = "call"
-                        self._start_call(tools)
-                        continue
-                # Text after the last call is answer text, stripped.
-                emit = self._buf.rstrip()
-                if emit:
-                    self._trailing_begun = True
-                    out.normal_text += emit
-                self._buf = self._buf[len(emit) :]
-                return out
-            else:  # dead: a malformed call ends the parsing of this reply
-                self._buf = ""
-        return out
+                return True
+        # Text after the last call is answer text, stripped.
+        emit = self._buf.rstrip()
+        if emit:
+            self._trailing_begun = True
+            out.normal_text += emit
+        self._buf = self._buf[len(emit) :]
+        return False
+
+    def _step_dead(self, out: StreamingParseResult, tools: Sequence[Any]) -> bool:
+        self._buf = ""  # a malformed call ends the parsing of this reply
+        return True
+
+    _STEPS = {
+        "start": _step_start,
+        "text": _step_text,
+        "call": _step_call,
+        "after": _step_after,
+        "dead": _step_dead,
+    }

@@ -137,6 +137,19 @@ class _Parser:
             text = text[:-1]
         return PartialStr(text), self.n, False
 
+    def _object_key(self, i: int) -> tuple[str | None, int]:
+        """An object's key whose opening quote is at i, and the index after its ':'; (None,
+        n) when the text ends before the ':'."""
+        if self.s[i] != '"':
+            raise self._error(i)
+        key, i, done = self.string(i + 1)
+        i = self._skip_ws(i)
+        if not done or i >= self.n:
+            return None, self.n
+        if self.s[i] != ":":
+            raise self._error(i)
+        return key, i + 1
+
     def container(self, i: int, close: str) -> tuple[Any, int, bool]:
         """An object (close '}') or array (close ']') whose opener is at i - 1."""
         is_obj = close == "}"
@@ -151,15 +164,9 @@ class _Parser:
                 return opened(items), self.n, False
             key = None
             if is_obj:
-                if self.s[i] != '"':
-                    raise self._error(i)
-                key, i, done = self.string(i + 1)
-                i = self._skip_ws(i)
-                if not done or i >= self.n:
+                key, i = self._object_key(i)
+                if key is None:
                     return opened(items), self.n, False
-                if self.s[i] != ":":
-                    raise self._error(i)
-                i += 1
             val, i, done = self.value(i)
             if val is not _MISSING:
                 if is_obj:
