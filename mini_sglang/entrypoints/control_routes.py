@@ -8,7 +8,7 @@
   logged. A body that does not fit ProfileReqInput is SGLang's validation 400.
 - POST /pause_generation -> 200 {"message": "Generation paused successfully.", "status": "ok"}
 - POST /continue_generation -> 200 {"message": "Generation continued successfully.", "status": "ok"}
-  (bodies ignored, as in 0.5.4; semantics in managers/tokenizer_manager_control.py)
+  (bodies ignored, as in 0.5.4; semantics in managers/tokenizer_manager.py)
 - GET|POST /freeze_gc -> 200 text "Garbage collection frozen.\\n" (gc.freeze() in the HTTP,
   scheduler and detokenizer processes; see utils/gc_utils.py)
 - GET|POST /slow_down {"forward_sleep_time": seconds | null} -> 200 `null` once every
@@ -39,7 +39,6 @@ from mini_sglang.entrypoints.http_server import (
     orjson_response,
     validation_error_response,
 )
-from mini_sglang.managers import tokenizer_manager_control as tmc
 from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
     ConfigureLoggingReq,
@@ -112,7 +111,7 @@ def mount_control_routes(app: FastAPI) -> None:
         except ValueError as e:
             return validation_error_response(str(e))
         try:
-            await tmc.start_profile(get_state().tokenizer_manager, obj)
+            await get_state().tokenizer_manager.communicator.start_profile(obj)
         except RuntimeError as e:
             logger.error("/start_profile failed: %s", e)
             return _internal_error()
@@ -121,7 +120,7 @@ def mount_control_routes(app: FastAPI) -> None:
     @app.api_route("/stop_profile", methods=["GET", "POST"])
     async def stop_profile() -> Response:
         try:
-            await tmc.stop_profile(get_state().tokenizer_manager)
+            await get_state().tokenizer_manager.communicator.stop_profile()
         except RuntimeError as e:
             logger.error("/stop_profile failed: %s", e)
             return _internal_error()
@@ -129,17 +128,17 @@ def mount_control_routes(app: FastAPI) -> None:
 
     @app.post("/pause_generation")
     async def pause_generation() -> Response:
-        await tmc.pause_generation(get_state().tokenizer_manager)
+        await get_state().tokenizer_manager.pause_generation()
         return orjson_response({"message": "Generation paused successfully.", "status": "ok"})
 
     @app.post("/continue_generation")
     async def continue_generation() -> Response:
-        await tmc.continue_generation(get_state().tokenizer_manager)
+        await get_state().tokenizer_manager.continue_generation()
         return orjson_response({"message": "Generation continued successfully.", "status": "ok"})
 
     @app.api_route("/freeze_gc", methods=["GET", "POST"])
     async def freeze_gc() -> Response:
-        await tmc.freeze_gc(get_state().tokenizer_manager)
+        await get_state().tokenizer_manager.communicator.freeze_gc()
         return Response("Garbage collection frozen.\n", 200)
 
     async def configure_logging(tm: Any, req: ConfigureLoggingReq) -> Response:
@@ -150,11 +149,11 @@ def mount_control_routes(app: FastAPI) -> None:
         return Response(status_code=200)
 
     async def slow_down(tm: Any, req: SlowDownReqInput) -> Response:
-        await tmc.slow_down(tm, req)
+        await tm.communicator.slow_down(req)
         return orjson_response(None)
 
     async def open_session(tm: Any, req: OpenSessionReqInput) -> Response:
-        session_id = await tmc.open_session(tm, req)
+        session_id = await tm.communicator.open_session(req)
         if session_id is None:
             return error_response(
                 "Failed to open the session. Check if a session with the same id is still open."
@@ -162,7 +161,7 @@ def mount_control_routes(app: FastAPI) -> None:
         return orjson_response(session_id)
 
     async def close_session(tm: Any, req: CloseSessionReqInput) -> Response:
-        await tmc.close_session(tm, req)
+        await tm.communicator.close_session(req)
         return Response(status_code=200)
 
     for path, req_cls, handle in (

@@ -286,31 +286,30 @@ class Engine(EngineWeightsMixin):
         )
 
     def flush_cache(self) -> bool:
-        return self.loop.run_until_complete(self.tokenizer_manager.flush_cache()).success
+        return self.loop.run_until_complete(
+            self.tokenizer_manager.communicator.flush_cache()
+        ).success
 
     def start_profile(self, **kwargs: Any) -> None:
         """/start_profile's body as keyword arguments (output_dir, num_steps, activities, ...)."""
-        from mini_sglang.managers import tokenizer_manager_control as control
         from mini_sglang.managers.io_struct.control import ProfileReqInput
 
-        tm = self.tokenizer_manager
-        self.loop.run_until_complete(control.start_profile(tm, ProfileReqInput(**kwargs)))
+        communicator = self.tokenizer_manager.communicator
+        self.loop.run_until_complete(communicator.start_profile(ProfileReqInput(**kwargs)))
 
     def stop_profile(self) -> None:
         """Stop the profiler; every rank's trace is written when this returns."""
-        from mini_sglang.managers import tokenizer_manager_control as control
-
-        self.loop.run_until_complete(control.stop_profile(self.tokenizer_manager))
+        self.loop.run_until_complete(self.tokenizer_manager.communicator.stop_profile())
 
     def freeze_gc(self) -> None:
         """gc.freeze() in this process, the scheduler and the detokenizer (/freeze_gc); call
         it after a few warm-up requests so that long-lived objects leave the collections."""
-        from mini_sglang.managers import tokenizer_manager_control as control
-
-        self.loop.run_until_complete(control.freeze_gc(self.tokenizer_manager))
+        self.loop.run_until_complete(self.tokenizer_manager.communicator.freeze_gc())
 
     def get_server_info(self) -> dict:
-        state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        state = self.loop.run_until_complete(
+            self.tokenizer_manager.communicator.get_internal_state()
+        )
         return {
             **self.server_args.to_public_dict(),
             **self.scheduler_info,

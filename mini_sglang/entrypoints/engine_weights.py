@@ -1,7 +1,7 @@
 """Engine methods for online weight updates (SGLang 0.5.4's Engine API names).
 
 Each call goes through the Engine's TokenizerManager to every scheduler rank (and, with
---dp-size, every replica), exactly as the HTTP routes do; see tokenizer_manager_parallel.
+--dp-size, every replica), exactly as the HTTP routes do; see managers/tokenizer_communicator.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from mini_sglang.managers import tokenizer_manager_parallel as tmp
 from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     GetWeightsByNameReqInput,
@@ -32,7 +31,7 @@ class EngineWeightsMixin:
     ) -> tuple[bool, str]:
         """Swap in another checkpoint of the same architecture; (success, message)."""
         obj = UpdateWeightFromDiskReqInput(model_path=model_path, load_format=load_format, **kw)
-        out = self._run(tmp.update_weights_from_disk(self.tokenizer_manager, obj))
+        out = self._run(self.tokenizer_manager.communicator.update_weights_from_disk(obj))
         return out.success, out.message
 
     def update_weights_from_tensor(
@@ -51,7 +50,7 @@ class EngineWeightsMixin:
             flush_cache=flush_cache,
             weight_version=weight_version,
         )
-        out = self._run(tmp.update_weights_from_tensor(self.tokenizer_manager, obj))
+        out = self._run(self.tokenizer_manager.communicator.update_weights_from_tensor(obj))
         return out.success, out.message
 
     def init_weights_update_group(
@@ -71,12 +70,12 @@ class EngineWeightsMixin:
             group_name=group_name,
             backend=backend,
         )
-        out = self._run(tmp.init_weights_update_group(self.tokenizer_manager, obj))
+        out = self._run(self.tokenizer_manager.communicator.init_weights_update_group(obj))
         return out.success, out.message
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group"):
         obj = DestroyWeightsUpdateGroupReqInput(group_name=group_name)
-        out = self._run(tmp.destroy_weights_update_group(self.tokenizer_manager, obj))
+        out = self._run(self.tokenizer_manager.communicator.destroy_weights_update_group(obj))
         return out.success, out.message
 
     def update_weights_from_distributed(
@@ -96,9 +95,9 @@ class EngineWeightsMixin:
             flush_cache=flush_cache,
             weight_version=weight_version,
         )
-        out = self._run(tmp.update_weights_from_distributed(self.tokenizer_manager, obj))
+        out = self._run(self.tokenizer_manager.communicator.update_weights_from_distributed(obj))
         return out.success, out.message
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list | None:
         obj = GetWeightsByNameReqInput(name=name, truncate_size=truncate_size)
-        return self._run(tmp.get_weights_by_name(self.tokenizer_manager, obj))
+        return self._run(self.tokenizer_manager.communicator.get_weights_by_name(obj))

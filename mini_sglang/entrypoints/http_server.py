@@ -226,7 +226,7 @@ async def metrics() -> Response:
     tm = get_state().tokenizer_manager
     if tm.metrics is None:
         return error_response("Metrics are disabled; start the server with --enable-metrics", 404)
-    body = tm.metrics.render(await tm.get_internal_state())
+    body = tm.metrics.render(await tm.communicator.get_internal_state())
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -239,7 +239,7 @@ async def get_weight_version() -> Response:
 @app.get("/server_info")
 async def get_server_info() -> Response:
     state = get_state()
-    internal = await state.tokenizer_manager.get_internal_state()
+    internal = await state.tokenizer_manager.communicator.get_internal_state()
     from mini_sglang import __version__
 
     info = {
@@ -255,7 +255,7 @@ async def get_server_info() -> Response:
 
 @app.get("/get_load")
 async def get_load() -> Response:
-    internal = await get_state().tokenizer_manager.get_internal_state()
+    internal = await get_state().tokenizer_manager.communicator.get_internal_state()
     return orjson_response([{"dp_rank": 0, **internal.get("load", {})}])
 
 
@@ -277,7 +277,7 @@ async def available_models() -> Response:
 # ---- cache and abort ----------------------------------------------------------------------
 @app.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache() -> Response:
-    ret = await get_state().tokenizer_manager.flush_cache()
+    ret = await get_state().tokenizer_manager.communicator.flush_cache()
     return Response(
         content="Cache flushed.\nPlease check backend logs for more details. "
         "(When there are running or waiting requests, the operation will not be performed.)\n",

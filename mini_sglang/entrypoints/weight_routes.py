@@ -20,7 +20,6 @@ from mini_sglang.entrypoints.http_server import (
     error_response,
     orjson_response,
 )
-from mini_sglang.managers import tokenizer_manager_parallel as tmp
 from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     GetWeightsByNameReqInput,
@@ -36,11 +35,11 @@ def _reply(out: Any, **extra: Any) -> Response:
     return orjson_response(content, 200 if out.success else 400)
 
 
-def _forwarding(call: Any):
-    """body_route's handler for a call answered with {"success", "message"}."""
+def _forwarding(method: str):
+    """body_route's handler for the communicator method answered with {"success", "message"}."""
 
     async def handle(tm: Any, obj: Any) -> Response:
-        return _reply(await call(tm, obj))
+        return _reply(await getattr(tm.communicator, method)(obj))
 
     return handle
 
@@ -49,7 +48,7 @@ def mount_weight_routes(app: FastAPI) -> None:
     """Add the weight-update routes to `app` (called once by launch_server)."""
 
     async def update_weights_from_disk(tm: Any, obj: UpdateWeightFromDiskReqInput) -> Response:
-        out = await tmp.update_weights_from_disk(tm, obj)
+        out = await tm.communicator.update_weights_from_disk(obj)
         return _reply(out, num_paused_requests=out.num_paused_requests)
 
     app.post("/update_weights_from_disk")(
@@ -60,22 +59,22 @@ def mount_weight_routes(app: FastAPI) -> None:
     forwarded = {
         "/init_weights_update_group": (
             InitWeightsUpdateGroupReqInput,
-            tmp.init_weights_update_group,
+            "init_weights_update_group",
         ),
         "/destroy_weights_update_group": (
             DestroyWeightsUpdateGroupReqInput,
-            tmp.destroy_weights_update_group,
+            "destroy_weights_update_group",
         ),
         "/update_weights_from_distributed": (
             UpdateWeightsFromDistributedReqInput,
-            tmp.update_weights_from_distributed,
+            "update_weights_from_distributed",
         ),
     }
-    for path, (req_cls, call) in forwarded.items():
-        app.post(path)(body_route(req_cls, _forwarding(call)))
+    for path, (req_cls, method) in forwarded.items():
+        app.post(path)(body_route(req_cls, _forwarding(method)))
 
     async def get_weights_by_name(tm: Any, obj: GetWeightsByNameReqInput) -> Response:
-        ret = await tmp.get_weights_by_name(tm, obj)
+        ret = await tm.communicator.get_weights_by_name(obj)
         if ret is None:
             return error_response("Get parameter by name failed")
         return orjson_response(ret)

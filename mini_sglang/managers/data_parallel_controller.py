@@ -6,7 +6,7 @@
   below the busiest one's load get that many requests first, then round robin).
 - Every other message (abort, flush_cache, weight updates, internal state, ...) goes to every
   replica; each replica answers the TokenizerManager itself, which waits for all N replies
-  (see tokenizer_manager_parallel).
+  (see tokenizer_communicator).
 - Loads: SGLang's TokenizerManager polls replicas every 0.1 s and forwards the loads here.
   This controller asks the replicas itself (GetLoadReqInput whose `http_worker_ipc` names a
   socket of the controller's), so the TokenizerManager stays unaware of DP. Only

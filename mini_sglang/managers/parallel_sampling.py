@@ -12,33 +12,22 @@ x_1, x_2 that each report cached_tokens == len(prompt) - 1.
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import time
 import uuid
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
-    from mini_sglang.managers.tokenizer_manager import TokenizerManager
+from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
 
 
-async def prefill_shared_prompts(
-    tm: TokenizerManager,
-    subs: list[GenerateReqInput],
-    tokenized: list[TokenizedGenerateReqInput],
-    n: int,
-    request: Any = None,
-) -> None:
-    """Run one prefill-only request per prompt of an expanded batch and wait for all.
+def prefix_caching_requests(
+    subs: list[GenerateReqInput], tokenized: list[TokenizedGenerateReqInput], n: int
+) -> list[tuple[GenerateReqInput, TokenizedGenerateReqInput]]:
+    """One prefill-only (max_new_tokens 0, non-stream, fresh rid) copy of each prompt of an
+    expanded batch, as (sub-request, tokenized request) pairs; the inputs are not changed.
 
     ``subs``/``tokenized`` are the prompt-major expansion (sub-request k uses prompt k // n),
-    so the first copy of each prompt is at k = 0, n, 2n, ... Raises what the scheduler
-    reports for a bad request (ValueError -> 400) before any real copy is sent.
+    so the first copy of each prompt is at k = 0, n, 2n, ...
     """
-    from mini_sglang.managers.tokenizer_manager import ReqState
-
-    waits = []
+    pairs = []
     for k in range(0, len(subs), n):
         sub = copy.copy(subs[k])
         sub.rid = uuid.uuid4().hex
@@ -48,13 +37,5 @@ async def prefill_shared_prompts(
         tok.stream = False
         tok.sampling_params = copy.copy(tok.sampling_params)
         tok.sampling_params.max_new_tokens = 0
-        state = ReqState(sub, time.time())
-        tm.rid_to_state[sub.rid] = state
-        await tm.send_to_scheduler.send_pyobj(tok)
-        waits.append(_drain(tm._wait_one_response(state, request)))
-    await asyncio.gather(*waits)
-
-
-async def _drain(gen: Any) -> None:
-    async for _ in gen:
-        pass
+        pairs.append((sub, tok))
+    return pairs

@@ -2,9 +2,19 @@
 
 `generate_request(obj)` validates and tokenizes a GenerateReqInput, sends each sub-request
 to the scheduler, and yields SGLang's output dicts as the detokenizer's BatchStrOutput
-messages arrive:  {"text": cumulative text, "output_ids": ..., "meta_info": {...}}.
-Control requests (flush_cache, internal state, ...) are answered by the scheduler directly,
-matched to waiters by reply type. Errors a client can fix raise ValueError (-> HTTP 400).
+messages arrive:  {"text": cumulative text, "output_ids": ..., "meta_info": {...}} (built
+by ReqState, req_state.py). Control requests (flush_cache, internal state, profiling,
+weight updates, ...) go through ``self.communicator`` (tokenizer_communicator.py), whose
+replies the scheduler sends here directly. Errors a client can fix raise ValueError
+(-> HTTP 400).
+
+Pause (0.5.4's pause_generation): mark the server paused and abort every in-flight request
+(they finish with an abort reason and free their KV as any abort does). While paused,
+`generate_request` parks each new request before tokenizing it, so nothing new reaches the
+scheduler, which idles; continue releases the parked requests in arrival order. Pausing
+twice or continuing while running are harmless no-ops beyond the abort. The /health probe
+is a generate request too, so, as in 0.5.4, /health answers 503 while paused (after
+SGLANG_HEALTH_CHECK_TIMEOUT); weight updates and other control requests still run.
 """
 
 from __future__ import annotations
@@ -12,33 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from mini_sglang.managers.input_checks import check_generate_features
-from mini_sglang.managers.io_struct.control import (
-    AbortReq,
-    FlushCacheReqInput,
-    FlushCacheReqOutput,
-    GetInternalStateReq,
-    GetInternalStateReqOutput,
-    OpenSessionReqOutput,
-    ProfileReqOutput,
-    SlowDownReqOutput,
-)
+from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
 from mini_sglang.managers.io_struct.output import BatchStrOutput
-from mini_sglang.managers.parallel_sampling import prefill_shared_prompts
+from mini_sglang.managers.parallel_sampling import prefix_caching_requests
+from mini_sglang.managers.req_state import ReqState
 from mini_sglang.managers.request_logging import RequestLogger
 from mini_sglang.managers.session_controller import normalize_session_params
-from mini_sglang.managers.tokenizer_manager_control import wait_while_paused
-from mini_sglang.managers.tokenizer_manager_output import build_meta_info
-from mini_sglang.managers.tokenizer_manager_parallel import request_all_replicas
+from mini_sglang.managers.tokenizer_communicator import REPLY_TYPES, TokenizerCommunicator
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.gc_utils import configure_gc_warning
@@ -50,21 +48,6 @@ logger = logging.getLogger("mini_sglang")
 
 class RequestAborted(Exception):
     """The client went away; the request was aborted in the scheduler."""
-
-
-@dataclass
-class ReqState:
-    obj: GenerateReqInput
-    created_time: float
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    out_list: list[dict] = field(default_factory=list)
-    finished: bool = False
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    last_output_offset: int = 0
-    logprobs: dict[str, list] = field(default_factory=lambda: defaultdict(list))
-    metric_tokens: int = 0  # completion tokens already counted by --enable-metrics
-    metric_last_time: float | None = None
 
 
 class TokenizerManager:
@@ -95,7 +78,6 @@ class TokenizerManager:
             from mini_sglang.entrypoints.metrics import ServerMetrics
 
             self.metrics = ServerMetrics(server_args.served_model_name)
-        self.reply_waiters: dict[type, deque[asyncio.Future]] = defaultdict(deque)
         self.handle_loop_task: asyncio.Task | None = None
         self.last_receive_tstamp = time.time()
         self.preferred_sampling_params = None
@@ -103,15 +85,15 @@ class TokenizerManager:
             import json
 
             self.preferred_sampling_params = json.loads(server_args.preferred_sampling_params)
-        self._dispatch = {
-            BatchStrOutput: self._handle_batch_output,
-            FlushCacheReqOutput: self._handle_reply,
-            GetInternalStateReqOutput: self._handle_reply,
-            ProfileReqOutput: self._handle_reply,
-            SlowDownReqOutput: self._handle_reply,
-            OpenSessionReqOutput: self._handle_reply,
-        }
-        # /pause_generation: new generate requests wait on this (tokenizer_manager_control).
+        self.communicator = TokenizerCommunicator(
+            self._send_to_scheduler,
+            fan_out=server_args.dp_size,
+            server_args=server_args,
+            abort_all=lambda: self.abort_request(abort_all=True),
+        )
+        self._dispatch = {BatchStrOutput: self._handle_batch_output}
+        self._dispatch.update({t: self.communicator.handle_reply for t in REPLY_TYPES})
+        # /pause_generation: new generate requests wait on this (see the module docstring).
         self.is_pause = False
         self.is_pause_cond = asyncio.Condition()
 
@@ -130,51 +112,24 @@ class TokenizerManager:
                 continue
             handler(recv)
 
-    def _handle_reply(self, recv: Any) -> None:
-        waiters = self.reply_waiters[type(recv)]
-        if waiters:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(recv)
-
     def _handle_batch_output(self, recv: BatchStrOutput) -> None:
+        weight_version = self.server_args.weight_version
         for i, rid in enumerate(recv.rids):
             state = self.rid_to_state.get(rid)
             if state is None:
                 continue
-            finished = recv.finished_reasons[i] is not None
-            state.text += recv.output_strs[i]
-            state.output_ids.extend(recv.output_ids[i])
-            meta_info = build_meta_info(self, state, recv, i)
-            out = {"text": state.text, "meta_info": meta_info}
-            if self.server_args.skip_tokenizer_init:
-                out.pop("text")
-            if finished:
-                state.finished = True
-                meta_info["e2e_latency"] = time.time() - state.created_time
+            meta_info = state.add_output(recv, i, weight_version, self.tokenizer)
+            if state.finished:
                 self.rid_to_state.pop(rid, None)
             if self.metrics is not None and state.obj.log_metrics:
-                self.metrics.on_output(state, meta_info, finished)
-            state.out_list.append(out)
-            state.event.set()
+                self.metrics.on_output(state, meta_info, state.finished)
 
-    async def _request_reply(self, req: Any, reply_type: type, timeout: float | None = 60.0) -> Any:
-        if self.server_args.dp_size > 1:  # every replica answers; merged (see the module)
-            return await request_all_replicas(self, req, reply_type, timeout)
+    async def _send_to_scheduler(self, req: Any) -> None:
+        """Send one message to the scheduler, the receive loop running for its reply."""
         self.auto_create_handle_loop()
-        fut = asyncio.get_running_loop().create_future()
-        self.reply_waiters[reply_type].append(fut)
         await self.send_to_scheduler.send_pyobj(req)
-        return await asyncio.wait_for(fut, timeout)
 
-    # ---- control requests ----------------------------------------------------------
-    async def flush_cache(self) -> FlushCacheReqOutput:
-        return await self._request_reply(FlushCacheReqInput(), FlushCacheReqOutput)
-
-    async def get_internal_state(self) -> dict[str, Any]:
-        reply = await self._request_reply(GetInternalStateReq(), GetInternalStateReqOutput)
-        return reply.internal_state
-
+    # ---- abort and pause -----------------------------------------------------------
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         """Abort requests whose rid starts with `rid` (or all) in the scheduler."""
         req = AbortReq(rid=rid, abort_all=abort_all)
@@ -186,6 +141,23 @@ class TokenizerManager:
         # zmq.asyncio's send returns a Future that is already scheduled (not a coroutine,
         # so it must not go through create_task); nothing needs to await it.
         self.send_to_scheduler.send_pyobj(req)
+
+    async def pause_generation(self) -> None:
+        async with self.is_pause_cond:
+            self.is_pause = True
+            self.abort_request(abort_all=True)
+
+    async def continue_generation(self) -> None:
+        async with self.is_pause_cond:
+            self.is_pause = False
+            self.is_pause_cond.notify_all()
+
+    async def _wait_while_paused(self) -> None:
+        """Return at once unless paused; else when continue_generation is called."""
+        if not self.is_pause:
+            return
+        async with self.is_pause_cond:
+            await self.is_pause_cond.wait_for(lambda: not self.is_pause)
 
     # ---- generation ----------------------------------------------------------------
     def _tokenize_one(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
@@ -279,12 +251,12 @@ class TokenizerManager:
         created = time.time()
         obj.normalize_batch_and_arguments()
         self.request_logger.receive(obj)
-        await wait_while_paused(self)
+        await self._wait_while_paused()
         subs = [obj] if obj.is_single else [obj[i] for i in range(len(obj))]
         # Validate everything before sending anything: a bad sub-request fails the batch.
         tokenized = [self._tokenize_one(sub) for sub in subs]
         if obj.parallel_sample_num > 1:  # n > 1: cache each prompt first (SGLang)
-            await prefill_shared_prompts(self, subs, tokenized, obj.parallel_sample_num, request)
+            await self._prefill_shared_prompts(subs, tokenized, obj.parallel_sample_num, request)
         states = []
         for sub in subs:
             if sub.rid in self.rid_to_state:
@@ -306,6 +278,24 @@ class TokenizerManager:
             return
         async for out in self._merge_streams(states, request):
             yield out
+
+    async def _prefill_shared_prompts(
+        self,
+        subs: list[GenerateReqInput],
+        tokenized: list[TokenizedGenerateReqInput],
+        n: int,
+        request: Any,
+    ) -> None:
+        """Run one prefill-only request per prompt of an n > 1 batch (parallel_sampling.py)
+        and wait for all; raises what the scheduler reports for a bad request (ValueError
+        -> 400) before any real copy is sent."""
+        waits = []
+        for sub, tok in prefix_caching_requests(subs, tokenized, n):
+            state = ReqState(sub, time.time())
+            self.rid_to_state[sub.rid] = state
+            await self.send_to_scheduler.send_pyobj(tok)
+            waits.append(self._collect(self._wait_one_response(state, request)))
+        await asyncio.gather(*waits)
 
     @staticmethod
     async def _collect(gen: AsyncIterator) -> list:
@@ -353,10 +343,7 @@ class TokenizerManager:
                             f"Request {obj.rid} is disconnected from the client side."
                         ) from None
                     continue
-                out = state.out_list[-1]
-                state.out_list = []
-                state.event.clear()
-                out = self._with_output_ids(state, out)
+                out = state.take_output(with_text=not self.server_args.skip_tokenizer_init)
                 if state.finished:
                     self.request_logger.finish(obj, out)
                     reason = out["meta_info"]["finish_reason"] or {}
@@ -371,19 +358,6 @@ class TokenizerManager:
         finally:
             if not state.finished:
                 self.abort_disconnected(obj.rid)
-
-    def _with_output_ids(self, state: ReqState, out: dict) -> dict:
-        # 0.5.4: a stream event carries the ids new since the previous event the client got
-        # (computed here, at yield time, so merged events lose nothing); else all ids.
-        if state.obj.stream:
-            ids = state.output_ids[state.last_output_offset :]
-            state.last_output_offset = len(state.output_ids)
-        else:
-            ids = list(state.output_ids)
-        result = {"output_ids": ids, "meta_info": out["meta_info"]}
-        if "text" in out:
-            result = {"text": out["text"], **result}
-        return result
 
     def abort_disconnected(self, rid: str) -> None:
         self.rid_to_state.pop(rid, None)
