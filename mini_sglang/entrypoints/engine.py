@@ -26,6 +26,7 @@ from mini_sglang.entrypoints.parallel_launch import (
 )
 from mini_sglang.entrypoints.startup import (
     check_main_guard,
+    check_model_path,
     close_parent_ends,
     exit_if_bootstrapping_child,
     wait_for_children,
@@ -122,6 +123,7 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
     from mini_sglang.managers.scheduler_process import run_scheduler_process
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
 
+    check_model_path(server_args.model_path, server_args.load_format)
     port_args = PortArgs.init_new(server_args)
     ctx = mp.get_context("spawn")
     readers, writers = [], []

@@ -390,10 +390,12 @@ def launch_server(server_args) -> None:
     from mini_sglang.entrypoints.embedding_routes import mount_embedding_routes
     from mini_sglang.entrypoints.engine import launch_subprocesses
     from mini_sglang.entrypoints.openai.routes import mount_openai_routes
+    from mini_sglang.entrypoints.startup import check_port_available
     from mini_sglang.entrypoints.weight_routes import mount_weight_routes
     from mini_sglang.utils.process import configure_logger, kill_process_tree
 
     configure_logger(server_args)
+    check_port_available(server_args.host, server_args.port)  # before any model load
     tm, info, children = launch_subprocesses(server_args)
     set_global_state(GlobalState(tm, info, server_args))
     mount_openai_routes(app)

@@ -1,5 +1,9 @@
-"""Start-up of the server's child processes: waiting until each reports ready, and failing
-fast (with one clear line) when one cannot start.
+"""Start-up checks and the wait for the server's child processes: a user error (a port in
+use, a model path that cannot be served) and a child that cannot start each end the start
+promptly with one `StartupError` line that says what is wrong and what to do.
+
+`check_port_available` and `check_model_path` run in the parent before any child starts
+(before any weight is loaded).
 
 Contract of `wait_for_children`: it returns the ready reports of the children that have a
 pipe, in order, once every one has reported "ready"; if any child (with a pipe or not)
@@ -19,8 +23,11 @@ with `MISSING_MAIN_GUARD_EXIT_CODE`, which the parent turns into the same advice
 from __future__ import annotations
 
 import ast
+import glob
 import multiprocessing as mp
+import os
 import signal
+import socket
 import sys
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -37,6 +44,71 @@ MISSING_MAIN_GUARD_HINT = (
 
 class StartupError(RuntimeError):
     """The server or engine could not start; the message is one line a user can act on."""
+
+
+def check_port_available(host: str, port: int) -> None:
+    """Raise StartupError unless `host:port` can be listened on (bound as uvicorn binds it,
+    with SO_REUSEADDR, so a port in TIME_WAIT is not reported)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise StartupError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise StartupError(
+                f"--port {port}: cannot listen on {host}:{port} ({e.strerror}); stop the "
+                "process using it or pass another --port"
+            ) from None
+
+
+def _looks_like_repo_id(path: str) -> bool:
+    parts = path.split("/")
+    return len(parts) == 2 and all(parts) and not path.startswith((".", "~"))
+
+
+def check_model_path(model_path: str, load_format: str) -> None:
+    """Raise StartupError unless `model_path` is something mini-sglang can load: an HF
+    checkpoint directory (config.json, and *.safetensors or *.bin weights unless
+    --load-format dummy) or a readable GGUF file. Hub ids are not downloaded."""
+    from mini_sglang.utils.gguf_path import is_gguf_path
+
+    flag = f"--model-path {model_path}"
+    if not os.path.exists(model_path):
+        if _looks_like_repo_id(model_path):
+            raise StartupError(
+                f"{flag}: no such local directory, and mini-sglang does not download from a "
+                f"model hub; download it first (huggingface-cli download {model_path} "
+                "--local-dir DIR) and pass --model-path DIR"
+            )
+        raise StartupError(f"{flag}: no such file or directory")
+    if os.path.isfile(model_path):
+        if not is_gguf_path(model_path):
+            raise StartupError(f"{flag}: a file that is not GGUF; pass a model directory")
+        from mini_sglang.model_loader.gguf_loader import gguf_config_dict
+
+        try:
+            gguf_config_dict(model_path)
+        except Exception as e:
+            raise StartupError(
+                f"{flag}: cannot read it as GGUF ({e}); download the file again"
+            ) from None
+        return
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise StartupError(f"{flag}: the directory has no config.json (not an HF checkpoint)")
+    if load_format == "dummy":
+        return
+    weights = glob.glob(os.path.join(model_path, "*.safetensors")) + glob.glob(
+        os.path.join(model_path, "*.bin")
+    )
+    if not weights:
+        raise StartupError(
+            f"{flag}: no model weights (*.safetensors or *.bin) in the directory; add them, "
+            "or pass --load-format dummy for random weights"
+        )
 
 
 def _in_name_guard(tree: ast.Module, lineno: int) -> bool:
