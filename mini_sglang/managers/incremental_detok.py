@@ -133,10 +133,9 @@ def trim_matched_stop(
     if isinstance(matched, str) and isinstance(output, str):
         pos = output.find(matched)
         return output[:pos] if pos != -1 else output
-    if isinstance(matched, int) and isinstance(output, list):
-        # The matched token is the last id (the scheduler sends ids up to the stop only).
-        if output and output[-1] == matched:
-            return output[:-1]
+    # A matched token is the last id (the scheduler sends ids up to the stop only).
+    if isinstance(matched, int) and isinstance(output, list) and output and output[-1] == matched:
+        return output[:-1]
     return output
 
 
