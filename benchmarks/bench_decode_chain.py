@@ -149,6 +149,29 @@ def make_step(
     h0 = torch.randn(1, hidden, dtype=torch.bfloat16, device="cuda", generator=gen)
     h, res = h0.clone(), torch.zeros_like(h0)
 
+    if fused_ops:
+        return _make_fused_step(ws, lm_head, gemv_cfgs, ops, pdl, attention_us, h0, res, lin)
+
+    def step() -> torch.Tensor:
+        h.copy_(h0)
+        res.zero_()
+        x = h
+        for lw in ws:
+            xn = norm(x, res)
+            qkv = lin(xn, lw["qkv"])
+            o = lin(attention(qkv, lw["o"].shape[1], attention_us, pdl), lw["o"])
+            xn = norm(o, res)
+            x = lin(act(lin(xn, lw["gate_up"])), lw["down"])
+        return lin(norm(x, res), lm_head)
+
+    return step
+
+
+def _make_fused_step(ws, lm_head, gemv_cfgs, ops, pdl, attention_us, h0, res, lin):
+    """make_step's chain for the norms-in-GEMVs dataflows (ops in _FUSED_OPS), from h0 with
+    the residual in res; lin is the chain's plain GEMV."""
+    ones = torch.ones(h0.shape[1], dtype=torch.bfloat16, device="cuda")
+
     def fused_lin(x, w, residual=None, norm=False, silu_mul=False):
         """One GEMV of the norms-in-GEMVs dataflows (ops "qkv_fused", "fused", "folded"), with
         gemv_cfgs' config for its shape (a --sweep) or else the model's pick for the variant."""
@@ -178,22 +201,7 @@ def make_step(
             fused_lin(act, lw["down"], residual=res)
         return fused_lin(fused_kernels.rmsnorm(res, ones, 1e-5, pdl=pdl), lm_head)
 
-    if fused_ops:
-        return fused_step
-
-    def step() -> torch.Tensor:
-        h.copy_(h0)
-        res.zero_()
-        x = h
-        for lw in ws:
-            xn = norm(x, res)
-            qkv = lin(xn, lw["qkv"])
-            o = lin(attention(qkv, lw["o"].shape[1], attention_us, pdl), lw["o"])
-            xn = norm(o, res)
-            x = lin(act(lin(xn, lw["gate_up"])), lw["down"])
-        return lin(norm(x, res), lm_head)
-
-    return step
+    return fused_step
 
 
 def time_step(step, replays: int) -> tuple[float, torch.Tensor]:
@@ -281,32 +289,40 @@ def main() -> None:
     for key, cfg in small_m_gemm._choice.items():
         if key[-1]:  # a fused variant's pick
             print(f"variant pick {key[1:3]} {key[-1]}: {cfg}")
-    if args.sweep:  # one shape's config at a time in the sweep arm's chain, the others as picked
-        sweep_gemvs, sweep_ops, _ = ARMS[args.sweep_arm]
-        names = {shape: name for name, shape in projections(args.model).items()}
-        extra = [tuple(int(v) for v in c.split(",")) for c in args.extra_configs]
-        for key in configs["pdl_picked"]:
-            if args.sweep_shapes is not None and names.get(key) not in args.sweep_shapes:
-                continue
-            fused = sweep_ops in _FUSED_OPS
-            for cfg in (None, *small_m_gemm._CONFIGS, *extra)[fused:]:
-                cfgs = {**configs.get(sweep_gemvs, {}), key: cfg}
-                try:
-                    ms, _ = time_step(
-                        make_step(ws, lm_head, hidden, cfgs, sweep_ops, True, args.attention_us),
-                        args.replays,
-                    )
-                except Exception:  # noqa: BLE001 - a config the compiler rejects
-                    continue
-                row = {"arm": "sweep " + args.sweep_arm, "model": args.model, "shape": key, "config": cfg,
-                       "ms": round(ms, 4), "attention_us": args.attention_us,
-                       "device": torch.cuda.get_device_name()}  # fmt: skip
-                print(json.dumps(row))
-                rows.append(row)
+    if args.sweep:
+        rows += sweep(args, ws, lm_head, hidden, configs)
     if args.out:
         with Path(args.out).open("a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+
+
+def sweep(args: argparse.Namespace, ws, lm_head, hidden: int, configs: dict) -> list[dict]:
+    """--sweep's rows: one shape's config at a time in the sweep arm's chain, the others as
+    picked."""
+    rows = []
+    sweep_gemvs, sweep_ops, _ = ARMS[args.sweep_arm]
+    names = {shape: name for name, shape in projections(args.model).items()}
+    extra = [tuple(int(v) for v in c.split(",")) for c in args.extra_configs]
+    for key in configs["pdl_picked"]:
+        if args.sweep_shapes is not None and names.get(key) not in args.sweep_shapes:
+            continue
+        fused = sweep_ops in _FUSED_OPS
+        for cfg in (None, *small_m_gemm._CONFIGS, *extra)[fused:]:
+            cfgs = {**configs.get(sweep_gemvs, {}), key: cfg}
+            try:
+                ms, _ = time_step(
+                    make_step(ws, lm_head, hidden, cfgs, sweep_ops, True, args.attention_us),
+                    args.replays,
+                )
+            except Exception:  # noqa: BLE001 - a config the compiler rejects
+                continue
+            row = {"arm": "sweep " + args.sweep_arm, "model": args.model, "shape": key, "config": cfg,
+                   "ms": round(ms, 4), "attention_us": args.attention_us,
+                   "device": torch.cuda.get_device_name()}  # fmt: skip
+            print(json.dumps(row))
+            rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ PREFILL_RE = re.compile(r"Prefill batch\. #new-seq: \d+, #new-token: (\d+), #cac
 def start_server(port: int, extra: list[str], log_path: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "mini_sglang.launch_server", "--port", str(port), *extra]
     print("$", " ".join(cmd[1:]), flush=True)
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    with open(log_path, "wb") as log:  # the server writes to its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 600
     while time.time() < deadline:
         if proc.poll() is not None:

@@ -55,10 +55,9 @@ def load(specs: list[str]) -> dict[tuple, dict[str, list[dict]]]:
     for spec in specs:
         label, _, path = spec.rpartition("=")
         label = label or Path(path).stem
-        for line in open(path):
-            if not line.strip():
-                continue
-            row = json.loads(line)
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        for row in rows:
             if math.isinf(float(row["request_rate"])):
                 continue
             tag = row.get("engine") or row.get("revision")

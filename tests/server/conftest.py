@@ -14,6 +14,7 @@ Servers are expensive on the 2 shared CPU cores (~17 s to start), so share them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -220,10 +221,8 @@ def _is_running(p: psutil.Process) -> bool:
 
 def kill_all(procs: list[psutil.Process]) -> None:
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def start_server(

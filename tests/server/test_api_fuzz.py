@@ -71,10 +71,10 @@ def _error_message(path: str, payload: Any) -> str | None:
     """The message of an SGLang error envelope for `path`, or None if it is not one."""
     if not isinstance(payload, dict):
         return None
-    if path.startswith(("/update_weights", "/destroy_weights", "/init_weights")):
-        # A refused weight update is SGLang's {"success": false, "message", ...} with 400.
-        if payload.get("success") is False and "message" in payload:
-            return payload["message"]
+    # A refused weight update is SGLang's {"success": false, "message", ...} with 400.
+    weights = path.startswith(("/update_weights", "/destroy_weights", "/init_weights"))
+    if weights and payload.get("success") is False and "message" in payload:
+        return payload["message"]
     if list(payload) == ["detail"] and path in FASTAPI_PARSED:
         # FastAPI's own 400 for a body json.loads cannot parse at all (e.g. nested past the
         # recursion limit), exactly what SGLang's FastAPI answers too.
@@ -91,37 +91,48 @@ def _error_message(path: str, payload: Any) -> str | None:
 
 def check_response(case: Case, r: requests.Response) -> list[str]:
     """Every contract violation of one response (empty if it is fine)."""
-    problems = []
     where = case.describe()
     if r.status_code >= 500:
         return [f"{where}: HTTP {r.status_code}: {r.text[:300]}"]
     if not (200 <= r.status_code < 300 or 400 <= r.status_code < 500):
         return [f"{where}: unexpected HTTP {r.status_code}"]
     if r.status_code >= 400:
-        try:
-            payload = r.json()
-        except ValueError:
-            return [f"{where}: {r.status_code} body is not JSON: {r.text[:200]!r}"]
-        message = _error_message(case.path, payload)
-        if not isinstance(message, str) or not message.strip():
-            problems.append(f"{where}: {r.status_code} body is no error envelope: {payload}")
-        elif RAW_EXCEPTION.search(message):
-            problems.append(f"{where}: {r.status_code} message is a raw exception: {message!r}")
-        elif case.path in OPENAI_ROUTES and payload.get("code") not in (None, r.status_code):
-            problems.append(f"{where}: code {payload.get('code')} != HTTP {r.status_code}")
-        return problems
+        return _check_error_body(case, r, where)
     if r.headers.get("content-type", "").startswith("text/event-stream"):
-        try:
-            events = parse_sse(r.content)
-        except (AssertionError, ValueError) as e:
-            return [f"{where}: broken SSE stream ({e}): {r.content[-300:]!r}"]
-        for ev in events:
-            if isinstance(ev, dict) and "error" in ev:
-                msg = (ev["error"] or {}).get("message")
-                if not isinstance(msg, str) or not msg.strip():
-                    problems.append(f"{where}: stream error event without message: {ev}")
-                elif RAW_EXCEPTION.search(msg):
-                    problems.append(f"{where}: stream error is a raw exception: {msg!r}")
+        return _check_stream(r, where)
+    return []
+
+
+def _check_error_body(case: Case, r: requests.Response, where: str) -> list[str]:
+    """Violations of a 4xx response: its body must be an error envelope with a message."""
+    try:
+        payload = r.json()
+    except ValueError:
+        return [f"{where}: {r.status_code} body is not JSON: {r.text[:200]!r}"]
+    message = _error_message(case.path, payload)
+    if not isinstance(message, str) or not message.strip():
+        return [f"{where}: {r.status_code} body is no error envelope: {payload}"]
+    if RAW_EXCEPTION.search(message):
+        return [f"{where}: {r.status_code} message is a raw exception: {message!r}"]
+    if case.path in OPENAI_ROUTES and payload.get("code") not in (None, r.status_code):
+        return [f"{where}: code {payload.get('code')} != HTTP {r.status_code}"]
+    return []
+
+
+def _check_stream(r: requests.Response, where: str) -> list[str]:
+    """Violations of an SSE stream: it must parse, and each error event carry a message."""
+    try:
+        events = parse_sse(r.content)
+    except (AssertionError, ValueError) as e:
+        return [f"{where}: broken SSE stream ({e}): {r.content[-300:]!r}"]
+    problems = []
+    for ev in events:
+        if isinstance(ev, dict) and "error" in ev:
+            msg = (ev["error"] or {}).get("message")
+            if not isinstance(msg, str) or not msg.strip():
+                problems.append(f"{where}: stream error event without message: {ev}")
+            elif RAW_EXCEPTION.search(msg):
+                problems.append(f"{where}: stream error is a raw exception: {msg!r}")
     return problems
 
 

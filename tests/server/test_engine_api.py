@@ -7,6 +7,7 @@ or through the context manager) must leave no child process behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import gzip
 import json
@@ -39,10 +40,8 @@ def _children() -> set[int]:
 def _assert_gone(pids: set[int]) -> None:
     procs = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=10)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"engine children still alive: {alive}"

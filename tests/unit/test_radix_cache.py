@@ -94,35 +94,41 @@ def test_extra_key_namespaces_and_disable() -> None:
     assert d.evict(10) == 0 and d.total_size() == 0
 
 
-@pytest.mark.parametrize("ps", [1, 4, 16])
-def test_random_ops_against_reference(ps: int) -> None:
-    """insert/match/lock/unlock/evict vs a dict of cached page-prefixes -> their slots."""
-    rng = random.Random(ps)
-    cap = 96 * ps
-    alloc = get_allocator(cap, ps, debug=True)
-    c = RadixCache(None, alloc, page_size=ps, eviction_policy=rng.choice(["lru", "lfu"]))
-    ref: dict[tuple[int, ...], list[int]] = {}  # page-aligned prefix -> slots of its last page
-    locks: list[tuple[Any, tuple[int, ...]]] = []  # (node, locked prefix)
-    seqs: list[list[int]] = [[]]
+class _RandomOps:
+    """Random insert/match/lock/unlock/evict on a RadixCache, each checked against a
+    reference: a dict of cached page-aligned prefixes -> the slots of their last page."""
 
-    def rand_key() -> list[int]:
+    def __init__(self, ps: int) -> None:
+        self.rng = random.Random(ps)
+        self.ps, self.cap = ps, 96 * ps
+        self.alloc = get_allocator(self.cap, ps, debug=True)
+        policy = self.rng.choice(["lru", "lfu"])
+        self.c = RadixCache(None, self.alloc, page_size=ps, eviction_policy=policy)
+        self.ref: dict[tuple[int, ...], list[int]] = {}
+        self.locks: list[tuple[Any, tuple[int, ...]]] = []  # (node, locked prefix)
+        self.seqs: list[list[int]] = [[]]
+
+    def rand_key(self) -> list[int]:
         # Extend a known sequence with tokens from a tiny vocabulary so that pages often
         # share a first token but differ later: the interesting case for page matching.
-        base = rng.choice(seqs)
+        rng, ps = self.rng, self.ps
+        base = rng.choice(self.seqs)
         key = base[: rng.randint(0, len(base))] + [
             rng.randint(0, 2) for _ in range(rng.randint(0, 5 * ps))
         ]
         return key
 
-    def ref_match(key: list[int]) -> tuple[int, list[int]]:
+    def ref_match(self, key: list[int]) -> tuple[int, list[int]]:
+        ps, ref = self.ps, self.ref
         n, slots = 0, []
         while n + ps <= len(key) and tuple(key[: n + ps]) in ref:
             slots += ref[tuple(key[: n + ps])]
             n += ps
         return n, slots
 
-    def evict_and_check(num_tokens: int) -> None:
+    def evict_and_check(self, num_tokens: int) -> None:
         # Exactly whole unlocked leaves go, never a locked prefix.
+        c, ps, ref = self.c, self.ps, self.ref
         before = c.evictable_size()
         freed = c.evict(num_tokens)
         alive = set(c.all_values_flatten().tolist())
@@ -130,48 +136,75 @@ def test_random_ops_against_reference(ps: int) -> None:
         assert freed == len(gone) * ps and min(num_tokens, before) <= freed <= before
         for p in gone:
             del ref[p]
-        for _, locked in locks:
+        for _, locked in self.locks:
             assert all(locked[: i + ps] in ref for i in range(0, len(locked), ps))
 
+    def insert(self) -> bool:
+        """Insert, freeing duplicates as callers do; False if the pool had no room."""
+        ps, alloc = self.ps, self.alloc
+        key = self.rand_key()
+        key = key[: len(key) // ps * ps]
+        if alloc.available_size() < len(key):
+            self.evict_and_check(len(key))
+        value = alloc.alloc(len(key))
+        if value is None:
+            return False
+        expect_prefix, _ = self.ref_match(key)
+        assert self.c.insert(key, value) == expect_prefix
+        alloc.free(value[:expect_prefix])
+        for i in range(expect_prefix, len(key), ps):
+            self.ref[tuple(key[: i + ps])] = value[i : i + ps].tolist()
+        self.seqs.append(key)
+        return True
+
+    def match(self) -> None:
+        """A full aligned key matches exactly the inserted slots."""
+        key = self.rand_key()
+        n, slots = self.ref_match(key)
+        m = self.c.match_prefix(key)
+        assert m.device_indices.tolist() == slots
+        assert len(m.last_device_node.key) > 0 or n == 0
+
+    def lock(self) -> None:
+        """Lock the matched prefix."""
+        key = self.rand_key()
+        n, _ = self.ref_match(key)
+        node = self.c.match_prefix(key).last_device_node
+        self.c.inc_lock_ref(node)
+        self.locks.append((node, tuple(key[:n])))
+
+    def check_sizes(self) -> None:
+        # Reference sizes: protected = pages on some locked path; the rest is evictable.
+        c, ps, ref = self.c, self.ps, self.ref
+        protected = {
+            locked[: i + ps] for _, locked in self.locks for i in range(0, len(locked), ps)
+        }
+        assert c.protected_size() == len(protected) * ps
+        assert c.evictable_size() == (len(ref) - len(protected)) * ps
+        assert self.alloc.available_size() + c.evictable_size() + c.protected_size() == self.cap
+        assert all(p[:-ps] in ref for p in ref if len(p) > ps)  # prefix-closed
+
+
+@pytest.mark.parametrize("ps", [1, 4, 16])
+def test_random_ops_against_reference(ps: int) -> None:
+    """insert/match/lock/unlock/evict vs a dict of cached page-prefixes -> their slots."""
+    t = _RandomOps(ps)
+    rng, c, alloc, ref, locks, cap = t.rng, t.c, t.alloc, t.ref, t.locks, t.cap
     for _ in range(2500):
         op = rng.random()
-        if op < 0.35:  # insert, freeing duplicates as callers do
-            key = rand_key()
-            key = key[: len(key) // ps * ps]
-            if alloc.available_size() < len(key):
-                evict_and_check(len(key))
-            value = alloc.alloc(len(key))
-            if value is None:
+        if op < 0.35:
+            if not t.insert():
                 continue
-            expect_prefix, _ = ref_match(key)
-            assert c.insert(key, value) == expect_prefix
-            alloc.free(value[:expect_prefix])
-            for i in range(expect_prefix, len(key), ps):
-                ref[tuple(key[: i + ps])] = value[i : i + ps].tolist()
-            seqs.append(key)
-        elif op < 0.65:  # match: full aligned key, exactly the inserted slots
-            key = rand_key()
-            n, slots = ref_match(key)
-            m = c.match_prefix(key)
-            assert m.device_indices.tolist() == slots
-            assert len(m.last_device_node.key) > 0 or n == 0
-        elif op < 0.8:  # lock the matched prefix
-            key = rand_key()
-            n, _ = ref_match(key)
-            node = c.match_prefix(key).last_device_node
-            c.inc_lock_ref(node)
-            locks.append((node, tuple(key[:n])))
+        elif op < 0.65:
+            t.match()
+        elif op < 0.8:
+            t.lock()
         elif op < 0.92 and locks:
             node, _ = locks.pop(rng.randrange(len(locks)))
             c.dec_lock_ref(node)
         else:
-            evict_and_check(rng.randint(1, 20 * ps))
-        # Reference sizes: protected = pages on some locked path; the rest is evictable.
-        protected = {locked[: i + ps] for _, locked in locks for i in range(0, len(locked), ps)}
-        assert c.protected_size() == len(protected) * ps
-        assert c.evictable_size() == (len(ref) - len(protected)) * ps
-        assert alloc.available_size() + c.evictable_size() + c.protected_size() == cap
-        assert all(p[:-ps] in ref for p in ref if len(p) > ps)  # prefix-closed
+            t.evict_and_check(rng.randint(1, 20 * ps))
+        t.check_sizes()
     c.check_invariants()
     assert sorted(c.all_values_flatten().tolist()) == sorted(s for v in ref.values() for s in v)
     for node, _ in locks:
