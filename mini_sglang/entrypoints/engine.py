@@ -125,6 +125,7 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
 
     check_model_path(server_args.model_path, server_args.load_format)
     port_args = PortArgs.init_new(server_args)
+    logger.info(f"{server_args=}")
     ctx = mp.get_context("spawn")
     readers, writers = [], []
     # One scheduler per (DP replica, TP rank) on this node; see parallel_launch.

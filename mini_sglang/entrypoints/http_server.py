@@ -379,6 +379,19 @@ def _warmup(server_args) -> None:
     logger.info("The server is fired up and ready to roll!")
 
 
+def set_uvicorn_logging_configs() -> None:
+    """Uvicorn's log lines in the server's format (SGLang's): timestamp, level, message."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    formatters = LOGGING_CONFIG["formatters"]
+    formatters["default"]["fmt"] = "[%(asctime)s] %(levelprefix)s %(message)s"
+    formatters["default"]["datefmt"] = "%Y-%m-%d %H:%M:%S"
+    formatters["access"]["fmt"] = (
+        '[%(asctime)s] %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s'
+    )
+    formatters["access"]["datefmt"] = "%Y-%m-%d %H:%M:%S"
+
+
 def launch_server(server_args) -> None:
     """Start the subprocesses, the warm-up thread and uvicorn (blocks until shutdown)."""
     import signal
@@ -413,12 +426,13 @@ def launch_server(server_args) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     threading.Thread(target=_warmup, args=(server_args,), daemon=True).start()
+    set_uvicorn_logging_configs()
     try:
         uvicorn.run(
             app,
             host=server_args.host,
             port=server_args.port,
-            log_level=server_args.log_level_http or "warning",
+            log_level=server_args.log_level_http or server_args.log_level,
             timeout_keep_alive=5,
             loop="uvloop",
         )

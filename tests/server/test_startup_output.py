@@ -1,0 +1,28 @@
+"""What a server tells its operator, as SGLang does: the resolved `server_args=ServerArgs(...)`
+line, uvicorn's "Uvicorn running on http://host:port" line and its access log (uvicorn logs
+at --log-level unless --log-level-http says otherwise)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from tests.server.conftest import ServerHandle
+
+
+def _wait_for_log(server: ServerHandle, pattern: str, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        log = server.log()
+        if re.search(pattern, log, re.M) or time.monotonic() > deadline:
+            return log
+
+
+def test_log_says_where_it_listens_and_what_it_runs(server: ServerHandle) -> None:
+    log = server.log()
+    assert re.search(r"^\[[-0-9: ]+\] server_args=ServerArgs\(model_path=", log, re.M), log[:3000]
+    assert f"Uvicorn running on {server.base_url} (Press CTRL+C to quit)" in log, log[-3000:]
+    assert server.get("/health").status_code == 200
+    access = r'^\[[-0-9: ]+\] INFO: +127\.0\.0\.1:\d+ - "GET /health HTTP/1\.1" 200 OK$'
+    log = _wait_for_log(server, access)
+    assert re.search(access, log, re.M), log[-3000:]
