@@ -5,7 +5,7 @@ Lengths (the invariant every step keeps):
   len(fill_ids)        tokens whose KV exists after this step's forward
   extend_input_len     = len(fill_ids) - len(prefix_indices), the tokens computed now
 and len(prefix_indices) <= len(fill_ids) <= len(origin_input_ids) + max_new_tokens.
-SGLang's names are kept (extend_input_len, seqlen, cached_tokens) so its logic reads across.
+SGLang's names are kept (extend_input_len, cached_tokens) so its logic reads across.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ from mini_sglang.sampling.sampling_batch_info import NO_SEED
 if TYPE_CHECKING:
     from mini_sglang.mem_cache.base_prefix_cache import BasePrefixCache
     from mini_sglang.sampling.sampling_params import SamplingParams
-
-# How many prompt tokens before the output the detokenizer re-decodes for context
-# (SGLang's INIT_INCREMENTAL_DETOKENIZATION_OFFSET): enough for a leading-space merge.
-INIT_INCREMENTAL_DETOKENIZATION_OFFSET = 5
 
 
 class Req:
@@ -66,7 +62,6 @@ class Req:
         self.last_node: Any = None
         self.extend_input_len = 0
         self.is_chunked = 0  # > 0 while a prefill chunk of this request is in flight
-        self.is_retracted = False
         self.cached_tokens = 0
         self.already_computed = 0  # prompt tokens counted into cached_tokens so far
         # Structured output: the matcher (a Future while it compiles) and its cache key.
@@ -80,9 +75,7 @@ class Req:
         self.send_token_offset = 0  # output ids already streamed
         self.sent_final = False  # the finishing message went out
         self.logprob_sent: dict[str, int] = {}  # per logprob list, entries already streamed
-        self.surr_offset: int | None = None
-        self.read_offset: int | None = None
-        self.decoded_text = ""
+        self.read_offset: int | None = None  # context ids in the first message; None: unsent
         # Logprobs
         self.return_logprob = return_logprob
         self.logprob_start_len = logprob_start_len
@@ -102,10 +95,6 @@ class Req:
         self.output_token_ids_logprobs_idx: list = []
 
     # ---- lengths -------------------------------------------------------------------
-    @property
-    def seqlen(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
-
     def finished(self) -> bool:
         return self.finished_reason is not None
 
@@ -127,7 +116,6 @@ class Req:
         self.prefix_indices = torch.empty((0,), dtype=torch.int64)
         self.last_node = None
         self.extend_input_len = 0
-        self.is_retracted = True
         self.is_chunked = 0
         self.req_pool_idx = None
 
@@ -173,15 +161,19 @@ class Req:
             self.finished_reason = FINISH_MATCHED_STR(matched="NaN happened")
             return
         if (sp.stop_strs or sp.stop_regex_strs) and tokenizer is not None:
-            tail = self.tail_str(tokenizer)
-            for stop in sp.stop_strs or ():
-                if stop in tail:
-                    self.finished_reason = FINISH_MATCHED_STR(matched=stop)
-                    return
-            for pattern in sp.stop_regex_strs or ():
-                if re.search(pattern, tail):
-                    self.finished_reason = FINISHED_MATCHED_REGEX(matched=pattern)
-                    return
+            self.finished_reason = self._matched_stop_str(tokenizer)
+
+    def _matched_stop_str(self, tokenizer) -> BaseFinishReason | None:
+        """The first stop string, then stop regex, found in the output's decoded tail."""
+        sp = self.sampling_params
+        tail = self.tail_str(tokenizer)
+        for stop in sp.stop_strs or ():
+            if stop in tail:
+                return FINISH_MATCHED_STR(matched=stop)
+        for pattern in sp.stop_regex_strs or ():
+            if re.search(pattern, tail):
+                return FINISHED_MATCHED_REGEX(matched=pattern)
+        return None
 
     def _drop_output_tokens(self) -> None:
         del self.output_ids[:]
@@ -191,20 +183,6 @@ class Req:
     def abort(self, message: str) -> None:
         self.to_abort = True
         self.to_abort_message = message
-
-    # ---- detokenization ------------------------------------------------------------
-    def init_incremental_detokenize(self) -> tuple[list[int], int]:
-        """(ids from surr_offset on, read_offset relative to them) for the detokenizer.
-
-        Example: prompt of 12 tokens -> read_offset 12, surr_offset 7; with outputs
-        [a, b] the detokenizer gets prompt[7:12] + [a, b] and read_offset 5, and emits the
-        text of decode(all) minus decode(first 5).
-        """
-        if self.read_offset is None:
-            self.read_offset = len(self.origin_input_ids)
-            self.surr_offset = max(self.read_offset - INIT_INCREMENTAL_DETOKENIZATION_OFFSET, 0)
-        ids = self.origin_input_ids[self.surr_offset :] + self.output_ids
-        return ids, self.read_offset - self.surr_offset
 
     def __repr__(self) -> str:
         return f"Req(rid={self.rid}, input_len={len(self.origin_input_ids)}, output_len={len(self.output_ids)})"

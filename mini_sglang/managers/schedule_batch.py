@@ -101,9 +101,6 @@ class ScheduleBatch:
         self.has_grammar = any(r.grammar is not None for r in reqs)
         self.has_logprob_reqs = any(r.return_logprob for r in reqs)
 
-    def batch_size(self) -> int:
-        return len(self.reqs)
-
     def is_empty(self) -> bool:
         return not self.reqs
 

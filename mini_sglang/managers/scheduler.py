@@ -9,7 +9,6 @@ Incoming messages are dispatched by type through a small handler table.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,14 +29,14 @@ from mini_sglang.managers.io_struct.generate import (
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.managers.schedule_policy import SchedulePolicy
-from mini_sglang.managers.scheduler_grammar import SchedulerGrammarMixin
+from mini_sglang.managers.scheduler_grammar import GrammarQueue
 from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
 from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
 from mini_sglang.managers.scheduler_prefill import SchedulerPrefillMixin
-from mini_sglang.managers.scheduler_profiler import SchedulerProfilerMixin
+from mini_sglang.managers.scheduler_profiler import SchedulerProfiler
 from mini_sglang.managers.scheduler_retraction import SchedulerRetractionMixin
 from mini_sglang.managers.scheduler_update_weights import SchedulerUpdateWeightsMixin
-from mini_sglang.managers.session_controller import SchedulerSessionMixin
+from mini_sglang.managers.session_controller import SessionController
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
@@ -49,28 +48,29 @@ logger = logging.getLogger("mini_sglang")
 INIT_NEW_TOKEN_RATIO = envs.SGLANG_INIT_NEW_TOKEN_RATIO.get()
 MIN_NEW_TOKEN_RATIO_FACTOR = envs.SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR.get()
 NEW_TOKEN_RATIO_DECAY_STEPS = envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get()
+# How long the process loop waits for a message when it has nothing to do.
+IDLE_WAIT_MS = 50
 
 
 class Scheduler(
     SchedulerPrefillMixin,
-    SchedulerGrammarMixin,
     SchedulerOutputProcessorMixin,
     SchedulerMetricsMixin,
     SchedulerRetractionMixin,
     SchedulerUpdateWeightsMixin,
-    SchedulerProfilerMixin,
-    SchedulerSessionMixin,
 ):
     def __init__(
         self,
         server_args,
         gpu_id: int = 0,
         tp_rank: int = 0,
+        dp_rank: int | None = None,
         send_to_detokenizer: Callable[[Any], None] | None = None,
         send_to_tokenizer: Callable[[Any], None] | None = None,
     ) -> None:
         self.server_args = server_args
         self.tp_rank = tp_rank
+        self.dp_rank = dp_rank  # None without --dp-size > 1
         self.tp_worker = TpModelWorker(server_args, gpu_id=gpu_id)
         self.model_config = self.tp_worker.model_config
         self.device = self.tp_worker.device
@@ -119,9 +119,11 @@ class Scheduler(
         self._send_to_detokenizer = send_to_detokenizer or (lambda out: None)
         self._send_to_tokenizer = send_to_tokenizer or (lambda out: None)
         self.init_metrics()
-        self.init_grammar()
-        self.init_profiler()
-        self.init_sessions()
+        self.grammar = GrammarQueue(server_args, self.tokenizer, self.model_config, self.device)
+        self.profiler = SchedulerProfiler(
+            tp_rank, server_args.tp_size, server_args.dp_size, dp_rank
+        )
+        self.sessions = SessionController(self.model_config)
         self._dispatch: dict[type, Callable[[Any], Any]] = {
             TokenizedGenerateReqInput: self.handle_generate_request,
             BatchTokenizedGenerateReqInput: self.handle_batch_generate_request,
@@ -131,8 +133,8 @@ class Scheduler(
             FreezeGCReq: self.freeze_gc,
         }
         self._dispatch.update(self.update_weights_dispatch())
-        self._dispatch.update(self.profiler_dispatch())
-        self._dispatch.update(self.session_dispatch())
+        self._dispatch.update(self.profiler.dispatch())
+        self._dispatch.update(self.sessions.dispatch())
         logger.info(
             "max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%d, "
             "max_running_requests=%d, context_len=%d, available_gpu_mem=%s",
@@ -171,7 +173,7 @@ class Scheduler(
         seed = NO_SEED
         if getattr(sp, "seed_given", False) or self.server_args.enable_deterministic_inference:
             seed = int(sp.sampling_seed)
-        input_ids, record_in_session, error = self.session_input_ids(recv)
+        input_ids, session_link, error = self.sessions.lookup(recv)
         req = Req(
             recv.rid,
             recv.input_text,
@@ -200,7 +202,7 @@ class Scheduler(
         room = self.max_req_len - len(req.origin_input_ids) - 1
         sp.max_new_tokens = room if sp.max_new_tokens is None else min(sp.max_new_tokens, room)
         self.queue_request(req)
-        record_in_session(req)
+        self.sessions.record(req, session_link)
 
     def input_error(self, req: Req) -> str | None:
         """Why a new request cannot be queued (a 400), or None."""
@@ -217,6 +219,23 @@ class Scheduler(
             return "The request queue is full."
         return None
 
+    def queue_request(self, req: Req) -> None:
+        """Queue a validated request: a constrained one may wait for its grammar first."""
+        if self.grammar.add(req):
+            self.waiting_queue.append(req)
+        elif req.finished():
+            self.stream_output([req])
+
+    def move_ready_grammar_requests(self) -> None:
+        """Requests whose grammar compiled join the waiting queue, in arrival order."""
+        rb = self.running_batch
+        busy = (rb is not None and not rb.is_empty()) or self.last_batch is not None
+        for req in self.grammar.ready(idle=not self.waiting_queue and not busy):
+            if req.finished():
+                self.stream_output([req])
+            else:
+                self.waiting_queue.append(req)
+
     def abort_request(self, recv: AbortReq) -> None:
         def match(rid: str) -> bool:
             return recv.abort_all or rid.startswith(recv.rid or "")
@@ -230,7 +249,8 @@ class Scheduler(
             else:
                 keep.append(req)
         self.waiting_queue = keep
-        self.abort_grammar_queue(match, message)
+        for req in self.grammar.abort(match, message):
+            self.stream_output([req])
         # Running requests stop after the current step, through check_finished. The last
         # batch's requests join running_batch only when the next one is formed (and after a
         # mixed step every running request is there).
@@ -248,8 +268,7 @@ class Scheduler(
             logger.warning("Cache not flushed because there are pending requests.")
             return False
         self.tree_cache.reset()
-        if self.grammar_backend is not None:
-            self.grammar_backend.reset()
+        self.grammar.reset()
         self.req_to_token_pool.clear()
         self.allocator.clear()
         self.running_batch = None
@@ -266,7 +285,7 @@ class Scheduler(
 
     # ---- batch selection -----------------------------------------------------------
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
-        if self.grammar_queue:
+        if self.grammar.queue:
             self.move_ready_grammar_requests()
         last = self.last_batch
         if last is not None and last.forward_mode.is_extend():
@@ -292,19 +311,19 @@ class Scheduler(
         new_batch = self.get_new_batch_prefill()
         if new_batch is not None:
             return new_batch
-        if self.running_batch is not None:
-            if not self.running_batch.is_empty():
-                self.update_running_batch(self.running_batch)
-                if not self.running_batch.is_empty():
-                    return self.running_batch
+        running = self.running_batch
+        if running is not None and not running.is_empty():
+            self.update_running_batch(running)  # may retract requests (in place)
+            if not running.is_empty():
+                return running
         return None
 
     # ---- running -------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch):
         """Launch the forward; the decode input of the next step is this step's device
         output, so the next step can be prepared before these tokens reach the host."""
-        self.count_forward_step(batch)  # the profiler starts/stops between steps
-        batch.sampling_info.vocab_mask = self.build_vocab_mask(batch)
+        self.profiler.on_step(batch)  # the profiler starts/stops between steps
+        batch.sampling_info.vocab_mask = self.grammar.vocab_mask(batch)
         result = self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
         batch.output_ids = result.next_token_ids
         result.start_copy_to_host()
@@ -348,7 +367,12 @@ class Scheduler(
         # a step whose predecessor holds a constrained request runs unoverlapped. Steps
         # without grammar requests keep full overlap, and a row's tokens never depend on
         # which path ran, so non-grammar outputs are unchanged.
-        if self.pending_has_grammar():
+        pending = self._pending
+        if (
+            pending is not None
+            and pending[0].has_grammar
+            and any(r.grammar is not None and not r.finished() for r in pending[0].reqs)
+        ):
             return True
         # The next decode batch is the running batch plus the last prefill batch (merged in
         # get_next_batch_to_run, its results still pending): if that might not fit, it may
@@ -377,7 +401,7 @@ class Scheduler(
     def has_work(self) -> bool:
         return bool(
             self.waiting_queue
-            or self.grammar_queue
+            or self.grammar.queue
             or self.chunked_req is not None
             or (self.running_batch is not None and not self.running_batch.is_empty())
             or self.last_batch is not None
@@ -399,15 +423,15 @@ class Scheduler(
                 return
         raise RuntimeError("run_until_idle: too many steps")
 
-    def event_loop(self, recv_requests: Callable[[], list[Any]]) -> None:
-        """The process loop: receive, schedule, run, stream; blocks while idle."""
+    def event_loop(self, recv_requests: Callable[[int], list[Any]]) -> None:
+        """The process loop: receive, process input, schedule and run a step, process its
+        result and stream. `recv_requests(block_ms)` returns what arrived, waiting up to
+        block_ms for a first message; it waits only when there is nothing to do."""
+        block_ms = 0
         while True:
-            self.process_input_requests(recv_requests())
-            if not self.run_step():
-                if not self.has_work():
-                    self.wait_for_requests()
-            else:
+            self.process_input_requests(recv_requests(block_ms))
+            if self.run_step():
                 self.is_idle_checked = False
-
-    def wait_for_requests(self) -> None:
-        time.sleep(0.0005)
+                block_ms = 0
+            else:
+                block_ms = 0 if self.has_work() else IDLE_WAIT_MS

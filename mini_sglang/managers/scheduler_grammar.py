@@ -1,17 +1,24 @@
-"""Structured outputs in the scheduler: compile each request's constraint, mask each step's
-logits with the rows' grammars, and advance the grammars with the sampled tokens.
+"""GrammarQueue: the scheduler's structured-output component. It compiles each request's
+constraint, holds the requests whose grammar is still compiling, masks each step's logits
+with the rows' grammars, and advances the grammars with the sampled tokens.
+
+Contract: the queue owns only its compiling requests; it never touches the waiting queue.
+`add(req)` says whether the request can be scheduled now; otherwise it waits here or is
+finished with a 400. `ready(idle)` and `abort(match, message)` hand back the requests
+that leave the queue; the scheduler appends the unfinished ones to its waiting queue and
+streams the finished ones.
 
 Life of a constrained request (SGLang's flow):
-  handle_generate_request -> queue_request: a cache hit goes straight to the waiting queue;
-    a miss waits in grammar_queue while a worker thread compiles it
-  get_next_batch_to_run -> move_ready_grammar_requests: compiled ones join the waiting
-    queue; an invalid constraint finishes the request with a 400 before it holds any KV
-  run_batch -> build_vocab_mask: one packed bitmask row per batch row (all ones for rows
-    without a grammar), applied to the logits before sampling (greedy or not, so reported
-    logprobs are those of the masked distribution, as in SGLang)
-  process_batch_result -> accept_grammar_token, then Req.check_finished: the request ends
-    when its grammar terminates (it accepted a stop token, which the mask allows only where
-    the grammar may end)
+  handle_generate_request -> queue_request -> add: a cache hit goes straight to the waiting
+    queue; a miss waits here while a worker thread compiles it
+  get_next_batch_to_run -> ready: compiled ones join the waiting queue; an invalid
+    constraint finishes the request with a 400 before it holds any KV
+  run_batch -> vocab_mask: one packed bitmask row per batch row (all ones for rows without
+    a grammar), applied to the logits before sampling (greedy or not, so reported logprobs
+    are those of the masked distribution, as in SGLang)
+  process_batch_result -> accept_token, then Req.check_finished: the request ends when its
+    grammar terminates (it accepted a stop token, which the mask allows only where the
+    grammar may end)
 
 Chunked prefill: a non-final chunk's token is junk and never reaches the grammar. Retraction
 keeps output_ids, so the matcher (which has accepted exactly those tokens) stays valid and
@@ -41,7 +48,6 @@ from mini_sglang.utils.device import to_device
 if TYPE_CHECKING:
     from mini_sglang.managers.req import Req
     from mini_sglang.managers.schedule_batch import ScheduleBatch
-    from mini_sglang.managers.scheduler import Scheduler
     from mini_sglang.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger("mini_sglang")
@@ -61,84 +67,105 @@ def grammar_key(sp: SamplingParams) -> GrammarKey | None:
     return None
 
 
-class SchedulerGrammarMixin:
-    def init_grammar(self: Scheduler) -> None:
-        self.grammar_queue: list[Req] = []
-        self.grammar_backend = create_grammar_backend(
-            self.server_args,
-            self.tokenizer,
-            self.model_config.vocab_size,
-            self.model_config.eos_token_ids,
-        )
+def _fail(req: Req, error: str) -> None:
+    """Finish a request that never got KV with a 400 (SGLang's set_finish_with_abort)."""
+    logger.error("%s, rid=%s", error, req.rid)
+    req.grammar = None
+    req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
 
-    def queue_request(self: Scheduler, req: Req) -> None:
-        """Queue a validated request: a constrained one gets its grammar first."""
+
+def accept_token(req: Req, token: int) -> None:
+    """Advance the request's grammar; a token it rejects (possible only when something
+    overrode the mask, e.g. min_new_tokens banning the only allowed EOS) aborts it."""
+    grammar = req.grammar
+    if grammar.is_terminated() or grammar.accept_token(token):
+        return
+    logger.error("Grammar rejected token %d of request %s; aborting it.", token, req.rid)
+    req.abort(f"The grammar does not accept the sampled token {token}.")
+
+
+class GrammarQueue:
+    def __init__(self, server_args, tokenizer, model_config, device) -> None:
+        self.queue: list[Req] = []  # compiling, in arrival order
+        self.backend = create_grammar_backend(
+            server_args, tokenizer, model_config.vocab_size, model_config.eos_token_ids
+        )
+        # With tp_size > 1 every rank must admit the same requests in the same step.
+        self.wait_for_all = server_args.tp_size > 1
+        self.has_tokenizer = tokenizer is not None
+        self.vocab_size = model_config.vocab_size
+        self.device = device
+
+    def add(self, req: Req) -> bool:
+        """True when `req` can be scheduled now (no constraint, or its grammar is cached).
+        Otherwise it waits here for its compile, or it is finished with a 400."""
         key = grammar_key(req.sampling_params)
         if key is None:
-            self.waiting_queue.append(req)
-            return
-        if self.grammar_backend is None:
+            return True
+        if self.backend is None:
             error = NONE_BACKEND_ERROR
-            if self.tokenizer is None:
+            if not self.has_tokenizer:
                 error += " or with --skip-tokenizer-init (the grammar needs the tokenizer)"
-            self.finish_with_error(req, error)
-            return
-        value, cache_hit = self.grammar_backend.get_cached_or_future(key)
+            _fail(req, error)
+            return False
+        value, cache_hit = self.backend.get_cached_or_future(key)
         req.grammar_key = key
         if not cache_hit:
-            req.grammar = value  # a Future until move_ready_grammar_requests resolves it
-            self.grammar_queue.append(req)
-        elif isinstance(value, InvalidGrammar):
-            self.finish_with_error(req, value.error)
-        else:
-            req.grammar = value
-            self.waiting_queue.append(req)
+            req.grammar = value  # a Future until ready() resolves it
+            self.queue.append(req)
+            return False
+        if isinstance(value, InvalidGrammar):
+            _fail(req, value.error)
+            return False
+        req.grammar = value
+        return True
 
-    def move_ready_grammar_requests(self: Scheduler) -> None:
-        """Move requests whose grammar compiled to the waiting queue, in arrival order.
+    def ready(self, idle: bool) -> list[Req]:
+        """The requests whose compile ended, in arrival order, removed from the queue: the
+        unfinished ones carry their grammar, the others were finished with a 400.
 
-        With tp_size > 1 it waits for every pending compile: all ranks must admit the same
-        requests in the same step (each rank compiles its own copy). With nothing else to
-        run it waits up to GRAMMAR_POLL_S for the first one instead of spinning."""
-        wait = self.server_args.tp_size > 1
-        if not wait and not self.waiting_queue and not self.running_batch_has_reqs():
-            futures.wait([self.grammar_queue[0].grammar], timeout=GRAMMAR_POLL_S)
+        With tp_size > 1 it waits for every pending compile (each rank compiles its own
+        copy). When the scheduler is `idle` otherwise, it waits up to GRAMMAR_POLL_S for
+        the first one instead of spinning."""
+        wait = self.wait_for_all
+        if not wait and idle:
+            futures.wait([self.queue[0].grammar], timeout=GRAMMAR_POLL_S)
         num_done = 0
-        for req in self.grammar_queue:
+        for req in self.queue:
             future: Future = req.grammar
             if not wait and not future.done():
                 break
             num_done += 1
             value = future.result()
-            self.grammar_backend.set_cache(req.grammar_key, value.copy())
+            self.backend.set_cache(req.grammar_key, value.copy())
             if isinstance(value, InvalidGrammar):
-                self.finish_with_error(req, value.error)
+                _fail(req, value.error)
             else:
                 req.grammar = value
-                self.waiting_queue.append(req)
-        del self.grammar_queue[:num_done]
+        done = self.queue[:num_done]
+        del self.queue[:num_done]
+        return done
 
-    def abort_grammar_queue(self: Scheduler, match: Callable[[str], bool], message: str) -> None:
-        """Finish the matching requests that are still waiting for their grammar."""
-        keep = []
-        for req in self.grammar_queue:
+    def abort(self, match: Callable[[str], bool], message: str) -> list[Req]:
+        """Finish and remove the matching requests still waiting for their grammar."""
+        keep, aborted = [], []
+        for req in self.queue:
             if match(req.rid):
                 req.grammar.cancel()  # a compile already running just finishes unused
                 req.finished_reason = FINISH_ABORT(message)
-                self.stream_output([req])
+                aborted.append(req)
             else:
                 keep.append(req)
-        self.grammar_queue = keep
+        self.queue = keep
+        return aborted
 
-    def finish_with_error(self: Scheduler, req: Req, error: str) -> None:
-        """End a request that never got KV with a 400 (SGLang's set_finish_with_abort)."""
-        logger.error("%s, rid=%s", error, req.rid)
-        req.grammar = None
-        req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
-        self.stream_output([req])
+    def reset(self) -> None:
+        """Forget the compiled grammars (flush_cache)."""
+        if self.backend is not None:
+            self.backend.reset()
 
     # ---- per step ------------------------------------------------------------------
-    def build_vocab_mask(self: Scheduler, batch: ScheduleBatch) -> torch.Tensor | None:
+    def vocab_mask(self, batch: ScheduleBatch) -> torch.Tensor | None:
         """The packed bitmask of allowed next tokens per row, on the device; None when no
         row is constrained. Needs every grammar row's previous token accepted already (see
         Scheduler._needs_settled_outputs for how overlap guarantees it)."""
@@ -151,29 +178,7 @@ class SchedulerGrammarMixin:
         ]
         if not rows:
             return None
-        mask = allocate_token_bitmask(len(batch.reqs), self.model_config.vocab_size)
+        mask = allocate_token_bitmask(len(batch.reqs), self.vocab_size)
         for i, grammar in rows:
             grammar.fill_vocab_mask(mask, i)
         return to_device(mask, self.device)
-
-    def accept_grammar_token(self: Scheduler, req: Req, token: int) -> None:
-        """Advance the request's grammar; a token it rejects (possible only when something
-        overrode the mask, e.g. min_new_tokens banning the only allowed EOS) aborts it."""
-        grammar = req.grammar
-        if grammar.is_terminated() or grammar.accept_token(token):
-            return
-        logger.error("Grammar rejected token %d of request %s; aborting it.", token, req.rid)
-        req.abort(f"The grammar does not accept the sampled token {token}.")
-
-    def running_batch_has_reqs(self: Scheduler) -> bool:
-        rb = self.running_batch
-        return (rb is not None and not rb.is_empty()) or self.last_batch is not None
-
-    def pending_has_grammar(self: Scheduler) -> bool:
-        """Whether the batch still in flight (overlap) has a constrained request."""
-        pending = self._pending
-        return (
-            pending is not None
-            and pending[0].has_grammar
-            and any(r.grammar is not None and not r.finished() for r in pending[0].reqs)
-        )

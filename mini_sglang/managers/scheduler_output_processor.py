@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mini_sglang.managers.io_struct.output import LOGPROB_FIELDS, BatchTokenIDOutput
+from mini_sglang.managers.scheduler_grammar import accept_token
 
 if TYPE_CHECKING:
     from mini_sglang.managers.req import Req
@@ -73,7 +74,7 @@ class SchedulerOutputProcessorMixin:
             if req.return_logprob and result.logprobs is not None:
                 self.add_output_logprobs(req, result.logprobs[i], next_ids[i])
             if req.grammar is not None:
-                self.accept_grammar_token(req, next_ids[i])
+                accept_token(req, next_ids[i])
             req.check_finished(self.tokenizer)
             if req.finished():
                 self.tree_cache.cache_finished_req(req)

@@ -8,6 +8,7 @@ to control requests go straight to the TokenizerManager.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -48,8 +49,8 @@ class SchedulerIO:
     def recv_requests(self, block_ms: int = 0) -> list[Any]:
         reqs: list[Any] = []
         if self.tp_rank == 0:
-            if block_ms and not self.poller.poll(block_ms):
-                pass
+            if block_ms:
+                self.poller.poll(block_ms)  # whatever arrived is drained below
             while True:
                 try:
                     reqs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
@@ -90,14 +91,11 @@ def run_scheduler_process(
             server_args,
             gpu_id=gpu_id,
             tp_rank=tp_rank,
+            dp_rank=dp_rank,
             send_to_detokenizer=io.send_to_detokenizer,
             send_to_tokenizer=io.send_to_tokenizer,
         )
-        scheduler.dp_rank = dp_rank
         start_watchdog(scheduler, server_args.watchdog_timeout, parent)
-        scheduler.wait_for_requests = lambda: scheduler.process_input_requests(
-            io.recv_requests(block_ms=50)
-        )
         pipe_writer.send(
             {
                 "status": "ready",
@@ -111,8 +109,6 @@ def run_scheduler_process(
     except Exception:
         msg = traceback.format_exc()
         logger.error("Scheduler hit an exception: %s", msg)
-        try:
+        with contextlib.suppress(Exception):  # the parent may be gone already
             pipe_writer.send({"status": "error", "error": msg})
-        except Exception:
-            pass
         os.kill(parent, signal.SIGQUIT)

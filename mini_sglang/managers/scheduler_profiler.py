@@ -1,5 +1,8 @@
-"""Scheduler side of /start_profile and /stop_profile (SGLang 0.5.4's SchedulerProfilerMixin),
-and of /slow_down, the other tool for studying the server under load.
+"""SchedulerProfiler: the scheduler's component for /start_profile, /stop_profile (SGLang
+0.5.4's SchedulerProfilerMixin) and /slow_down, the other tool for studying the server under
+load. It owns the forward-step counter (`forward_ct`, also read by the watchdog) and every
+profiler setting; the scheduler calls `on_step(batch)` before each forward and routes
+ProfileReq / SlowDownReqInput to `profile` / `slow_down` (see `dispatch`).
 
 Every TP rank gets the same ProfileReq (rank 0 broadcasts what it receives) and runs its own
 torch.profiler; only rank 0's reply reaches the TokenizerManager. Contract:
@@ -48,8 +51,10 @@ CUDA_ACTIVITIES = ("GPU", "MEM", "CUDA_PROFILER")
 KNOWN_ACTIVITIES = ("CPU", *CUDA_ACTIVITIES)
 
 
-class SchedulerProfilerMixin:
-    def init_profiler(self) -> None:
+class SchedulerProfiler:
+    def __init__(self, tp_rank: int, tp_size: int, dp_size: int, dp_rank: int | None) -> None:
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.dp_size, self.dp_rank = dp_size, dp_rank or 0
         self.forward_ct = 0
         self.forward_sleep_time: Optional[float] = None
         self.torch_profiler: Optional[torch.profiler.profile] = None
@@ -69,7 +74,7 @@ class SchedulerProfilerMixin:
         self.profiler_stage_target: Optional[int] = None
         self.profiler_stage: Optional[ForwardMode] = None
 
-    def profiler_dispatch(self) -> dict[type, Callable[[Any], Any]]:
+    def dispatch(self) -> dict[type, Callable[[Any], Any]]:
         """Entries for the scheduler's type -> handler table."""
         return {ProfileReq: self.profile, SlowDownReqInput: self.slow_down}
 
@@ -87,7 +92,7 @@ class SchedulerProfilerMixin:
             return self.stop_profile()
         out = self.init_profile(recv)
         if not out.success or recv.profile_by_stage or recv.start_step:
-            return out  # the trace starts later, in count_forward_step
+            return out  # the trace starts later, in on_step
         return self.start_profile()
 
     def init_profile(self, recv: ProfileReq) -> ProfileReqOutput:
@@ -190,7 +195,7 @@ class SchedulerProfilerMixin:
         return ProfileReqOutput(success=True, message=f"Succeeded.{merged}")
 
     # ---- per-step hook -------------------------------------------------------------------
-    def count_forward_step(self, batch: Any) -> None:
+    def on_step(self, batch: Any) -> None:
         """Called before every forward: count it, sleep if slowed down, and start / stop a
         pending trace."""
         self.forward_ct += 1
@@ -227,12 +232,12 @@ class SchedulerProfilerMixin:
     # ---- helpers -------------------------------------------------------------------------
     def _trace_name(self, suffix: str) -> str:
         parts = [str(self.profile_id), f"TP-{self.tp_rank}"]
-        if self.server_args.dp_size > 1:
-            parts.append(f"DP-{getattr(self, 'dp_rank', None) or 0}")
+        if self.dp_size > 1:
+            parts.append(f"DP-{self.dp_rank}")
         return "-".join(parts) + suffix
 
     def _tp_barrier(self) -> None:
-        if self.server_args.tp_size <= 1:
+        if self.tp_size <= 1:
             return
         import torch.distributed as dist
 
@@ -242,7 +247,7 @@ class SchedulerProfilerMixin:
 
     def _merge_traces(self, out_dir: str) -> str:
         """With merge_profiles, rank 0 of replica 0 merges every rank's trace into one."""
-        if not self.profiler_merge or self.tp_rank != 0 or (getattr(self, "dp_rank", 0) or 0):
+        if not self.profiler_merge or self.tp_rank != 0 or self.dp_rank:
             return ""
         try:
             path, n_events, n_files = merge_chrome_traces(out_dir, str(self.profile_id))

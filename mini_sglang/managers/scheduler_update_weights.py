@@ -84,7 +84,7 @@ class SchedulerUpdateWeightsMixin:
             recv.world_size,
             recv.group_name,
             recv.backend,
-            dp_rank=getattr(self, "dp_rank", None) or 0,
+            dp_rank=self.dp_rank or 0,
         )
         return InitWeightsUpdateGroupReqOutput(success, message)
 
@@ -125,7 +125,7 @@ class SchedulerUpdateWeightsMixin:
         num_tokens = self.max_total_num_tokens - self.allocator.available_size()
         num_tokens -= self.tree_cache.evictable_size()
         out = GetLoadReqOutput(
-            dp_rank=getattr(self, "dp_rank", None) or 0,
+            dp_rank=self.dp_rank or 0,
             num_reqs=running + len(self.waiting_queue),
             num_waiting_reqs=len(self.waiting_queue),
             num_tokens=num_tokens,

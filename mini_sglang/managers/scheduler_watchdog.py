@@ -20,15 +20,16 @@ logger = logging.getLogger("mini_sglang")
 
 
 def start_watchdog(scheduler: Any, timeout: float, parent_pid: int) -> threading.Thread:
-    """Watch `scheduler` (its cur_batch and forward_ct) from a daemon thread."""
+    """Watch `scheduler` (its cur_batch and its profiler's forward_ct) from a daemon thread."""
+    profiler = scheduler.profiler
 
     def watch() -> None:
-        last_ct, last_time = scheduler.forward_ct, time.perf_counter()
+        last_ct, last_time = profiler.forward_ct, time.perf_counter()
         while True:
             time.sleep(timeout / 2)
             now = time.perf_counter()
-            if scheduler.cur_batch is None or scheduler.forward_ct != last_ct:
-                last_ct, last_time = scheduler.forward_ct, now
+            if scheduler.cur_batch is None or profiler.forward_ct != last_ct:
+                last_ct, last_time = profiler.forward_ct, now
             elif now - last_time > timeout:
                 break
         logger.error("Watchdog timeout (self.watchdog_timeout=%s)", timeout)

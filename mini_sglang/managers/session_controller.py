@@ -83,43 +83,61 @@ class Session:
     nodes: dict[str, SessionNode] = field(default_factory=dict)
 
     def input_ids(self, recv: TokenizedGenerateReqInput, bos: Optional[int]):
-        """(the request's input ids, its parent node or None, an error message or None)."""
+        """(the request's input ids, its parent node or None, an error message or None).
+
+        Applies `replace` to the tree as a side effect (only when there is no error)."""
         p = recv.session_params or {}
-        parent_rid, parent = p.get("rid"), None
-        if parent_rid is not None:
-            parent = self.nodes.get(parent_rid)
-            if parent is None:
-                return (
-                    recv.input_ids,
-                    None,
-                    f"Request {parent_rid} is not in session {self.session_id}.",
-                )
-            if not p.get("replace") and not parent.req.finished():
-                return recv.input_ids, None, f"Request {parent_rid} has not finished yet."
+        parent, error = self._parent(p.get("rid"), bool(p.get("replace")))
+        if error is not None:
+            return recv.input_ids, None, error
         if p.get("replace"):
-            if parent is None:  # a new tree: drop the whole old one
-                for node in self.nodes.values():
-                    if not node.req.finished():
-                        node.req.abort("Replaced in its session")
-                self.nodes.clear()
-            else:  # rid's continuations (and rid itself, if running) give way
-                if not parent.req.finished():
-                    parent.req.abort("Replaced in its session")
-                for child in parent.children:
-                    child.drop(self.nodes)
-                parent.children = []
+            self._replace(parent)
         if parent is None:
             return recv.input_ids, None, None
         new = recv.input_ids
         if new and bos is not None and new[0] == bos:  # an append, not a new document
             new = new[1:]
-        last = parent.req
+        return self._context(parent.req, p) + new, parent, None
+
+    def _parent(self, rid: Optional[str], replace: bool):
+        """(the node of `rid` or None, an error message or None)."""
+        if rid is None:
+            return None, None
+        parent = self.nodes.get(rid)
+        if parent is None:
+            return None, f"Request {rid} is not in session {self.session_id}."
+        if not replace and not parent.req.finished():
+            return None, f"Request {rid} has not finished yet."
+        return parent, None
+
+    def _replace(self, parent: Optional[SessionNode]) -> None:
+        """Drop what the new request replaces: without a parent the whole tree, else the
+        parent's continuations (and the parent itself, if still running, is aborted)."""
+        if parent is None:
+            for node in self.nodes.values():
+                if not node.req.finished():
+                    node.req.abort("Replaced in its session")
+            self.nodes.clear()
+            return
+        if not parent.req.finished():
+            parent.req.abort("Replaced in its session")
+        for child in parent.children:
+            child.drop(self.nodes)
+        parent.children = []
+
+    @staticmethod
+    def _context(last: Any, p: dict) -> list[int]:
+        """The tokens a continuation of `last` starts from.
+
+        Worked example: last has prompt [1, 5, 6] and output [7, 8, 9] -> [1, 5, 6, 7, 8, 9];
+        with drop_previous_output [1, 5, 6]; with offset 4 [1, 5, 6, 7]. Output beyond
+        max_new_tokens (a surplus token of overlap scheduling) is never part of it."""
         context = list(last.origin_input_ids)
         if not p.get("drop_previous_output"):
             context += last.output_ids[: last.sampling_params.max_new_tokens]
         if p.get("offset"):
             context = context[: p["offset"]]
-        return context + new, parent, None
+        return context
 
     def add(self, req: Any, parent: Optional[SessionNode]) -> None:
         node = SessionNode(req)
@@ -128,11 +146,24 @@ class Session:
         self.nodes[req.rid] = node
 
 
-class SchedulerSessionMixin:
-    def init_sessions(self) -> None:
+# Where a new request goes in its session: (session, parent node or None).
+SessionLink = tuple[Session, Optional[SessionNode]]
+
+
+class SessionController:
+    """The scheduler's open sessions. The scheduler routes Open/CloseSessionReqInput here
+    (see `dispatch`), asks `lookup` for a generate request's input ids before it builds the
+    Req, and, once the Req is queued, `record`s it in its session."""
+
+    def __init__(self, model_config: Any) -> None:
+        self.model_config = model_config  # its hf_config's bos_token_id, read per request
         self.sessions: dict[str, Session] = {}
 
-    def session_dispatch(self) -> dict[type, Any]:
+    def __getitem__(self, session_id: str) -> Session:
+        return self.sessions[session_id]
+
+    def dispatch(self) -> dict[type, Any]:
+        """Entries for the scheduler's type -> handler table."""
         return {OpenSessionReqInput: self.open_session, CloseSessionReqInput: self.close_session}
 
     def open_session(self, recv: OpenSessionReqInput) -> OpenSessionReqOutput:
@@ -147,15 +178,23 @@ class SchedulerSessionMixin:
         if self.sessions.pop(recv.session_id, None) is None:
             logger.warning("session id %s does not exist, cannot delete.", recv.session_id)
 
-    def session_input_ids(self, recv: TokenizedGenerateReqInput):
-        """(input ids, a callback that records the new Req in its session, error or None)."""
+    def lookup(
+        self, recv: TokenizedGenerateReqInput
+    ) -> tuple[list[int], Optional[SessionLink], Optional[str]]:
+        """(input ids, where to record the request or None, a 400 error message or None)."""
         sid = (recv.session_params or {}).get("id")
         if sid is None:
-            return recv.input_ids, lambda req: None, None
+            return recv.input_ids, None, None
         session = self.sessions.get(sid)
         if session is None:
-            error = f"Invalid request: session id {sid} does not exist"
-            return recv.input_ids, lambda req: None, error
+            return recv.input_ids, None, f"Invalid request: session id {sid} does not exist"
         bos = getattr(self.model_config.hf_config, "bos_token_id", None)
         ids, parent, error = session.input_ids(recv, bos)
-        return ids, (lambda req: session.add(req, parent)), error
+        return ids, (session, parent), error
+
+    @staticmethod
+    def record(req: Any, link: Optional[SessionLink]) -> None:
+        """Add a queued request to the session `lookup` named (nothing without one)."""
+        if link is not None:
+            session, parent = link
+            session.add(req, parent)

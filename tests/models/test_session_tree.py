@@ -11,8 +11,10 @@ from tests.conftest import assert_memory_all_free, collect_outputs, make_req, ma
 
 def test_replace_without_rid_drops_the_tree_and_aborts_what_runs(tiny_llama_path):
     sched = make_scheduler(tiny_llama_path)
-    assert sched.open_session(OpenSessionReqInput(capacity_of_str_len=10, session_id="s")).success
-    assert not sched.open_session(OpenSessionReqInput(10, session_id="s")).success  # taken
+    assert sched.sessions.open_session(
+        OpenSessionReqInput(capacity_of_str_len=10, session_id="s")
+    ).success
+    assert not sched.sessions.open_session(OpenSessionReqInput(10, session_id="s")).success  # taken
     sched.add_request(make_req("a", [5, 6, 7], 4, True, session_params={"id": "s"}))
     sched.run_until_idle()
     long = make_req("b", [8, 9], 50, True, session_params={"id": "s", "rid": "a"})
@@ -36,7 +38,7 @@ def test_replace_without_rid_drops_the_tree_and_aborts_what_runs(tiny_llama_path
 
 def test_appended_prompt_drops_a_leading_bos(tiny_llama_path):
     sched = make_scheduler(tiny_llama_path)
-    sched.open_session(OpenSessionReqInput(capacity_of_str_len=10, session_id="s"))
+    sched.sessions.open_session(OpenSessionReqInput(capacity_of_str_len=10, session_id="s"))
     sched.model_config.hf_config.bos_token_id = 1
     sched.add_request(make_req("a", [1, 5, 6], 2, True, session_params={"id": "s"}))
     sched.run_until_idle()

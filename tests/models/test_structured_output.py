@@ -192,5 +192,5 @@ def test_abort_reaches_compiling_and_running_grammar_requests(model_path, prompt
     out = collect_outputs(sched.test_outputs[start:])
     assert out["compiling"].finish_reason["type"] == "abort"
     assert out["running"].finish_reason["type"] == "abort"
-    assert not sched.grammar_queue
+    assert not sched.grammar.queue
     assert_memory_all_free(sched)

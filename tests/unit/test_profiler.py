@@ -1,4 +1,4 @@
-"""The scheduler's profiler state machine (SchedulerProfilerMixin on a stub, no model),
+"""The scheduler's profiler state machine (SchedulerProfiler alone, no model),
 the trace merger and the /start_profile body parser.
 
 Step counting follows SGLang: the hook runs before each forward, so num_steps=N traces N
@@ -17,21 +17,21 @@ import pytest
 
 from mini_sglang.entrypoints.control_routes import parse_profile_body
 from mini_sglang.managers.io_struct.control import ProfileReq, ProfileReqInput, ProfileReqType
-from mini_sglang.managers.scheduler_profiler import SchedulerProfilerMixin
+from mini_sglang.managers.scheduler_profiler import SchedulerProfiler
 from mini_sglang.model_executor.forward_batch_info import ForwardMode
 from mini_sglang.utils.profile_merger import merge_chrome_traces
 
 E, D = ForwardMode.EXTEND, ForwardMode.DECODE
 
 
-class StubScheduler(SchedulerProfilerMixin):
+class StubScheduler(SchedulerProfiler):
+    """The profiler as one TP rank's scheduler drives it, `step` standing for a forward."""
+
     def __init__(self, tp_rank: int = 0) -> None:
-        self.tp_rank = tp_rank
-        self.server_args = SimpleNamespace(tp_size=1, dp_size=1)
-        self.init_profiler()
+        super().__init__(tp_rank=tp_rank, tp_size=1, dp_size=1, dp_rank=None)
 
     def step(self, mode: ForwardMode) -> None:
-        self.count_forward_step(SimpleNamespace(forward_mode=mode))
+        self.on_step(SimpleNamespace(forward_mode=mode))
 
 
 def start(s: StubScheduler, out: Path, **kw) -> object:
