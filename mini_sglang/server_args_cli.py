@@ -2,17 +2,23 @@
 
 `add_cli_args(parser)` declares every flag with SGLang 0.5.4's spelling, aliases, types and
 choices (the choice lists come from `server_args_validation.py`); defaults come from the
-`ServerArgs` dataclass so there is one source of truth. `prepare_server_args(argv)` merges
-`--config file.yaml` under the command line (CLI wins) and builds a resolved `ServerArgs`.
-An unknown flag makes argparse exit with status 2.
+`ServerArgs` dataclass so there is one source of truth. It also declares the rest of SGLang
+0.5.4's flags (`server_args_sglang_flags.py`) with SGLang's types and defaults: they parse,
+and `from_cli_args` logs one warning naming each one given a value other than its default
+(the value is then dropped: mini-sglang lacks the feature). `prepare_server_args(argv)`
+merges `--config file.yaml` under the command line (CLI wins) and builds a resolved
+`ServerArgs`. A flag SGLang does not have either makes `FlagParser` exit with status 2 and
+one line, with the closest known flag as a suggestion.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
-from typing import TYPE_CHECKING, Any
+import logging
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
     SGLANG_TOOL_CALL_PARSERS,
@@ -22,6 +28,7 @@ from mini_sglang.entrypoints.openai.reasoning_parser import (
     REASONING_PARSERS,
     SGLANG_REASONING_PARSERS,
 )
+from mini_sglang.server_args_sglang_flags import SGLANG_FLAGS, SglangFlag
 from mini_sglang.server_args_validation import (
     ATTENTION_BACKEND_CHOICES,
     DTYPE_CHOICES,
@@ -153,13 +160,92 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+logger = logging.getLogger(__name__)
+
+_DECLARED = {option for names, _ in _FLAGS for option in names}
+# SGLang 0.5.4's flags that mini-sglang has no field for: accepted, warned about if set.
+SGLANG_ONLY_FLAGS: tuple[SglangFlag, ...] = tuple(
+    f for f in SGLANG_FLAGS if not set(f.options) & _DECLARED
+)
+
+
+def _dest(flag: SglangFlag) -> str:
+    return flag.options[0].lstrip("-").replace("-", "_")
+
+
+def _nullable_str(value: str) -> str | None:
+    return None if not value or value == "None" else value
+
+
+class _DeprecatedAction(argparse.Action):
+    """SGLang's DeprecatedAction: using the flag is an error whose message is its help."""
+
+    def __init__(self, option_strings, dest, nargs=0, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=nargs, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        raise ValueError(self.help)
+
+
+_KIND_KWARGS: dict[str, dict[str, Any]] = {
+    "str": dict(type=str),
+    "int": dict(type=int),
+    "float": dict(type=float),
+    "json_list": dict(type=json.loads),
+    "nullable_str": dict(type=_nullable_str),
+    "store_true": dict(action="store_true"),
+    "deprecated": dict(action=_DeprecatedAction),
+}
+_UNSUPPORTED_HELP = "SGLang's flag; mini-sglang lacks the feature: a value other than the default is ignored with a warning."
+
+
+def _add_sglang_only_flags(parser: argparse.ArgumentParser) -> None:
+    for flag in SGLANG_ONLY_FLAGS:
+        kwargs = dict(_KIND_KWARGS[flag.kind], dest=_dest(flag), default=flag.default)
+        if flag.nargs is not None:
+            kwargs["nargs"] = flag.nargs
+        kwargs["help"] = flag.help if flag.kind == "deprecated" else _UNSUPPORTED_HELP
+        parser.add_argument(*flag.options, **kwargs)
+
+
+def warn_sglang_only_flags(args: argparse.Namespace) -> None:
+    """One warning per SGLang-only flag given a value other than its default."""
+    for flag in SGLANG_ONLY_FLAGS:
+        value = getattr(args, _dest(flag), flag.default)
+        if value != flag.default:
+            logger.warning(
+                "%s=%r is not supported by mini-sglang and is ignored (using %r).",
+                flag.options[0],
+                value,
+                flag.default,
+            )
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse, with every error as one line (no usage dump); an unknown flag names the
+    closest known one."""
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            known = list(self._option_string_actions)
+            for token in message.split(":", 1)[1].split():
+                if token.startswith("--"):
+                    close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1)
+                    if close:
+                        message += f"; did you mean {close[0]}?"
+                        break
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Declare every ServerArgs flag on `parser`, defaults taken from the dataclass."""
+    """Declare every ServerArgs flag on `parser`, defaults taken from the dataclass, and the
+    rest of SGLang 0.5.4's flags with SGLang's defaults."""
     from mini_sglang.server_args import ServerArgs
 
     for names, kwargs in _FLAGS:
         dest = names[0].lstrip("-").replace("-", "_")
         parser.add_argument(*names, dest=dest, **kwargs)
+    _add_sglang_only_flags(parser)
     parser.set_defaults(
         **{
             f.name: f.default
@@ -170,9 +256,11 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def from_cli_args(args: argparse.Namespace) -> ServerArgs:
-    """Build (and resolve) a ServerArgs from a parsed namespace; extra attributes are ignored."""
+    """Build (and resolve) a ServerArgs from a parsed namespace; SGLang-only flags set to a
+    non-default value are warned about, other extra attributes are ignored."""
     from mini_sglang.server_args import ServerArgs
 
+    warn_sglang_only_flags(args)
     names = [f.name for f in dataclasses.fields(ServerArgs) if f.init]
     return ServerArgs(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
@@ -229,6 +317,6 @@ def merge_config_into_argv(argv: list[str]) -> list[str]:
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parse `argv` (typically sys.argv[1:]) into a resolved ServerArgs, as SGLang does."""
-    parser = argparse.ArgumentParser(prog="python -m mini_sglang.launch_server")
+    parser = FlagParser(prog="python -m mini_sglang.launch_server")
     add_cli_args(parser)
     return from_cli_args(parser.parse_args(merge_config_into_argv(argv)))

@@ -3,6 +3,7 @@ do, and exit code 1, before any model is loaded; the traceback only with --log-l
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -81,3 +82,15 @@ def test_traceback_at_debug_level(tmp_path: Path):
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr
     assert "no such file or directory" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_unsupported_flag_is_one_timestamped_warning(tmp_path: Path):
+    proc = _launch("--enable-p2p-check", "--model-path", str(tmp_path / "missing"))
+    assert proc.returncode == 1
+    warnings = [line for line in proc.stderr.splitlines() if "--enable-p2p-check" in line]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    assert re.fullmatch(
+        r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] --enable-p2p-check=True is not supported by "
+        r"mini-sglang and is ignored \(using False\)\.",
+        warnings[0],
+    ), warnings[0]
