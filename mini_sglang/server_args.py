@@ -74,6 +74,12 @@ class ServerArgs:
     chunked_prefill_size (-1 = disabled), cuda_graph_max_bs/bs, mem_fraction_static,
     attention/sampling/grammar backends), unsupported flags are reset with a warning, and
     invalid values have raised ValueError naming the flag.
+
+    A resolved ServerArgs is frozen: assigning or deleting a field raises
+    `dataclasses.FrozenInstanceError`. A derived copy is `dataclasses.replace(args, ...)`,
+    which resolves the copy again (resolution maps resolved values to themselves). What
+    changes while the server runs (the weight version, the model path after a weight
+    update) lives in the runtime state of the component that changes it, not here.
     """
 
     # Model and tokenizer
@@ -182,14 +188,33 @@ class ServerArgs:
     def __post_init__(self) -> None:
         if self.model_path is None:
             self.model_path = _default_model_path()
+        # SGLang feeds log levels to logging via .upper(), so "INFO" works there too.
+        self.log_level = self.log_level.lower()
+        self.log_level_http = self.log_level_http and self.log_level_http.lower()
         validate_choices(self)
         self._reset_unsupported()
         validate_ranges(self)
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size <= 0:
+            self.chunked_prefill_size = -1  # any value <= 0 means "chunked prefill disabled"
         self._handle_missing_default_values()
         self._handle_load_format_and_dtype()
         self._handle_memory_settings()
         self._handle_backends()
         validate_resolved(self)
+        object.__setattr__(self, "_resolved", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_resolved"):
+            raise dataclasses.FrozenInstanceError(
+                f"ServerArgs is frozen once resolved; cannot assign {name!r} "
+                "(use dataclasses.replace for a derived copy)"
+            )
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self.__dict__.get("_resolved"):
+            raise dataclasses.FrozenInstanceError(f"ServerArgs is frozen; cannot delete {name!r}")
+        object.__delattr__(self, name)
 
     # ---- resolution steps (SGLang's __post_init__ order) ----
 
@@ -318,7 +343,8 @@ class ServerArgs:
     # ---- public API (SGLang's names) ----
 
     def check_server_args(self) -> None:
-        """Re-run the validation (SGLang calls this before launching); raises ValueError."""
+        """Re-run the validation (SGLang calls this before launching); raises ValueError.
+        It only checks: a resolved ServerArgs already passed it and cannot change."""
         validate_choices(self)
         validate_ranges(self)
         validate_resolved(self)

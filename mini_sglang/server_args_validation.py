@@ -142,10 +142,7 @@ def flag_name(name: str) -> str:
 
 
 def validate_choices(args: ServerArgs) -> None:
-    """Lower-case the log levels, then check every `CHOICES` field."""
-    # SGLang feeds log levels to logging via .upper(), so "INFO" works there too.
-    args.log_level = args.log_level.lower()
-    args.log_level_http = args.log_level_http and args.log_level_http.lower()
+    """Check every `CHOICES` field (log levels already lower-cased)."""
     for name, choices in CHOICES.items():
         value = getattr(args, name)
         check_arg(
@@ -156,7 +153,7 @@ def validate_choices(args: ServerArgs) -> None:
 
 
 def validate_ranges(args: ServerArgs) -> None:
-    """Check bounds, ports, JSON flags and multi-node consistency; chunk size <= 0 -> -1."""
+    """Check bounds, ports, JSON flags and multi-node consistency."""
     for name, low in MIN_VALUES.items():
         value = getattr(args, name)
         check_arg(value is None or value >= low, f"{flag_name(name)} must be >= {low}, got {value}")
@@ -208,8 +205,6 @@ def validate_ranges(args: ServerArgs) -> None:
             bool(host) and port.isdigit(),
             f"--dist-init-addr must be host:port, got {args.dist_init_addr!r}",
         )
-    if args.chunked_prefill_size is not None and args.chunked_prefill_size <= 0:
-        args.chunked_prefill_size = -1  # any value <= 0 means "chunked prefill disabled"
 
 
 def validate_resolved(args: ServerArgs) -> None:

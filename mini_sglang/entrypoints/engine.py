@@ -314,7 +314,7 @@ class Engine(EngineWeightsMixin):
             self.tokenizer_manager.communicator.get_internal_state()
         )
         return {
-            **self.server_args.to_public_dict(),
+            **self.tokenizer_manager.runtime_state.server_args_view(self.server_args),
             **self.scheduler_info,
             "internal_states": [state],
         }

@@ -207,13 +207,14 @@ async def health_generate(request: Request) -> Response:
 async def get_model_info() -> Response:
     state = get_state()
     sa = state.server_args
+    runtime = state.tokenizer_manager.runtime_state
     return orjson_response(
         {
-            "model_path": sa.model_path,
+            "model_path": runtime.model_path,
             "tokenizer_path": sa.tokenizer_path,
             "is_generation": True,
             "preferred_sampling_params": sa.preferred_sampling_params,
-            "weight_version": sa.weight_version,
+            "weight_version": runtime.weight_version,
             "served_model_name": sa.served_model_name,
             "architectures": state.tokenizer_manager.model_config.architectures,
         }
@@ -232,7 +233,8 @@ async def metrics() -> Response:
 
 @app.get("/get_weight_version")
 async def get_weight_version() -> Response:
-    return orjson_response({"weight_version": get_state().server_args.weight_version})
+    runtime = get_state().tokenizer_manager.runtime_state
+    return orjson_response({"weight_version": runtime.weight_version})
 
 
 @app.get("/get_server_info")
@@ -242,12 +244,13 @@ async def get_server_info() -> Response:
     internal = await state.tokenizer_manager.communicator.get_internal_state()
     from mini_sglang import __version__
 
+    args = state.tokenizer_manager.runtime_state.server_args_view(state.server_args)
     info = {
-        **state.server_args.to_public_dict(),
+        **args,
         "status": "ready",
         "max_total_num_tokens": state.scheduler_info["max_total_num_tokens"],
         "max_req_input_len": state.scheduler_info["max_req_input_len"],
-        "internal_states": [{**state.server_args.to_public_dict(), **internal}],
+        "internal_states": [{**args, **internal}],
         "version": __version__,
     }
     return orjson_response(info)

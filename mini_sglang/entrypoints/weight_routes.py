@@ -86,7 +86,7 @@ def mount_weight_routes(app: FastAPI) -> None:
     async def update_weight_version(tm: Any, obj: UpdateWeightVersionReqInput) -> Response:
         if obj.abort_all_requests:
             tm.abort_request(abort_all=True)
-        tm.server_args.weight_version = obj.new_version
+        tm.runtime_state.weight_version = obj.new_version
         return orjson_response(
             {
                 "success": True,

@@ -15,7 +15,8 @@ time, unless given.
 
 Weight updates (SGLang 0.5.4's TokenizerManager methods): ``abort_all_requests`` aborts
 every request first; the scheduler then finishes what it holds before swapping weights (see
-scheduler_update_weights). On success a given ``weight_version`` becomes the server's.
+scheduler_update_weights). On success a given ``weight_version`` becomes the server's
+(ServerRuntimeState, with the loaded checkpoint's path and format).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import (
@@ -61,6 +62,9 @@ from mini_sglang.managers.io_struct.weights import (
     UpdateWeightsFromTensorReqOutput,
 )
 from mini_sglang.utils.gc_utils import freeze_gc as freeze_this_process
+
+if TYPE_CHECKING:
+    from mini_sglang.managers.server_runtime_state import ServerRuntimeState
 
 # Every reply type the scheduler sends to the TokenizerManager for a control request.
 REPLY_TYPES: tuple[type, ...] = (
@@ -133,19 +137,20 @@ class TokenizerCommunicator:
 
     ``send`` puts one message on the scheduler's socket (starting the TokenizerManager's
     receive loop first); ``fan_out`` is the number of replicas that answer (dp_size);
-    ``abort_all`` aborts every request (weight updates asked to); ``server_args`` gets the
-    new model path, load format and weight version after a successful update.
+    ``abort_all`` aborts every request (weight updates asked to); ``runtime_state`` (the
+    TokenizerManager's ServerRuntimeState) gets the new model path, load format and weight
+    version after a successful update.
     """
 
     def __init__(
         self,
         send: Callable[[Any], Awaitable[None]],
         fan_out: int,
-        server_args: Any,
+        runtime_state: ServerRuntimeState,
         abort_all: Callable[[], None],
     ) -> None:
         self._send = send
-        self._server_args = server_args
+        self._runtime_state = runtime_state
         self._abort_all = abort_all
         self._communicators = {t: _Communicator(send, fan_out) for t in REPLY_TYPES}
 
@@ -225,18 +230,18 @@ class TokenizerCommunicator:
 
     def _set_version(self, version: str | None, out: Any) -> None:
         if out.success and version is not None:
-            self._server_args.weight_version = version
+            self._runtime_state.weight_version = version
             out.message += f" Weight version updated to {version}."
 
     async def update_weights_from_disk(
         self, obj: UpdateWeightFromDiskReqInput
     ) -> UpdateWeightFromDiskReqOutput:
         if obj.load_format is None:
-            obj.load_format = self._server_args.load_format
+            obj.load_format = self._runtime_state.load_format
         out = await self._update(obj, UpdateWeightFromDiskReqOutput)
         if out.success:
-            self._server_args.model_path = obj.model_path
-            self._server_args.load_format = obj.load_format
+            self._runtime_state.model_path = obj.model_path
+            self._runtime_state.load_format = obj.load_format
         self._set_version(obj.weight_version, out)
         return out
 

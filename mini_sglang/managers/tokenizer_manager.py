@@ -35,6 +35,7 @@ from mini_sglang.managers.io_struct.output import BatchStrOutput
 from mini_sglang.managers.parallel_sampling import prefix_caching_requests
 from mini_sglang.managers.req_state import ReqState
 from mini_sglang.managers.request_logging import RequestLogger
+from mini_sglang.managers.server_runtime_state import ServerRuntimeState
 from mini_sglang.managers.session_controller import normalize_session_params
 from mini_sglang.managers.tokenizer_communicator import REPLY_TYPES, TokenizerCommunicator
 from mini_sglang.model_config import ModelConfig
@@ -53,6 +54,8 @@ class RequestAborted(Exception):
 class TokenizerManager:
     def __init__(self, server_args, port_args) -> None:
         self.server_args = server_args
+        # what the control API changes at run time (ServerArgs itself is frozen)
+        self.runtime_state = ServerRuntimeState.from_server_args(server_args)
         self.model_config = ModelConfig.from_server_args(server_args)
         self.context_len = self.model_config.context_len
         self.tokenizer = None
@@ -88,7 +91,7 @@ class TokenizerManager:
         self.communicator = TokenizerCommunicator(
             self._send_to_scheduler,
             fan_out=server_args.dp_size,
-            server_args=server_args,
+            runtime_state=self.runtime_state,
             abort_all=lambda: self.abort_request(abort_all=True),
         )
         self._dispatch = {BatchStrOutput: self._handle_batch_output}
@@ -113,7 +116,7 @@ class TokenizerManager:
             handler(recv)
 
     def _handle_batch_output(self, recv: BatchStrOutput) -> None:
-        weight_version = self.server_args.weight_version
+        weight_version = self.runtime_state.weight_version
         for i, rid in enumerate(recv.rids):
             state = self.rid_to_state.get(rid)
             if state is None:

@@ -9,6 +9,7 @@ pool gets MINI_SGLANG_CPU_KV_CACHE_GB (default 2) GiB. --max-total-tokens caps e
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -44,6 +45,15 @@ def gpu_memory_gib(device: torch.device) -> tuple[float, float]:
     return free / GiB, total / GiB
 
 
+@dataclass
+class WeightSource:
+    """The checkpoint the live weights came from: the launch values until an update from
+    disk succeeds (weight_updates.update_weights_from_disk), which rolls back to it on failure."""
+
+    model_path: str
+    load_format: str
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, server_args, gpu_id: int = 0) -> None:
         self.model_config = model_config
@@ -55,6 +65,7 @@ class ModelRunner:
         torch.manual_seed(server_args.random_seed or 0)
         before = gpu_memory_gib(self.device)[0] if self.device.type == "cuda" else 0.0
         self.model = get_model(model_config, server_args.load_format, self.device)
+        self.weight_source = WeightSource(model_config.model_path, server_args.load_format)
         if self.device.type == "cuda":
             after = gpu_memory_gib(self.device)[0]
             self.weight_gib = before - after

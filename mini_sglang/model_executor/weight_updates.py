@@ -94,8 +94,9 @@ def update_weights_from_disk(
     runner: ModelRunner, model_path: str, load_format: str | None
 ) -> tuple[bool, str]:
     """Replace every weight with the checkpoint at model_path; rolls back on failure."""
-    load_format = load_format or runner.server_args.load_format
-    old_path, old_format = runner.model_config.model_path, runner.server_args.load_format
+    source = runner.weight_source
+    load_format = load_format or source.load_format
+    old_path, old_format = source.model_path, source.load_format
     logger.info("Update engine weights online from disk begin: %s", model_path)
     try:
         weights = weight_iterator(model_path, load_format)
@@ -110,9 +111,7 @@ def update_weights_from_disk(
             with torch.no_grad():
                 runner.model.load_weights(weight_iterator(old_path, old_format))
         return False, message
-    runner.model_config.model_path = model_path
-    runner.server_args.model_path = model_path
-    runner.server_args.load_format = load_format
+    source.model_path, source.load_format = model_path, load_format
     logger.info("Update weights end.")
     return True, "Succeeded to update model weights."
 

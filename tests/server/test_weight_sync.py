@@ -211,6 +211,11 @@ def test_trainer_pushes_weights_then_disk_switches_back_and_forth(
         res = _greedy(tp2_server, prompt)
         assert res["output_ids"] == expected, path
         assert res["meta_info"]["weight_version"] == path[-6:]
+        # the info routes report the checkpoint now loaded, not the launch one
+        info = tp2_server.get("/get_server_info").json()
+        assert (info["model_path"], info["weight_version"]) == (path, path[-6:])
+        assert info["internal_states"][0]["model_path"] == path
+        assert tp2_server.get("/get_model_info").json()["model_path"] == path
     info = tp2_server.get("/get_model_info").json()
     assert info["model_path"] == tiny_model.path
 
@@ -236,3 +241,14 @@ def test_update_from_disk_waits_for_in_flight_request(tp2_server: ServerHandle, 
         _greedy(tp2_server, tiny_model.eos_prompt_ids)["output_ids"]
         == (tiny_model.greedy_ids[:MAX_NEW])
     )
+
+
+def test_update_weight_version_is_reported_everywhere(tp2_server: ServerHandle, tiny_model):
+    r = tp2_server.post("/update_weight_version", json={"new_version": "v-next"})
+    assert r.status_code == 200 and r.json()["new_version"] == "v-next", r.text
+    assert tp2_server.get("/get_weight_version").json() == {"weight_version": "v-next"}
+    assert tp2_server.get("/get_model_info").json()["weight_version"] == "v-next"
+    info = tp2_server.get("/get_server_info").json()
+    assert info["weight_version"] == info["internal_states"][0]["weight_version"] == "v-next"
+    res = _greedy(tp2_server, tiny_model.eos_prompt_ids, n=2)
+    assert res["meta_info"]["weight_version"] == "v-next"

@@ -185,9 +185,27 @@ def test_replace_reruns_resolution_idempotently():
 def test_check_server_args_revalidates():
     a = ServerArgs(model_path=MODEL)
     a.check_server_args()
-    a.tp_size = 0
     with pytest.raises(ValueError, match="--tp-size"):
-        a.check_server_args()
+        dataclasses.replace(a, tp_size=0)
+
+
+def test_resolved_server_args_are_frozen():
+    a = ServerArgs(model_path=MODEL)
+    with pytest.raises(dataclasses.FrozenInstanceError, match="weight_version"):
+        a.weight_version = "v2"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del a.port
+    assert a.weight_version == "default" and a.port == 30000
+    b = dataclasses.replace(a, weight_version="v2")  # a derived copy is resolved and frozen
+    assert b.weight_version == "v2" and a.weight_version == "default"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.weight_version = "v3"
+    import pickle
+
+    c = pickle.loads(pickle.dumps(a))  # as sent to the scheduler processes
+    assert c == a
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.port = 1
 
 
 # ---- unsupported flags ------------------------------------------------------------------
