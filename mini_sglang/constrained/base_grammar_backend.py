@@ -19,9 +19,12 @@ import logging
 import re
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from mini_sglang.config_slices import GrammarConfig
 
 logger = logging.getLogger("mini_sglang")
 
@@ -146,8 +149,8 @@ class BaseGrammarBackend:
         self.cache.clear()
 
 
-# --grammar-backend name -> factory(server_args, tokenizer, vocab_size, eos_token_ids).
-GrammarBackendFactory = Callable[[Any, Any, int, "set[int] | None"], BaseGrammarBackend]
+# --grammar-backend name -> factory(GrammarConfig, tokenizer, vocab_size, eos_token_ids).
+GrammarBackendFactory = Callable[["GrammarConfig", Any, int, "set[int] | None"], BaseGrammarBackend]
 GRAMMAR_BACKEND_REGISTRY: dict[str, GrammarBackendFactory] = {}
 
 
@@ -156,7 +159,9 @@ def register_grammar_backend(name: str, factory: GrammarBackendFactory) -> None:
     GRAMMAR_BACKEND_REGISTRY[name] = factory
 
 
-def _xgrammar_factory(server_args, tokenizer, vocab_size, eos_token_ids) -> BaseGrammarBackend:
+def _xgrammar_factory(
+    config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
+) -> BaseGrammarBackend:
     # Imported here: the module is cheap, but keeping the registry free of backend imports
     # means a backend's own dependencies are only touched when it is chosen.
     from mini_sglang.constrained.xgrammar_backend import XGrammarGrammarBackend
@@ -165,7 +170,7 @@ def _xgrammar_factory(server_args, tokenizer, vocab_size, eos_token_ids) -> Base
         tokenizer,
         vocab_size=vocab_size,
         eos_token_ids=eos_token_ids,
-        any_whitespace=not getattr(server_args, "constrained_json_disable_any_whitespace", False),
+        any_whitespace=not config.constrained_json_disable_any_whitespace,
     )
 
 
@@ -173,15 +178,16 @@ register_grammar_backend("xgrammar", _xgrammar_factory)
 
 
 def create_grammar_backend(
-    server_args, tokenizer, vocab_size: int, eos_token_ids: set[int] | None
+    config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
 ) -> BaseGrammarBackend | None:
-    """The backend named by --grammar-backend (None for "none", or without a tokenizer).
+    """The backend named by `config.grammar_backend` (None for "none", or without a
+    tokenizer).
 
     Raises ValueError for a name nobody registered (ServerArgs normally rejects it first).
     """
-    name = server_args.grammar_backend or "xgrammar"
+    name = config.grammar_backend or "xgrammar"
     if name == "none" or tokenizer is None:
         return None
     if name not in GRAMMAR_BACKEND_REGISTRY:
         raise ValueError(f"Invalid grammar backend: {name}")
-    return GRAMMAR_BACKEND_REGISTRY[name](server_args, tokenizer, vocab_size, eos_token_ids)
+    return GRAMMAR_BACKEND_REGISTRY[name](config, tokenizer, vocab_size, eos_token_ids)

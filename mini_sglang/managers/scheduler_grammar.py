@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mini_sglang.config_slices import GrammarConfig
 from mini_sglang.constrained.base_grammar_backend import (
     NONE_BACKEND_ERROR,
     GrammarKey,
@@ -88,7 +89,10 @@ class GrammarQueue:
     def __init__(self, server_args, tokenizer, model_config, device) -> None:
         self.queue: list[Req] = []  # compiling, in arrival order
         self.backend = create_grammar_backend(
-            server_args, tokenizer, model_config.vocab_size, model_config.eos_token_ids
+            GrammarConfig.from_server_args(server_args),
+            tokenizer,
+            model_config.vocab_size,
+            model_config.eos_token_ids,
         )
         # With tp_size > 1 every rank must admit the same requests in the same step.
         self.wait_for_all = server_args.tp_size > 1

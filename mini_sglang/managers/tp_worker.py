@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mini_sglang.config_slices import ModelRunnerConfig
 from mini_sglang.layers.logits_processor import LogitsProcessorOutput
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.model_executor.forward_batch_info import ModelWorkerBatch
@@ -98,7 +99,9 @@ class TpModelWorker:
     def __init__(self, server_args, model_config: ModelConfig | None = None, gpu_id: int = 0):
         self.server_args = server_args
         self.model_config = model_config or ModelConfig.from_server_args(server_args)
-        self.model_runner = ModelRunner(self.model_config, server_args, gpu_id=gpu_id)
+        self.model_runner = ModelRunner(
+            self.model_config, ModelRunnerConfig.from_server_args(server_args), gpu_id=gpu_id
+        )
         self.device = self.model_runner.device
         self.max_total_num_tokens = self.model_runner.max_total_num_tokens
         self.forward_timer: ForwardTimer | None = None

@@ -41,7 +41,7 @@ def release_cuda_graphs() -> None:
 
 class CudaGraphRunner:
     def __init__(self, runner: ModelRunner) -> None:
-        sa = runner.server_args
+        sa = runner.config
         self.runner = runner
         self.device = runner.device
         backend = runner.attn_backend

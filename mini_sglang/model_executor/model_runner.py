@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mini_sglang.config_slices import ModelRunnerConfig
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention import create_attention_backend
@@ -55,17 +56,26 @@ class WeightSource:
 
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, server_args, gpu_id: int = 0) -> None:
+    """Owns the model, KV pools, attention backend, sampler and CUDA graphs of one rank.
+
+    `config` is its slice of the launch flags (config_slices.ModelRunnerConfig); the one
+    piece of state that changes after construction besides the weights themselves is
+    `weight_source`, the checkpoint they were last loaded from.
+    """
+
+    def __init__(
+        self, model_config: ModelConfig, config: ModelRunnerConfig, gpu_id: int = 0
+    ) -> None:
         self.model_config = model_config
-        self.server_args = server_args
-        self.device = torch.device(f"cuda:{gpu_id}" if server_args.device == "cuda" else "cpu")
+        self.config = config
+        self.device = torch.device(f"cuda:{gpu_id}" if config.device == "cuda" else "cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.page_size = server_args.page_size or 1
-        torch.manual_seed(server_args.random_seed or 0)
+        self.page_size = config.page_size
+        torch.manual_seed(config.random_seed)
         before = gpu_memory_gib(self.device)[0] if self.device.type == "cuda" else 0.0
-        self.model = get_model(model_config, server_args.load_format, self.device)
-        self.weight_source = WeightSource(model_config.model_path, server_args.load_format)
+        self.model = get_model(model_config, config.load_format, self.device)
+        self.weight_source = WeightSource(model_config.model_path, config.load_format)
         if self.device.type == "cuda":
             after = gpu_memory_gib(self.device)[0]
             self.weight_gib = before - after
@@ -78,9 +88,9 @@ class ModelRunner:
             )
         self.init_memory_pool()
         self.attn_backend = self.create_attention_backend()
-        self.sampler = Sampler(server_args.sampling_backend or "pytorch")
+        self.sampler = Sampler(config.sampling_backend)
         self.graph_runner = None
-        if self.device.type == "cuda" and not server_args.disable_cuda_graph:
+        if self.device.type == "cuda" and not config.disable_cuda_graph:
             if self.attn_backend.supports_cuda_graph:
                 self.init_cuda_graphs()
             else:
@@ -91,19 +101,21 @@ class ModelRunner:
         (--prefill-attention-backend / --decode-attention-backend) differ, or when small
         flashinfer decode batches go to the Triton kernel (see small_decode_max_bs)."""
         base = self.attention_backend_name()
-        prefill = self.server_args.prefill_attention_backend or base
-        decode = self.server_args.decode_attention_backend or base
+        prefill = self.config.attention.prefill_attention_backend or base
+        decode = self.config.attention.decode_attention_backend or base
         small_bs = self.small_decode_max_bs(decode)
         if prefill == decode and not small_bs:
-            return create_attention_backend(prefill, self)
+            return create_attention_backend(prefill, self, self.config.attention)
         # Local: the module imports triton, needed only for a hybrid with small decodes.
         from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
         if prefill != decode:
             logger.info("Hybrid attention: %s for prefill, %s for decode", prefill, decode)
-        prefill_backend = create_attention_backend(prefill, self)
+        prefill_backend = create_attention_backend(prefill, self, self.config.attention)
         decode_backend = (
-            prefill_backend if prefill == decode else create_attention_backend(decode, self)
+            prefill_backend
+            if prefill == decode
+            else create_attention_backend(decode, self, self.config.attention)
         )
         small = TritonAttnBackend(self, SMALL_DECODE_KV_SPLITS) if small_bs else None
         return HybridAttnBackend(prefill_backend, decode_backend, small, small_bs)
@@ -117,7 +129,7 @@ class ModelRunner:
         MINI_SGLANG_TRITON_DECODE_MAX_BS overrides the size (0 turns it off)."""
         if (
             decode != "flashinfer"
-            or self.server_args.decode_attention_backend is not None
+            or self.config.attention.decode_attention_backend is not None
             or self.device.type != "cuda"
             or self.kv_dtype != self.model_config.dtype
         ):
@@ -125,7 +137,7 @@ class ModelRunner:
         return envs.MINI_SGLANG_TRITON_DECODE_MAX_BS.get()
 
     def attention_backend_name(self) -> str:
-        name = self.server_args.attention_backend or (
+        name = self.config.attention.attention_backend or (
             "torch_native" if self.device.type == "cpu" else "flashinfer"
         )
         return name
@@ -146,16 +158,16 @@ class ModelRunner:
             budget = envs.MINI_SGLANG_CPU_KV_CACHE_GB.get() * GiB
         else:
             free, total = gpu_memory_gib(self.device)
-            budget = (free - total * (1 - self.server_args.mem_fraction_static)) * GiB
+            budget = (free - total * (1 - self.config.mem_fraction_static)) * GiB
         if budget <= 0:
             raise RuntimeError(
                 "Not enough memory for the KV cache. Increase --mem-fraction-static "
-                f"(now {self.server_args.mem_fraction_static})."
+                f"(now {self.config.mem_fraction_static})."
             )
         return int(budget // cell)
 
     def init_memory_pool(self) -> None:
-        sa = self.server_args
+        sa = self.config
         kv = sa.kv_cache_dtype
         self.kv_dtype = (
             self.model_config.dtype

@@ -4,11 +4,11 @@ and a missing xgrammar package (no model, no scheduler)."""
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from mini_sglang.config_slices import GrammarConfig
 from mini_sglang.constrained.base_grammar_backend import (
     NONE_BACKEND_ERROR,
     InvalidGrammar,
@@ -85,16 +85,22 @@ def test_cache_round_trip(backend):
 
 
 def test_registry_and_none(qwen_tokenizer):
-    args = SimpleNamespace(grammar_backend="none")
-    assert create_grammar_backend(args, qwen_tokenizer, 100, None) is None
-    args.grammar_backend = "xgrammar"
-    assert isinstance(
-        create_grammar_backend(args, qwen_tokenizer, 100, {1}), XGrammarGrammarBackend
-    )
-    assert create_grammar_backend(args, None, 100, None) is None  # --skip-tokenizer-init
-    args.grammar_backend = "outlines"
+    none = GrammarConfig(grammar_backend="none")
+    assert create_grammar_backend(none, qwen_tokenizer, 100, None) is None
+    xgr = GrammarConfig(grammar_backend="xgrammar")
+    assert isinstance(create_grammar_backend(xgr, qwen_tokenizer, 100, {1}), XGrammarGrammarBackend)
+    assert create_grammar_backend(xgr, None, 100, None) is None  # --skip-tokenizer-init
     with pytest.raises(ValueError, match="Invalid grammar backend"):
-        create_grammar_backend(args, qwen_tokenizer, 100, None)
+        create_grammar_backend(GrammarConfig(grammar_backend="outlines"), qwen_tokenizer, 100, None)
+
+
+def test_grammar_config_is_built_from_server_args():
+    from mini_sglang.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path="/models/m", device="cpu", constrained_json_disable_any_whitespace=True
+    )
+    assert GrammarConfig.from_server_args(args) == GrammarConfig("xgrammar", True)
     assert "--grammar-backend none" in NONE_BACKEND_ERROR
 
 

@@ -13,32 +13,35 @@ from mini_sglang.layers.attention import torch_native_backend  # noqa: F401
 from mini_sglang.layers.attention.base_attn_backend import ATTENTION_BACKENDS, AttentionBackend
 
 if TYPE_CHECKING:
+    from mini_sglang.config_slices import AttentionConfig
     from mini_sglang.model_executor.model_runner import ModelRunner
 
 
-def _flashinfer(runner):
+def _flashinfer(runner: ModelRunner, config: AttentionConfig) -> AttentionBackend:
     # Local: the module imports flashinfer, needed only when this backend is chosen.
     from mini_sglang.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
     return FlashInferAttnBackend(runner)
 
 
-def _triton(runner):
+def _triton(runner: ModelRunner, config: AttentionConfig) -> AttentionBackend:
     # Local: the module imports triton, needed only when this backend is chosen.
     from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
-    return TritonAttnBackend(runner, runner.server_args.triton_attention_num_kv_splits)
+    return TritonAttnBackend(runner, config.triton_attention_num_kv_splits)
 
 
 ATTENTION_BACKENDS.setdefault("flashinfer", _flashinfer)
 ATTENTION_BACKENDS.setdefault("triton", _triton)
 
 
-def create_attention_backend(name: str, runner: ModelRunner) -> AttentionBackend:
-    """The backend registered as `name`, built for `runner`; ValueError naming the
-    registered ones if there is none."""
+def create_attention_backend(
+    name: str, runner: ModelRunner, config: AttentionConfig
+) -> AttentionBackend:
+    """The backend registered as `name`, built for `runner` with its slice of the launch
+    flags (`config`); ValueError naming the registered ones if there is none."""
     if name not in ATTENTION_BACKENDS:
         raise ValueError(
             f"Unknown attention backend {name!r}; available: {', '.join(sorted(ATTENTION_BACKENDS))}"
         )
-    return ATTENTION_BACKENDS[name](runner)
+    return ATTENTION_BACKENDS[name](runner, config)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from mini_sglang.config_slices import AttentionConfig
     from mini_sglang.layers.radix_attention import RadixAttention
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
     from mini_sglang.model_executor.model_runner import ModelRunner
@@ -102,11 +103,12 @@ class AttentionBackend(ABC):
         raise NotImplementedError
 
 
-ATTENTION_BACKENDS: dict[str, Callable[[ModelRunner], AttentionBackend]] = {}
+# name -> factory(runner, AttentionConfig)
+ATTENTION_BACKENDS: dict[str, Callable[[ModelRunner, AttentionConfig], AttentionBackend]] = {}
 
 
 def register_attention_backend(name: str):
-    def deco(factory: Callable[[ModelRunner], AttentionBackend]):
+    def deco(factory: Callable[[ModelRunner, AttentionConfig], AttentionBackend]):
         ATTENTION_BACKENDS[name] = factory
         return factory
 

@@ -19,6 +19,7 @@ from mini_sglang.layers.attention.base_attn_backend import (
 )
 
 if TYPE_CHECKING:
+    from mini_sglang.config_slices import AttentionConfig
     from mini_sglang.layers.radix_attention import RadixAttention
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
     from mini_sglang.model_executor.model_runner import ModelRunner
@@ -101,5 +102,5 @@ class TorchNativeAttnBackend(AttentionBackend):
 
 
 @register_attention_backend("torch_native")
-def _create(runner: ModelRunner) -> AttentionBackend:
+def _create(runner: ModelRunner, config: AttentionConfig) -> AttentionBackend:
     return TorchNativeAttnBackend(runner)
