@@ -77,7 +77,8 @@ class ServerArgs:
 
     A resolved ServerArgs is frozen: assigning or deleting a field raises
     `dataclasses.FrozenInstanceError`. A derived copy is `dataclasses.replace(args, ...)`,
-    which resolves the copy again (resolution maps resolved values to themselves). What
+    which resolves the copy again: resolved values stay as they are, except that the copy's
+    cuda_graph_max_bs becomes max(cuda_graph_bs) (the explicit-list rule). What
     changes while the server runs (the weight version, the model path after a weight
     update) lives in the runtime state of the component that changes it, not here.
     """

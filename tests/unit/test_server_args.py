@@ -182,6 +182,15 @@ def test_replace_reruns_resolution_idempotently():
     assert b.port == 31000 and dataclasses.replace(b, port=a.port) == a
 
 
+def test_replace_of_a_resolved_copy_keeps_its_values():
+    a = ServerArgs(model_path=MODEL, chunked_prefill_size=0, log_level="WARNING")
+    assert dataclasses.replace(a) == a
+    # the one exception: an explicit max between capture sizes comes back as the largest size
+    b = ServerArgs(model_path=MODEL, cuda_graph_max_bs=100)
+    assert (b.cuda_graph_max_bs, max(b.cuda_graph_bs)) == (100, 96)
+    assert dataclasses.replace(b).cuda_graph_max_bs == 96
+
+
 def test_check_server_args_revalidates():
     a = ServerArgs(model_path=MODEL)
     a.check_server_args()
