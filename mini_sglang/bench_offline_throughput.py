@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.preset == "nano-vllm" and args.context_length is None:
         args.context_length = 4096
     server_args = ServerArgs.from_cli_args(args)
+    # Local: Engine imports torch and the process machinery, which --help does not need.
     from mini_sglang.entrypoints.engine import Engine
 
     engine = Engine(server_args=server_args)

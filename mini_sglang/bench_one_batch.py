@@ -25,12 +25,15 @@ import torch
 
 from mini_sglang.benchmark.tp_group import run_tp_group
 from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
-from mini_sglang.managers.tp_worker import TpModelWorker
+from mini_sglang.managers.scheduler import Scheduler
+from mini_sglang.managers.tp_worker import ForwardTimer, TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.server_args import ServerArgs
+from mini_sglang.utils.sync_debug import find_syncs
 
 
 def _sync(device: torch.device) -> None:
@@ -133,8 +136,6 @@ def run_once(
 def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int = 0):
     """The same batch through an in-process Scheduler (its loop, overlap and streaming
     included): (time to first token, per-token decode seconds)."""
-    from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
-
     vocab = scheduler.model_config.vocab_size
     gen = torch.Generator().manual_seed(seed)
     sent = len(scheduler.test_outputs)
@@ -270,9 +271,6 @@ def _run_rank(server_args: ServerArgs, args, tp_rank: int) -> dict:
 
 
 def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) -> list[dict]:
-    from mini_sglang.managers.scheduler import Scheduler
-    from mini_sglang.managers.tp_worker import ForwardTimer
-
     outputs: list = []
     # Every rank gets the same requests straight into its Scheduler (a server's rank 0
     # broadcasts them instead), so the ranks' loops take the same steps.
@@ -285,8 +283,6 @@ def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) ->
     if args.sync_debug and worker.device.type != "cuda":
         print("--sync-debug needs a CUDA device (torch's sync debug mode); skipped")
     elif args.sync_debug:
-        from mini_sglang.utils.sync_debug import find_syncs
-
         bs, il, ol = args.batch_size[0], args.input_len[0], args.output_len[0]
         sites = find_syncs(lambda: run_scheduler(scheduler, bs, il, ol, 5))
         print(f"Host-device syncs in {ol} steps at bs={bs}: {sum(sites.values())}")
