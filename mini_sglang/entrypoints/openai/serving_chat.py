@@ -79,6 +79,11 @@ class OpenAIServingChat(OpenAIServingBase):
         self.default_sampling_params: dict[str, Any] = dict(
             getattr(tokenizer_manager.model_config, "generation_defaults", None) or {}
         )
+        if self.default_sampling_params:
+            logger.info(
+                "Using default chat sampling params from model generation config: %s",
+                self.default_sampling_params,
+            )
         template = getattr(tokenizer_manager.tokenizer, "chat_template", None) or ""
         if isinstance(template, dict):  # named templates: the default one renders chats
             template = template.get("default", "")
