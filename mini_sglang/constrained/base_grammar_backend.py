@@ -1,4 +1,4 @@
-"""The grammar backend interface, its compile cache, and the --grammar-backend registry.
+"""The grammar backend interface and its compile cache.
 
 A request's constraint is a key ``(kind, string)`` with kind "json", "regex" or "ebnf"
 (SGLang's keys; json_object arrives as the schema ``{"type": "object"}``). The scheduler asks
@@ -19,12 +19,8 @@ import logging
 import re
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
 
 import torch
-
-if TYPE_CHECKING:
-    from mini_sglang.config_slices import GrammarConfig
 
 logger = logging.getLogger("mini_sglang")
 
@@ -147,47 +143,3 @@ class BaseGrammarBackend:
     def reset(self) -> None:
         """Forget every compiled grammar (flush_cache)."""
         self.cache.clear()
-
-
-# --grammar-backend name -> factory(GrammarConfig, tokenizer, vocab_size, eos_token_ids).
-GrammarBackendFactory = Callable[["GrammarConfig", Any, int, "set[int] | None"], BaseGrammarBackend]
-GRAMMAR_BACKEND_REGISTRY: dict[str, GrammarBackendFactory] = {}
-
-
-def register_grammar_backend(name: str, factory: GrammarBackendFactory) -> None:
-    """Make ``--grammar-backend name`` build its backend with ``factory``."""
-    GRAMMAR_BACKEND_REGISTRY[name] = factory
-
-
-def _xgrammar_factory(
-    config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
-) -> BaseGrammarBackend:
-    # Imported here: the module is cheap, but keeping the registry free of backend imports
-    # means a backend's own dependencies are only touched when it is chosen.
-    from mini_sglang.constrained.xgrammar_backend import XGrammarGrammarBackend
-
-    return XGrammarGrammarBackend(
-        tokenizer,
-        vocab_size=vocab_size,
-        eos_token_ids=eos_token_ids,
-        any_whitespace=not config.constrained_json_disable_any_whitespace,
-    )
-
-
-register_grammar_backend("xgrammar", _xgrammar_factory)
-
-
-def create_grammar_backend(
-    config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
-) -> BaseGrammarBackend | None:
-    """The backend named by `config.grammar_backend` (None for "none", or without a
-    tokenizer).
-
-    Raises ValueError for a name nobody registered (ServerArgs normally rejects it first).
-    """
-    name = config.grammar_backend or "xgrammar"
-    if name == "none" or tokenizer is None:
-        return None
-    if name not in GRAMMAR_BACKEND_REGISTRY:
-        raise ValueError(f"Invalid grammar backend: {name}")
-    return GRAMMAR_BACKEND_REGISTRY[name](config, tokenizer, vocab_size, eos_token_ids)

@@ -40,9 +40,9 @@ from mini_sglang.constrained.base_grammar_backend import (
     NONE_BACKEND_ERROR,
     GrammarKey,
     InvalidGrammar,
-    create_grammar_backend,
 )
 from mini_sglang.constrained.bitmask import allocate_token_bitmask
+from mini_sglang.constrained.grammar_registry import create_grammar_backend
 from mini_sglang.managers.finish_reason import FINISH_ABORT
 from mini_sglang.utils.device import to_device
 

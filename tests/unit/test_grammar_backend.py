@@ -9,12 +9,9 @@ import pytest
 import torch
 
 from mini_sglang.config_slices import GrammarConfig
-from mini_sglang.constrained.base_grammar_backend import (
-    NONE_BACKEND_ERROR,
-    InvalidGrammar,
-    create_grammar_backend,
-)
+from mini_sglang.constrained.base_grammar_backend import NONE_BACKEND_ERROR, InvalidGrammar
 from mini_sglang.constrained.bitmask import allocate_token_bitmask, apply_token_bitmask
+from mini_sglang.constrained.grammar_registry import create_grammar_backend
 from mini_sglang.constrained.xgrammar_backend import INSTALL_HINT, XGrammarGrammarBackend
 
 xgrammar = pytest.importorskip("xgrammar")

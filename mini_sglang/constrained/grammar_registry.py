@@ -1,0 +1,56 @@
+"""The --grammar-backend registry: backend name -> factory, and `create_grammar_backend`.
+
+A factory takes (GrammarConfig, tokenizer, vocab_size, eos_token_ids) and returns a
+backend. Registering costs nothing: a backend imports its grammar library (xgrammar) on
+its first compile, not when its module is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from mini_sglang.constrained.base_grammar_backend import BaseGrammarBackend
+from mini_sglang.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+if TYPE_CHECKING:
+    from mini_sglang.config_slices import GrammarConfig
+
+# --grammar-backend name -> factory(GrammarConfig, tokenizer, vocab_size, eos_token_ids).
+GrammarBackendFactory = Callable[["GrammarConfig", Any, int, "set[int] | None"], BaseGrammarBackend]
+GRAMMAR_BACKEND_REGISTRY: dict[str, GrammarBackendFactory] = {}
+
+
+def register_grammar_backend(name: str, factory: GrammarBackendFactory) -> None:
+    """Make ``--grammar-backend name`` build its backend with ``factory``."""
+    GRAMMAR_BACKEND_REGISTRY[name] = factory
+
+
+def _xgrammar_factory(
+    config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
+) -> BaseGrammarBackend:
+    return XGrammarGrammarBackend(
+        tokenizer,
+        vocab_size=vocab_size,
+        eos_token_ids=eos_token_ids,
+        any_whitespace=not config.constrained_json_disable_any_whitespace,
+    )
+
+
+register_grammar_backend("xgrammar", _xgrammar_factory)
+
+
+def create_grammar_backend(
+    config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
+) -> BaseGrammarBackend | None:
+    """The backend named by `config.grammar_backend` (None for "none", or without a
+    tokenizer).
+
+    Raises ValueError for a name nobody registered (ServerArgs normally rejects it first).
+    """
+    name = config.grammar_backend or "xgrammar"
+    if name == "none" or tokenizer is None:
+        return None
+    if name not in GRAMMAR_BACKEND_REGISTRY:
+        raise ValueError(f"Invalid grammar backend: {name}")
+    return GRAMMAR_BACKEND_REGISTRY[name](config, tokenizer, vocab_size, eos_token_ids)
