@@ -353,12 +353,12 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """Declare every flag (with SGLang's aliases) on `parser`."""
-        cli.add_cli_args(parser)
+        cli.add_cli_args(parser, ServerArgs)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
         """Build a resolved ServerArgs from a namespace parsed with `add_cli_args`."""
-        return cli.from_cli_args(args)
+        return cli.from_cli_args(args, cls)
 
     def url(self) -> str:
         """The HTTP base URL, http://host:port (IPv6 hosts in brackets)."""
@@ -395,4 +395,4 @@ def _default_model_path() -> str:
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parse `argv` (typically sys.argv[1:]), with `--config file.yaml` merged under the CLI."""
-    return cli.prepare_server_args(argv)
+    return cli.prepare_server_args(argv, ServerArgs)

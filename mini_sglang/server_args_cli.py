@@ -1,11 +1,12 @@
 """The command line of ServerArgs: the argparse flag table and --config YAML handling.
 
-`add_cli_args(parser)` declares every flag with SGLang 0.5.4's spelling, aliases, types and
-choices (the choice lists come from `server_args_validation.py`); defaults come from the
-`ServerArgs` dataclass so there is one source of truth. It also declares the rest of SGLang
-0.5.4's flags (`server_args_sglang_flags.py`) with SGLang's types and defaults: they parse,
-and `from_cli_args` logs one warning naming each one given a value other than its default
-(the value is then dropped: mini-sglang lacks the feature). `prepare_server_args(argv)`
+`add_cli_args(parser, cls)` declares every flag with SGLang 0.5.4's spelling, aliases, types
+and choices (the choice lists come from `server_args_validation.py`); defaults come from the
+`ServerArgs` dataclass `cls` (passed in by `server_args.py`, which this module does not
+import), so there is one source of truth. It also declares the rest of SGLang 0.5.4's flags
+(`server_args_sglang_flags.py`) with SGLang's types and defaults: they parse, and
+`from_cli_args` logs one warning naming each one given a value other than its default (the
+value is then dropped: mini-sglang lacks the feature). `prepare_server_args(argv, cls)`
 merges `--config file.yaml` under the command line (CLI wins) and builds a resolved
 `ServerArgs`. A flag SGLang does not have either makes `FlagParser` exit with status 2 and
 one line, with the closest known flag as a suggestion.
@@ -237,11 +238,9 @@ class FlagParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    """Declare every ServerArgs flag on `parser`, defaults taken from the dataclass, and the
-    rest of SGLang 0.5.4's flags with SGLang's defaults."""
-    from mini_sglang.server_args import ServerArgs
-
+def add_cli_args(parser: argparse.ArgumentParser, cls: type[ServerArgs]) -> None:
+    """Declare every ServerArgs flag on `parser`, defaults taken from the dataclass `cls`,
+    and the rest of SGLang 0.5.4's flags with SGLang's defaults."""
     for names, kwargs in _FLAGS:
         dest = names[0].lstrip("-").replace("-", "_")
         parser.add_argument(*names, dest=dest, **kwargs)
@@ -249,20 +248,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(
         **{
             f.name: f.default
-            for f in dataclasses.fields(ServerArgs)
+            for f in dataclasses.fields(cls)
             if f.init and f.default is not dataclasses.MISSING
         }
     )
 
 
-def from_cli_args(args: argparse.Namespace) -> ServerArgs:
-    """Build (and resolve) a ServerArgs from a parsed namespace; SGLang-only flags set to a
+def from_cli_args(args: argparse.Namespace, cls: type[ServerArgs]) -> ServerArgs:
+    """Build (and resolve) a `cls` from a parsed namespace; SGLang-only flags set to a
     non-default value are warned about, other extra attributes are ignored."""
-    from mini_sglang.server_args import ServerArgs
-
     warn_sglang_only_flags(args)
-    names = [f.name for f in dataclasses.fields(ServerArgs) if f.init]
-    return ServerArgs(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
 
 def config_to_argv(config: dict[str, Any]) -> list[str]:
@@ -315,8 +312,8 @@ def merge_config_into_argv(argv: list[str]) -> list[str]:
     return config_to_argv(data) + rest
 
 
-def prepare_server_args(argv: list[str]) -> ServerArgs:
-    """Parse `argv` (typically sys.argv[1:]) into a resolved ServerArgs, as SGLang does."""
+def prepare_server_args(argv: list[str], cls: type[ServerArgs]) -> ServerArgs:
+    """Parse `argv` (typically sys.argv[1:]) into a resolved `cls`, as SGLang does."""
     parser = FlagParser(prog="python -m mini_sglang.launch_server")
-    add_cli_args(parser)
-    return from_cli_args(parser.parse_args(merge_config_into_argv(argv)))
+    add_cli_args(parser, cls)
+    return from_cli_args(parser.parse_args(merge_config_into_argv(argv)), cls)

@@ -225,8 +225,7 @@ def test_json_schema_constraints() -> None:
 
 
 def test_parser_flags(caplog: pytest.LogCaptureFixture) -> None:
-    from mini_sglang.server_args import ServerArgs
-    from mini_sglang.server_args_cli import prepare_server_args
+    from mini_sglang.server_args import ServerArgs, prepare_server_args
 
     args = ServerArgs(model_path="m", reasoning_parser="qwen3", tool_call_parser="llama3")
     assert (args.reasoning_parser, args.tool_call_parser) == ("qwen3", "llama3")

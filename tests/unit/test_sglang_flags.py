@@ -29,7 +29,7 @@ BASE = ["--model-path", MODEL, "--device", "cpu"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = FlagParser(prog="launch_server")
-    add_cli_args(parser)
+    add_cli_args(parser, ServerArgs)
     return parser
 
 
