@@ -179,9 +179,7 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
     config = config_dict_from_reader(reader)
     _write_json(os.path.join(out_dir, "config.json"), config)
     ids = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
-    _write_json(
-        os.path.join(out_dir, "generation_config.json"), {**ids, **CARD_SAMPLING_DEFAULTS}
-    )
+    _write_json(os.path.join(out_dir, "generation_config.json"), {**ids, **CARD_SAMPLING_DEFAULTS})
     _write_tokenizer(gguf_path, out_dir, config["max_position_embeddings"])
     weights_path = os.path.join(out_dir, "model.safetensors")
     save_file(dict(weights_from_reader(reader)), weights_path, metadata={"format": "pt"})
