@@ -29,14 +29,14 @@ from mini_sglang.model_loader.loader import get_model
 logger = logging.getLogger("mini_sglang")
 
 GiB = 1 << 30
-# Decode batches of at most this many requests run the Triton split-KV kernel when the decode
-# backend is flashinfer (ModelRunner.small_decode_max_bs), with this many splits per request.
+# Decode batches of at most MINI_SGLANG_TRITON_DECODE_MAX_BS (default 32) requests run the
+# Triton split-KV kernel when the decode backend is flashinfer (ModelRunner.small_decode_max_bs),
+# with this many splits per request.
 # H100, bench_one_batch runner mode, context ~530, batch 1/8/32/64 ms per step, flashinfer
 # vs Triton: Llama-3.1-8B 7.27/7.51/8.31/10.75 vs 6.28/6.92/7.89/9.73, Qwen3-0.6B
 # 1.98/2.10/2.71/3.49 vs 1.43/1.77/2.50/3.53; flashinfer's own kernel is ahead at batch 64+
 # (benchmarks/bench_decode_attention.py). 16 splits beat 8 and 32 at batch 1 (Llama-3.1-8B,
 # scheduler mode: 6.21 / 6.14 / 6.16 ms/token).
-SMALL_DECODE_MAX_BS = envs.MINI_SGLANG_TRITON_DECODE_MAX_BS.default  # 32
 SMALL_DECODE_KV_SPLITS = 16
 
 
