@@ -39,7 +39,12 @@ from mini_sglang.managers.io_struct.generate import (
     BatchTokenizedGenerateReqInput,
     TokenizedGenerateReqInput,
 )
-from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
+from mini_sglang.utils.process import (
+    configure_logger,
+    get_zmq_socket,
+    set_parent_death_signal,
+    set_process_title,
+)
 
 logger = logging.getLogger("mini_sglang")
 
@@ -165,6 +170,7 @@ def run_data_parallel_controller_process(
     """Process entry: reports {"status": "ready"} (or the error) through pipe_writer, then
     routes forever; on a crash it signals the parent, which tears the server down."""
     set_parent_death_signal()
+    set_process_title("data_parallel_controller")
     faulthandler.enable()
     configure_logger(server_args, prefix=" DP")
     parent = os.getppid()

@@ -22,7 +22,12 @@ from mini_sglang.managers.io_struct.output import (
     BatchTokenIDOutput,
 )
 from mini_sglang.utils.gc_utils import freeze_gc
-from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
+from mini_sglang.utils.process import (
+    configure_logger,
+    get_zmq_socket,
+    set_parent_death_signal,
+    set_process_title,
+)
 
 logger = logging.getLogger("mini_sglang")
 
@@ -68,6 +73,7 @@ class DetokenizerManager:
 
 def run_detokenizer_process(server_args, port_args) -> None:
     set_parent_death_signal()
+    set_process_title("detokenizer")
     configure_logger(server_args, prefix=" Detokenizer")
     try:
         DetokenizerManager(server_args, port_args).event_loop()

@@ -21,7 +21,12 @@ import zmq
 from mini_sglang.distributed.parallel_state import broadcast_pyobj
 from mini_sglang.entrypoints.parallel_launch import configure_cpu_threads, init_scheduler_tp_group
 from mini_sglang.managers.scheduler_watchdog import start_watchdog
-from mini_sglang.utils.process import configure_logger, get_zmq_socket, set_parent_death_signal
+from mini_sglang.utils.process import (
+    configure_logger,
+    get_zmq_socket,
+    set_parent_death_signal,
+    set_process_title,
+)
 
 logger = logging.getLogger("mini_sglang")
 
@@ -78,6 +83,7 @@ def run_scheduler_process(
     faulthandler.enable()
     prefix = f" TP{tp_rank}" if server_args.tp_size > 1 else ""
     prefix = f" DP{dp_rank}{prefix}" if server_args.dp_size > 1 else prefix
+    set_process_title(f"scheduler{prefix.replace(' ', '_')}")  # scheduler, scheduler_TP1, ...
     configure_logger(server_args, prefix=prefix)
     parent = os.getppid()
     try:

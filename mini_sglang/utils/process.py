@@ -31,6 +31,13 @@ def get_zmq_socket(context: zmq.Context, socket_type: int, endpoint: str, bind: 
     return sock
 
 
+def set_process_title(name: str) -> None:
+    """Show this process as `mini_sglang::<name>` in ps/top (SGLang's `sglang::<name>`)."""
+    import setproctitle
+
+    setproctitle.setproctitle(f"mini_sglang::{name}")
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     """Ask Linux to kill this process when its parent dies (prctl PR_SET_PDEATHSIG).
 

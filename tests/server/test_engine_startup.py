@@ -103,7 +103,11 @@ def test_scheduler_killed_during_startup_is_named(tiny_model: TinyModel, tmp_pat
     deadline = time.monotonic() + 60
     while victim is None and time.monotonic() < deadline and proc.poll() is None:
         try:
-            kids = [p for p in parent.children() if "spawn_main" in " ".join(p.cmdline())]
+            kids = [
+                p
+                for p in parent.children()
+                if any(m in " ".join(p.cmdline()) for m in ("spawn_main", "mini_sglang::"))
+            ]
         except psutil.NoSuchProcess:
             break
         if kids:

@@ -86,6 +86,17 @@ def test_dp2_data_parallel_rank_pins_and_control_reaches_all(dp2_server, tiny_mo
     assert info["dp_size"] == 2 and info["internal_states"][0]["max_total_num_tokens"] > 0
 
 
+def test_dp2_worker_process_titles(dp2_server):
+    from tests.server.test_startup_output import child_titles
+
+    assert child_titles(dp2_server) == [
+        "mini_sglang::data_parallel_controller",
+        "mini_sglang::detokenizer",
+        "mini_sglang::scheduler_DP0",
+        "mini_sglang::scheduler_DP1",
+    ]
+
+
 # ---- two nodes ----------------------------------------------------------------------
 def test_two_nodes_tp2_dummy_weights(tiny_model: TinyModel, server_logs: Path):
     dist_addr = f"127.0.0.1:{free_port()}"

@@ -94,11 +94,12 @@ def test_two_servers_sigterm_and_served_model_name(tiny_model: TinyModel, server
 
 
 def _spawned_children(handle: ServerHandle) -> list[psutil.Process]:
-    """The multiprocessing children (scheduler first: it is spawned before the detokenizer)."""
+    """The multiprocessing children (scheduler first: it is spawned before the detokenizer),
+    by their command line, or by their title once they have set it."""
     kids = [
         p
         for p in psutil.Process(handle.proc.pid).children()
-        if "spawn_main" in " ".join(p.cmdline())
+        if any(m in " ".join(p.cmdline()) for m in ("spawn_main", "mini_sglang::"))
     ]
     return sorted(kids, key=lambda p: (p.create_time(), p.pid))
 

@@ -1,11 +1,14 @@
 """What a server tells its operator, as SGLang does: the resolved `server_args=ServerArgs(...)`
 line, uvicorn's "Uvicorn running on http://host:port" line and its access log (uvicorn logs
-at --log-level unless --log-level-http says otherwise)."""
+at --log-level unless --log-level-http says otherwise), and its worker processes' titles in
+ps (mini_sglang::scheduler, mini_sglang::detokenizer; SGLang's sglang::...)."""
 
 from __future__ import annotations
 
 import re
 import time
+
+import psutil
 
 from tests.server.conftest import ServerHandle
 
@@ -26,3 +29,13 @@ def test_log_says_where_it_listens_and_what_it_runs(server: ServerHandle) -> Non
     access = r'^\[[-0-9: ]+\] INFO: +127\.0\.0\.1:\d+ - "GET /health HTTP/1\.1" 200 OK$'
     log = _wait_for_log(server, access)
     assert re.search(access, log, re.M), log[-3000:]
+
+
+def child_titles(server: ServerHandle) -> list[str]:
+    """The titles of the server's worker processes (multiprocessing's helpers left out)."""
+    titles = [" ".join(p.cmdline()).strip() for p in psutil.Process(server.proc.pid).children()]
+    return sorted(t for t in titles if "resource_tracker" not in t)
+
+
+def test_worker_processes_are_named(server: ServerHandle) -> None:
+    assert child_titles(server) == ["mini_sglang::detokenizer", "mini_sglang::scheduler"]
