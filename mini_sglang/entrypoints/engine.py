@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,6 +125,7 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
 
     check_model_path(server_args.model_path, server_args.load_format)
+    started = time.perf_counter()
     port_args = PortArgs.init_new(server_args)
     logger.info(f"{server_args=}")
     ctx = mp.get_context("spawn")
@@ -162,6 +164,7 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
     close_parent_ends(writers)
     tokenizer_manager = TokenizerManager(server_args, port_args)
     infos = wait_for_children(list(zip(procs, readers)), procs[len(readers) :])
+    logger.info("%d child process(es) ready in %.1f s", len(procs), time.perf_counter() - started)
     stop = threading.Event()
     threading.Thread(target=_watch_children, args=(procs, stop), daemon=True).start()
     return tokenizer_manager, infos[0], Subprocesses(procs, stop)

@@ -369,9 +369,11 @@ def _warmup(server_args) -> None:
             body["input_ids"] = [10, 11, 12]
         else:
             body["text"] = "The capital city of France is"
+        start = time.perf_counter()
         try:
             res = requests.post(f"{url}/generate", json=body, timeout=600, headers=headers)
             res.raise_for_status()
+            logger.info("Warm-up request done in %.2f s", time.perf_counter() - start)
         except Exception as e:
             logger.error("Warm-up request failed: %s", e)
             from mini_sglang.utils.process import kill_process_tree

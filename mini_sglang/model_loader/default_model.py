@@ -182,7 +182,8 @@ def convert_gguf_to_hf_dir(gguf_path: str, out_dir: str) -> None:
     _write_json(os.path.join(out_dir, "generation_config.json"), {**ids, **CARD_SAMPLING_DEFAULTS})
     _write_tokenizer(gguf_path, out_dir, config["max_position_embeddings"])
     weights_path = os.path.join(out_dir, "model.safetensors")
-    save_file(dict(weights_from_reader(reader)), weights_path, metadata={"format": "pt"})
+    weights = dict(weights_from_reader(reader, desc="Converting GGUF tensors"))
+    save_file(weights, weights_path, metadata={"format": "pt"})
     os.chmod(weights_path, 0o644)  # safetensors writes 0600; the cache may be shared
 
 
@@ -198,8 +199,15 @@ def resolve_default_model_path() -> str:
     root = cache_root()
     target = os.path.join(root, DEFAULT_MODEL_NAME)
     if is_valid_conversion(target, gguf_path):
+        logger.info("Default model %s: %s", DEFAULT_MODEL_NAME, target)
         return target
 
+    logger.info(
+        "Converting the default model %s (once; later starts reuse it) from %s into %s",
+        DEFAULT_MODEL_NAME,
+        gguf_path,
+        target,
+    )
     os.makedirs(root, exist_ok=True)
     start = time.perf_counter()
     tmp_dir = tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}.tmp-", dir=root)

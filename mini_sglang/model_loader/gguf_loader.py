@@ -17,6 +17,7 @@ import gguf
 import numpy as np
 import torch
 
+from mini_sglang.model_loader.progress import progress
 from mini_sglang.utils.gguf_path import GGUF_MAGIC
 
 # GGUF `general.architecture` -> (HF model_type, HF architecture class name).
@@ -232,13 +233,19 @@ def _dequantize(tensor: Any) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def weights_from_reader(reader: gguf.GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
+def weights_from_reader(
+    reader: gguf.GGUFReader, desc: str | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor) for an already opened GGUF file (see
-    :func:`iterate_gguf_weights`)."""
+    :func:`iterate_gguf_weights`); with `desc`, a progress bar so labelled counts the
+    tensors."""
     arch = gguf_architecture(reader)
     cfg = config_dict_from_reader(reader)
     n_head, n_kv_head = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    for tensor in reader.tensors:
+    tensors = reader.tensors
+    if desc is not None:
+        tensors = progress(tensors, desc, total=len(reader.tensors))
+    for tensor in tensors:
         hf_name = gguf_to_hf_name(tensor.name)
         if hf_name is None:
             continue
@@ -262,4 +269,4 @@ def iterate_gguf_weights(gguf_path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """
     reader = open_gguf(gguf_path)
     gguf_architecture(reader)  # fail at call time, not at first next()
-    return weights_from_reader(reader)
+    return weights_from_reader(reader, desc="Loading gguf weights")

@@ -18,6 +18,7 @@ from torch import nn
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp, full_dummy
 from mini_sglang.model_loader.gguf_loader import iterate_gguf_weights
+from mini_sglang.model_loader.progress import progress
 from mini_sglang.models.registry import resolve_model_class
 from mini_sglang.utils.gguf_path import is_gguf_path
 
@@ -29,14 +30,14 @@ DUMMY_SEED = 1234
 def iterate_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
-    for path in files:
+    for path in progress(files, "Loading safetensors checkpoint shards", total=len(files)):
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118  # safe_open is not iterable
                 yield name, f.get_tensor(name)
 
 
 def iterate_pt(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    for path in files:
+    for path in progress(files, "Loading pt checkpoint shards", total=len(files)):
         state = torch.load(path, map_location="cpu", weights_only=True)
         yield from state.items()
         del state
@@ -71,9 +72,20 @@ def fill_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3)
             param.data.copy_(full_dummy(tuple(param.shape), DUMMY_SEED, low, high, param.device))
 
 
+def available_memory_gib(device: str | torch.device) -> float:
+    """Free memory of `device` in GiB (system memory on CPU), as SGLang reports it."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] / (1 << 30)
+    import psutil
+
+    return psutil.virtual_memory().available / (1 << 30)
+
+
 def get_model(model_config, load_format: str, device: str | torch.device) -> nn.Module:
     """Instantiate the model class for the config on `device` and load its weights."""
     model_cls = resolve_model_class(model_config.architectures)
+    logger.info("Load weight begin. avail mem=%.2f GB", available_memory_gib(device))
     t0 = time.perf_counter()
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)

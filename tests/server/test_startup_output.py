@@ -25,6 +25,15 @@ def test_log_says_where_it_listens_and_what_it_runs(server: ServerHandle) -> Non
     log = server.log()
     assert re.search(r"^\[[-0-9: ]+\] server_args=ServerArgs\(model_path=", log, re.M), log[:3000]
     assert f"Uvicorn running on {server.base_url} (Press CTRL+C to quit)" in log, log[-3000:]
+    # Each start-up phase says when it starts or how long it took; weights load with a bar.
+    for pattern in (
+        r"^\[[-0-9: ]+\] Load weight begin\. avail mem=\d+\.\d\d GB$",
+        r"^Loading safetensors checkpoint shards: 100% Completed \| 1/1 \[",
+        r"^\[[-0-9: ]+\] Load weight end\. .*elapsed=\d+\.\d\d s$",
+        r"^\[[-0-9: ]+\] 2 child process\(es\) ready in \d+\.\d s$",
+        r"^\[[-0-9: ]+\] Warm-up request done in \d+\.\d\d s$",
+    ):
+        assert re.search(pattern, log, re.M), (pattern, log[-3000:])
     assert server.get("/health").status_code == 200
     access = r'^\[[-0-9: ]+\] INFO: +127\.0\.0\.1:\d+ - "GET /health HTTP/1\.1" 200 OK$'
     log = _wait_for_log(server, access)
