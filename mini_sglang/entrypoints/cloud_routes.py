@@ -7,22 +7,23 @@
   /generate batch of the instances' inputs with `parameters` as the other GenerateReqInput
   fields (sampling_params, return_logprob, ...); the reply is {"predictions": [one /generate
   result per instance]}, or [] when there are no instances. Errors are /generate's.
+  The path is read when this module is imported.
   Example: {"instances": [{"text": "Hi"}, {"text": "Yo"}], "parameters": {"sampling_params":
   {"max_new_tokens": 4}}} -> {"predictions": [{"text": ..., "meta_info": ...}, {...}]}.
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from mini_sglang.entrypoints.http_server import (
+from mini_sglang.entrypoints.http_helpers import (
     error_response,
-    get_state,
     orjson_response,
     parse_json_body,
     validation_error_response,
 )
+from mini_sglang.entrypoints.server_state import ServerStateDep
 from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
@@ -47,24 +48,27 @@ def vertex_to_generate(body: dict) -> dict | None:
     return {**inputs, **({"image_data": images} if images else {}), **parameters}
 
 
-def mount_cloud_routes(app: FastAPI) -> None:
-    @app.get("/ping")
-    async def ping() -> Response:
-        return Response(status_code=200)
+router = APIRouter()
 
-    @app.post(envs.AIP_PREDICT_ROUTE.get())
-    async def vertex_generate(request: Request) -> Response:
-        try:
-            body = vertex_to_generate(await parse_json_body(request))
-            if body is None:
-                return orjson_response([])
-            obj = GenerateReqInput.from_json_dict(body)
-        except BodyValidationError as e:
-            return validation_error_response(str(e))
-        except (ValueError, TypeError) as e:
-            return error_response(str(e))
-        try:
-            ret = await get_state().tokenizer_manager.generate_request(obj, request).__anext__()
-        except (ValueError, TypeError, RequestAborted) as e:
-            return error_response(str(e))
-        return orjson_response({"predictions": ret})
+
+@router.get("/ping")
+async def ping() -> Response:
+    return Response(status_code=200)
+
+
+@router.post(envs.AIP_PREDICT_ROUTE.get())
+async def vertex_generate(request: Request, state: ServerStateDep) -> Response:
+    try:
+        body = vertex_to_generate(await parse_json_body(request))
+        if body is None:
+            return orjson_response([])
+        obj = GenerateReqInput.from_json_dict(body)
+    except BodyValidationError as e:
+        return validation_error_response(str(e))
+    except (ValueError, TypeError) as e:
+        return error_response(str(e))
+    try:
+        ret = await state.tokenizer_manager.generate_request(obj, request).__anext__()
+    except (ValueError, TypeError, RequestAborted) as e:
+        return error_response(str(e))
+    return orjson_response({"predictions": ret})

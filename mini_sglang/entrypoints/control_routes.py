@@ -29,16 +29,16 @@ import logging
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from mini_sglang.entrypoints.http_server import (
+from mini_sglang.entrypoints.http_helpers import (
     body_route,
     error_response,
-    get_state,
     orjson_response,
     validation_error_response,
 )
+from mini_sglang.entrypoints.server_state import ServerStateDep
 from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
     ConfigureLoggingReq,
@@ -100,74 +100,83 @@ def parse_profile_body(raw: bytes) -> ProfileReqInput:
     return ProfileReqInput(**kwargs)
 
 
-def mount_control_routes(app: FastAPI) -> None:
-    """Add the profiling, pause, freeze_gc and logging routes to `app` (called once by
-    launch_server)."""
+router = APIRouter()
 
-    @app.api_route("/start_profile", methods=["GET", "POST"])
-    async def start_profile(request: Request) -> Response:
-        try:
-            obj = parse_profile_body(await request.body())
-        except ValueError as e:
-            return validation_error_response(str(e))
-        try:
-            await get_state().tokenizer_manager.communicator.start_profile(obj)
-        except RuntimeError as e:
-            logger.error("/start_profile failed: %s", e)
-            return _internal_error()
-        return Response("Start profiling.\n", 200)
 
-    @app.api_route("/stop_profile", methods=["GET", "POST"])
-    async def stop_profile() -> Response:
-        try:
-            await get_state().tokenizer_manager.communicator.stop_profile()
-        except RuntimeError as e:
-            logger.error("/stop_profile failed: %s", e)
-            return _internal_error()
-        return Response("Stop profiling. This will take some time.\n", 200)
+@router.api_route("/start_profile", methods=["GET", "POST"])
+async def start_profile(request: Request, state: ServerStateDep) -> Response:
+    try:
+        obj = parse_profile_body(await request.body())
+    except ValueError as e:
+        return validation_error_response(str(e))
+    try:
+        await state.tokenizer_manager.communicator.start_profile(obj)
+    except RuntimeError as e:
+        logger.error("/start_profile failed: %s", e)
+        return _internal_error()
+    return Response("Start profiling.\n", 200)
 
-    @app.post("/pause_generation")
-    async def pause_generation() -> Response:
-        await get_state().tokenizer_manager.pause_generation()
-        return orjson_response({"message": "Generation paused successfully.", "status": "ok"})
 
-    @app.post("/continue_generation")
-    async def continue_generation() -> Response:
-        await get_state().tokenizer_manager.continue_generation()
-        return orjson_response({"message": "Generation continued successfully.", "status": "ok"})
+@router.api_route("/stop_profile", methods=["GET", "POST"])
+async def stop_profile(state: ServerStateDep) -> Response:
+    try:
+        await state.tokenizer_manager.communicator.stop_profile()
+    except RuntimeError as e:
+        logger.error("/stop_profile failed: %s", e)
+        return _internal_error()
+    return Response("Stop profiling. This will take some time.\n", 200)
 
-    @app.api_route("/freeze_gc", methods=["GET", "POST"])
-    async def freeze_gc() -> Response:
-        await get_state().tokenizer_manager.communicator.freeze_gc()
-        return Response("Garbage collection frozen.\n", 200)
 
-    async def configure_logging(tm: Any, req: ConfigureLoggingReq) -> Response:
-        try:
-            tm.request_logger.configure(req)
-        except ValueError as e:  # a level outside 0-3
-            return error_response(str(e))
-        return Response(status_code=200)
+@router.post("/pause_generation")
+async def pause_generation(state: ServerStateDep) -> Response:
+    await state.tokenizer_manager.pause_generation()
+    return orjson_response({"message": "Generation paused successfully.", "status": "ok"})
 
-    async def slow_down(tm: Any, req: SlowDownReqInput) -> Response:
-        await tm.communicator.slow_down(req)
-        return orjson_response(None)
 
-    async def open_session(tm: Any, req: OpenSessionReqInput) -> Response:
-        session_id = await tm.communicator.open_session(req)
-        if session_id is None:
-            return error_response(
-                "Failed to open the session. Check if a session with the same id is still open."
-            )
-        return orjson_response(session_id)
+@router.post("/continue_generation")
+async def continue_generation(state: ServerStateDep) -> Response:
+    await state.tokenizer_manager.continue_generation()
+    return orjson_response({"message": "Generation continued successfully.", "status": "ok"})
 
-    async def close_session(tm: Any, req: CloseSessionReqInput) -> Response:
-        await tm.communicator.close_session(req)
-        return Response(status_code=200)
 
-    for path, req_cls, handle in (
-        ("/configure_logging", ConfigureLoggingReq, configure_logging),
-        ("/slow_down", SlowDownReqInput, slow_down),
-        ("/open_session", OpenSessionReqInput, open_session),
-        ("/close_session", CloseSessionReqInput, close_session),
-    ):
-        app.api_route(path, methods=["GET", "POST"])(body_route(req_cls, handle))
+@router.api_route("/freeze_gc", methods=["GET", "POST"])
+async def freeze_gc(state: ServerStateDep) -> Response:
+    await state.tokenizer_manager.communicator.freeze_gc()
+    return Response("Garbage collection frozen.\n", 200)
+
+
+async def configure_logging(tm: Any, req: ConfigureLoggingReq) -> Response:
+    try:
+        tm.request_logger.configure(req)
+    except ValueError as e:  # a level outside 0-3
+        return error_response(str(e))
+    return Response(status_code=200)
+
+
+async def slow_down(tm: Any, req: SlowDownReqInput) -> Response:
+    await tm.communicator.slow_down(req)
+    return orjson_response(None)
+
+
+async def open_session(tm: Any, req: OpenSessionReqInput) -> Response:
+    session_id = await tm.communicator.open_session(req)
+    if session_id is None:
+        return error_response(
+            "Failed to open the session. Check if a session with the same id is still open."
+        )
+    return orjson_response(session_id)
+
+
+async def close_session(tm: Any, req: CloseSessionReqInput) -> Response:
+    await tm.communicator.close_session(req)
+    return Response(status_code=200)
+
+
+# Routes whose body is one request dataclass (parsed and checked by body_route).
+for _path, _req_cls, _handle in (
+    ("/configure_logging", ConfigureLoggingReq, configure_logging),
+    ("/slow_down", SlowDownReqInput, slow_down),
+    ("/open_session", OpenSessionReqInput, open_session),
+    ("/close_session", CloseSessionReqInput, close_session),
+):
+    router.api_route(_path, methods=["GET", "POST"])(body_route(_req_cls, _handle))

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from mini_sglang.entrypoints.http_helpers import body_route, error_response, validate_json_request
 from mini_sglang.entrypoints.openai.protocol import DEFAULT_MODEL_NAME
 from mini_sglang.entrypoints.openai.serving_base import create_error_response
 from mini_sglang.managers.io_struct.generate import EmbeddingReqInput
@@ -96,30 +97,29 @@ def rerank_input_error(request: V1RerankReqInput) -> str | None:
     return None
 
 
-def mount_embedding_routes(app: FastAPI) -> None:
-    """Register the five routes on `app` (idempotent)."""
-    if getattr(app.state, "embedding_routes_mounted", False):
-        return
-    app.state.embedding_routes_mounted = True
-    from mini_sglang.entrypoints.http_server import body_route, error_response
-    from mini_sglang.entrypoints.openai.routes import validate_json_request
+router = APIRouter()
 
-    async def native(_tokenizer_manager: Any, obj: EmbeddingReqInput) -> Response:
-        return error_response(native_input_error(obj))
 
-    for path in ("/encode", "/classify"):
-        app.api_route(path, methods=["POST", "PUT"])(body_route(EmbeddingReqInput, native))
+async def native(_tokenizer_manager: Any, obj: EmbeddingReqInput) -> Response:
+    return error_response(native_input_error(obj))
 
-    json_only = [Depends(validate_json_request)]
 
-    @app.post("/v1/embeddings", dependencies=json_only)
-    async def openai_v1_embeddings(request: EmbeddingRequest) -> Response:
-        return create_error_response(openai_input_error(request.input) or NOT_AN_EMBEDDING_MODEL)
+for _path in ("/encode", "/classify"):
+    router.api_route(_path, methods=["POST", "PUT"])(body_route(EmbeddingReqInput, native))
 
-    @app.post("/v1/classify", dependencies=json_only)
-    async def openai_v1_classify(request: ClassifyRequest) -> Response:
-        return create_error_response(openai_input_error(request.input) or NOT_AN_EMBEDDING_MODEL)
+_json_only = [Depends(validate_json_request)]
 
-    @app.api_route("/v1/rerank", methods=["POST", "PUT"], dependencies=json_only)
-    async def v1_rerank_request(request: V1RerankReqInput) -> Response:
-        return create_error_response(rerank_input_error(request) or NOT_AN_EMBEDDING_MODEL)
+
+@router.post("/v1/embeddings", dependencies=_json_only)
+async def openai_v1_embeddings(request: EmbeddingRequest) -> Response:
+    return create_error_response(openai_input_error(request.input) or NOT_AN_EMBEDDING_MODEL)
+
+
+@router.post("/v1/classify", dependencies=_json_only)
+async def openai_v1_classify(request: ClassifyRequest) -> Response:
+    return create_error_response(openai_input_error(request.input) or NOT_AN_EMBEDDING_MODEL)
+
+
+@router.api_route("/v1/rerank", methods=["POST", "PUT"], dependencies=_json_only)
+async def v1_rerank_request(request: V1RerankReqInput) -> Response:
+    return create_error_response(rerank_input_error(request) or NOT_AN_EMBEDDING_MODEL)

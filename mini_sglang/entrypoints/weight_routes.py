@@ -12,14 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from mini_sglang.entrypoints.http_server import (
-    body_route,
-    error_response,
-    orjson_response,
-)
+from mini_sglang.entrypoints.http_helpers import body_route, error_response, orjson_response
 from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     GetWeightsByNameReqInput,
@@ -44,57 +40,55 @@ def _forwarding(method: str):
     return handle
 
 
-def mount_weight_routes(app: FastAPI) -> None:
-    """Add the weight-update routes to `app` (called once by launch_server)."""
+router = APIRouter()
 
-    async def update_weights_from_disk(tm: Any, obj: UpdateWeightFromDiskReqInput) -> Response:
-        out = await tm.communicator.update_weights_from_disk(obj)
-        return _reply(out, num_paused_requests=out.num_paused_requests)
 
-    app.post("/update_weights_from_disk")(
-        body_route(UpdateWeightFromDiskReqInput, update_weights_from_disk)
+async def update_weights_from_disk(tm: Any, obj: UpdateWeightFromDiskReqInput) -> Response:
+    out = await tm.communicator.update_weights_from_disk(obj)
+    return _reply(out, num_paused_requests=out.num_paused_requests)
+
+
+async def get_weights_by_name(tm: Any, obj: GetWeightsByNameReqInput) -> Response:
+    ret = await tm.communicator.get_weights_by_name(obj)
+    if ret is None:
+        return error_response("Get parameter by name failed")
+    return orjson_response(ret)
+
+
+async def update_weight_version(tm: Any, obj: UpdateWeightVersionReqInput) -> Response:
+    if obj.abort_all_requests:
+        tm.abort_request(abort_all=True)
+    tm.runtime_state.weight_version = obj.new_version
+    return orjson_response(
+        {
+            "success": True,
+            "message": f"Weight version updated to {obj.new_version}",
+            "new_version": obj.new_version,
+        }
     )
 
-    # Routes whose whole job is: parse the body, forward it, answer {"success","message"}.
-    forwarded = {
-        "/init_weights_update_group": (
-            InitWeightsUpdateGroupReqInput,
-            "init_weights_update_group",
-        ),
-        "/destroy_weights_update_group": (
-            DestroyWeightsUpdateGroupReqInput,
-            "destroy_weights_update_group",
-        ),
-        "/update_weights_from_distributed": (
-            UpdateWeightsFromDistributedReqInput,
-            "update_weights_from_distributed",
-        ),
-    }
-    for path, (req_cls, method) in forwarded.items():
-        app.post(path)(body_route(req_cls, _forwarding(method)))
 
-    async def get_weights_by_name(tm: Any, obj: GetWeightsByNameReqInput) -> Response:
-        ret = await tm.communicator.get_weights_by_name(obj)
-        if ret is None:
-            return error_response("Get parameter by name failed")
-        return orjson_response(ret)
-
-    app.api_route("/get_weights_by_name", methods=["GET", "POST"])(
-        body_route(GetWeightsByNameReqInput, get_weights_by_name)
-    )
-
-    async def update_weight_version(tm: Any, obj: UpdateWeightVersionReqInput) -> Response:
-        if obj.abort_all_requests:
-            tm.abort_request(abort_all=True)
-        tm.runtime_state.weight_version = obj.new_version
-        return orjson_response(
-            {
-                "success": True,
-                "message": f"Weight version updated to {obj.new_version}",
-                "new_version": obj.new_version,
-            }
-        )
-
-    app.post("/update_weight_version")(
-        body_route(UpdateWeightVersionReqInput, update_weight_version)
-    )
+router.post("/update_weights_from_disk")(
+    body_route(UpdateWeightFromDiskReqInput, update_weights_from_disk)
+)
+# Routes whose whole job is: parse the body, forward it, answer {"success","message"}.
+for _path, _req_cls, _method in (
+    ("/init_weights_update_group", InitWeightsUpdateGroupReqInput, "init_weights_update_group"),
+    (
+        "/destroy_weights_update_group",
+        DestroyWeightsUpdateGroupReqInput,
+        "destroy_weights_update_group",
+    ),
+    (
+        "/update_weights_from_distributed",
+        UpdateWeightsFromDistributedReqInput,
+        "update_weights_from_distributed",
+    ),
+):
+    router.post(_path)(body_route(_req_cls, _forwarding(_method)))
+router.api_route("/get_weights_by_name", methods=["GET", "POST"])(
+    body_route(GetWeightsByNameReqInput, get_weights_by_name)
+)
+router.post("/update_weight_version")(
+    body_route(UpdateWeightVersionReqInput, update_weight_version)
+)

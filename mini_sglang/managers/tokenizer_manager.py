@@ -78,7 +78,7 @@ class TokenizerManager:
             configure_gc_warning(server_args.gc_warning_threshold_secs)
         self.metrics = None
         if server_args.enable_metrics:
-            from mini_sglang.entrypoints.metrics import ServerMetrics
+            from mini_sglang.managers.tokenizer_metrics import ServerMetrics
 
             self.metrics = ServerMetrics(server_args.served_model_name)
         self.handle_loop_task: asyncio.Task | None = None

@@ -10,6 +10,7 @@ sent); anything else is 500 "Internal server error: ...".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -22,6 +23,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
+from mini_sglang.entrypoints.http_helpers import SSE_DONE
 from mini_sglang.entrypoints.openai.protocol import ErrorResponse, LogProbs, UsageInfo
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted
@@ -30,8 +32,6 @@ from mini_sglang.utils.json_body import fastapi_default_response
 from mini_sglang.utils.unicode_check import json_safe
 
 logger = logging.getLogger("mini_sglang")
-
-SSE_DONE = b"data: [DONE]\n\n"
 
 
 # ---- responses ---------------------------------------------------------------------------
@@ -84,10 +84,9 @@ class ClosingStreamingResponse(StreamingResponse):
         finally:
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
-                try:
+                # RuntimeError: still running in a cancelled task, which ends it itself.
+                with contextlib.suppress(RuntimeError):
                     await aclose()
-                except RuntimeError:  # still running in a cancelled task: it ends itself
-                    pass
 
 
 # ---- conversions ---------------------------------------------------------------------------

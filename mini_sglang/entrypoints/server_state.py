@@ -1,0 +1,51 @@
+"""The HTTP server's state, shared by every route: set once by launch_server on
+``app.state.server`` and reached by a route through the ``ServerStateDep`` dependency
+(or ``server_state(request)``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, Request
+
+if TYPE_CHECKING:
+    from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
+    from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
+    from mini_sglang.managers.tokenizer_manager import TokenizerManager
+
+
+@dataclass
+class ServerState:
+    """What the routes share. ``status``: "Starting" -> "Up" (after warm-up; /health answers
+    503 before) -> "ShuttingDown". ``scheduler_info`` is rank 0's start-up report
+    (max_total_num_tokens, max_req_input_len, ...)."""
+
+    tokenizer_manager: TokenizerManager
+    scheduler_info: dict[str, Any]
+    server_args: Any
+    status: str = "Starting"
+
+    @cached_property
+    def openai_chat(self) -> OpenAIServingChat:
+        """/v1/chat/completions' handler, built on first use."""
+        from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
+
+        return OpenAIServingChat(self.tokenizer_manager)
+
+    @cached_property
+    def openai_completion(self) -> OpenAIServingCompletion:
+        """/v1/completions' handler, built on first use."""
+        from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
+
+        return OpenAIServingCompletion(self.tokenizer_manager)
+
+
+def server_state(request: Request) -> ServerState:
+    """The state of the server `request` came to (launch_server sets it before serving)."""
+    return request.app.state.server
+
+
+# A route parameter `state: ServerStateDep` receives the server's state.
+ServerStateDep = Annotated[ServerState, Depends(server_state)]
