@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -285,11 +286,8 @@ class OpenAIServingChat(OpenAIServingBase):
     async def _generate_stream(
         self, adapted: GenerateReqInput, request: ChatCompletionRequest, raw_request: Request
     ) -> AsyncIterator[bytes]:
-        sent_text: dict[int, int] = {}
-        sent_logprobs: dict[int, int] = {}
-        parsers: dict[int, ChoiceStreamParser] = {}
-        finish: dict[int, tuple[str, int | str | None]] = {}
-        last_meta: dict[int, dict[str, Any]] = {}  # choice index -> its latest meta_info
+        streams: dict[int, _ChoiceStream] = {}  # choice index -> its stream state
+        finish: dict[int, tuple[str, int | str | None]] = {}  # in the order choices finish
         last_id = ""
 
         def chunk(rid: str, index: int, delta: DeltaMessage, **kw: Any) -> bytes:
@@ -304,42 +302,24 @@ class OpenAIServingChat(OpenAIServingBase):
             index: int = content.get("index", 0)
             meta: dict[str, Any] = content["meta_info"]
             rid = last_id = meta["id"]
-            last_meta[index] = meta
             finish_reason, matched = finish_fields(meta)
             if finish_reason:
                 finish[index] = (finish_reason, matched)
-            if index not in sent_text:
-                sent_text[index] = 0
-                parsers[index] = ChoiceStreamParser(
+            stream = streams.get(index)
+            if stream is None:
+                parser = ChoiceStreamParser(
                     request,
                     self.reasoning_parser,
                     self.tool_call_parser,
                     self._force_reasoning(request),
                 )
+                stream = streams[index] = _ChoiceStream(parser)
                 yield chunk(rid, index, DeltaMessage(role="assistant", content=""))
-            delta = content["text"][sent_text[index] :]
-            sent_text[index] = len(content["text"])
-            parsed = parsers[index].feed(delta, finished=finish_reason is not None)
-            if parsed.reasoning_text:
-                yield chunk(rid, index, DeltaMessage(reasoning_content=parsed.reasoning_text))
-            if parsers[index].tools_active:
-                # SGLang sends answer text and call pieces without logprobs here.
-                if parsed.normal_text:
-                    yield chunk(rid, index, DeltaMessage(content=parsed.normal_text))
-                for call in parsed.tool_calls:
-                    yield chunk(rid, index, DeltaMessage(tool_calls=[call]))
-                continue
-            if not parsed.normal_text:
-                # Tokens without new answer text (e.g. a stop string forming, reasoning)
-                # keep their logprobs for the next content chunk.
-                continue
-            logprobs = None
-            if request.logprobs:
-                logprobs = self._chat_logprobs(meta, sent_logprobs.get(index, 0))
-                sent_logprobs[index] = len(meta.get("output_token_logprobs", []))
-            yield chunk(rid, index, DeltaMessage(content=parsed.normal_text), logprobs=logprobs)
+            stream.meta = meta
+            for delta, kw in self._stream_deltas(stream, content, request, finish_reason):
+                yield chunk(rid, index, delta, **kw)
         for index, (finish_reason, matched) in finish.items():
-            if finish_reason == "stop" and parsers[index].has_tool_calls:
+            if finish_reason == "stop" and streams[index].parser.has_tool_calls:
                 finish_reason = "tool_calls"  # matched_stop stays (SGLang's stream does so)
             yield chunk(
                 last_id,
@@ -349,7 +329,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 matched_stop=matched,
             )
         if request.stream_options and request.stream_options.include_usage:
-            metas = [last_meta[i] for i in sorted(last_meta)]
+            metas = [streams[i].meta for i in sorted(streams)]
             usage = usage_from_metas(metas, request.n, self.enable_cache_report)
             yield sse(
                 ChatCompletionStreamResponse(
@@ -360,3 +340,45 @@ class OpenAIServingChat(OpenAIServingBase):
                     usage=usage,
                 )
             )
+
+    def _stream_deltas(
+        self,
+        stream: _ChoiceStream,
+        content: dict[str, Any],
+        request: ChatCompletionRequest,
+        finish_reason: str | None,
+    ) -> Iterator[tuple[DeltaMessage, dict[str, Any]]]:
+        """The deltas (with their extra choice fields) that one output of a choice adds."""
+        delta = content["text"][stream.sent_text :]
+        stream.sent_text = len(content["text"])
+        parsed = stream.parser.feed(delta, finished=finish_reason is not None)
+        if parsed.reasoning_text:
+            yield DeltaMessage(reasoning_content=parsed.reasoning_text), {}
+        if stream.parser.tools_active:
+            # SGLang sends answer text and call pieces without logprobs here.
+            if parsed.normal_text:
+                yield DeltaMessage(content=parsed.normal_text), {}
+            for call in parsed.tool_calls:
+                yield DeltaMessage(tool_calls=[call]), {}
+            return
+        if not parsed.normal_text:
+            # Tokens without new answer text (e.g. a stop string forming, reasoning)
+            # keep their logprobs for the next content chunk.
+            return
+        logprobs = None
+        if request.logprobs:
+            meta = content["meta_info"]
+            logprobs = self._chat_logprobs(meta, stream.sent_logprobs)
+            stream.sent_logprobs = len(meta.get("output_token_logprobs", []))
+        yield DeltaMessage(content=parsed.normal_text), {"logprobs": logprobs}
+
+
+@dataclass
+class _ChoiceStream:
+    """One streamed choice: its parsers, how much text and how many logprobs were sent,
+    and its latest meta_info."""
+
+    parser: ChoiceStreamParser
+    sent_text: int = 0
+    sent_logprobs: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)

@@ -201,20 +201,34 @@ class GenerateReqInput:
             self.token_ids_logprob = None
 
     def _normalize_batch(self) -> None:
-        bs, n = self.batch_size, self.parallel_sample_num
-        num = bs * n
-
-        def per_prompt_to_expanded(values: list[Any]) -> list[Any]:
-            # Worked example: bs=2, n=3, values=[a, b] -> [a, a, a, b, b, b] (prompt-major).
-            return [copy.deepcopy(values[k // n]) for k in range(num)]
-
         for name in ("text", "input_ids", "input_embeds"):
             value = getattr(self, name)
             if value is not None:
-                setattr(self, name, per_prompt_to_expanded(value))
+                setattr(self, name, self._per_prompt_to_expanded(value))
+        self._expand_rids()
+        for name, default in _PER_REQUEST_FIELDS.items():
+            self._expand_per_request_field(name, default)
+        self.sampling_params = [{} if p is None else p for p in self.sampling_params]  # type: ignore[union-attr]
+        self._expand_token_ids_logprob()
+        for name in ("image_data", "video_data", "audio_data"):
+            value = getattr(self, name)
+            if value is None or value == []:
+                setattr(self, name, [None] * len(self))
+            elif isinstance(value, list) and len(value) == self.batch_size:
+                setattr(self, name, self._per_prompt_to_expanded(value))
+            else:
+                setattr(self, name, [copy.deepcopy(value) for _ in range(len(self))])
 
-        # rid: none -> a fresh uuid per sub-request; "x" -> x_0, x_1, ... (SGLang);
-        # a list needs one rid per prompt, and with n > 1 each gets a _j suffix.
+    def _per_prompt_to_expanded(self, values: list[Any]) -> list[Any]:
+        """One (deep-copied) entry per sub-request from one per prompt, prompt-major:
+        batch_size=2, n=3, values=[a, b] -> [a, a, a, b, b, b]."""
+        n = self.parallel_sample_num
+        return [copy.deepcopy(values[k // n]) for k in range(len(self))]
+
+    def _expand_rids(self) -> None:
+        # none -> a fresh uuid per sub-request; "x" -> x_0, x_1, ... (SGLang); a list needs
+        # one rid per prompt, and with n > 1 each gets a _j suffix.
+        bs, n, num = self.batch_size, self.parallel_sample_num, len(self)
         if self.rid is None:
             self.rid = [uuid.uuid4().hex for _ in range(num)]
         elif isinstance(self.rid, str):
@@ -230,43 +244,35 @@ class GenerateReqInput:
         else:
             raise ValueError("The rid should be a string or a list of strings.")
 
-        for name, default in _PER_REQUEST_FIELDS.items():
-            value = getattr(self, name)
-            if value is None:
-                value = default
-            if isinstance(value, list):
-                if len(value) != bs:
-                    raise ValueError(
-                        f"The length of {name} ({len(value)}) should be equal to the batch "
-                        f"size ({bs})."
-                    )
-                setattr(self, name, per_prompt_to_expanded(value))
-            else:
-                setattr(self, name, [copy.deepcopy(value) for _ in range(num)])
-        self.sampling_params = [{} if p is None else p for p in self.sampling_params]  # type: ignore[union-attr]
+    def _expand_per_request_field(self, name: str, default: Any) -> None:
+        # A list has one value per prompt; anything else is shared by every sub-request.
+        value = getattr(self, name)
+        if value is None:
+            value = default
+        if not isinstance(value, list):
+            setattr(self, name, [copy.deepcopy(value) for _ in range(len(self))])
+            return
+        if len(value) != self.batch_size:
+            raise ValueError(
+                f"The length of {name} ({len(value)}) should be equal to the batch "
+                f"size ({self.batch_size})."
+            )
+        setattr(self, name, self._per_prompt_to_expanded(value))
 
+    def _expand_token_ids_logprob(self) -> None:
         # token_ids_logprob is itself a list: a flat list is shared, a nested one is per prompt.
-        til = self.token_ids_logprob
+        til, num = self.token_ids_logprob, len(self)
         if not til:
             self.token_ids_logprob = [None] * num
         elif isinstance(til[0], list):
-            if len(til) != bs:
+            if len(til) != self.batch_size:
                 raise ValueError(
                     f"The length of token_ids_logprob ({len(til)}) should be equal to the "
-                    f"batch size ({bs})."
+                    f"batch size ({self.batch_size})."
                 )
-            self.token_ids_logprob = per_prompt_to_expanded([t or None for t in til])
+            self.token_ids_logprob = self._per_prompt_to_expanded([t or None for t in til])
         else:
             self.token_ids_logprob = [list(til) for _ in range(num)]
-
-        for name in ("image_data", "video_data", "audio_data"):
-            value = getattr(self, name)
-            if value is None or value == []:
-                setattr(self, name, [None] * num)
-            elif isinstance(value, list) and len(value) == bs:
-                setattr(self, name, per_prompt_to_expanded(value))
-            else:
-                setattr(self, name, [copy.deepcopy(value) for _ in range(num)])
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
@@ -387,7 +393,8 @@ class BatchTokenizedGenerateReqInput:
 
 @dataclass
 class EmbeddingReqInput:
-    """/encode and /classify's body (SGLang's fields; only the inputs matter: mini-sglang serves generation models, so the request is checked and refused)."""
+    """/encode and /classify's body (SGLang's fields). Only the inputs matter: mini-sglang
+    serves generation models, so such a request is checked, then refused."""
 
     text: Optional[Union[list[list[str]], list[str], str]] = None
     image_data: Optional[Any] = None
