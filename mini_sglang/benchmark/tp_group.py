@@ -32,7 +32,7 @@ RunRank = Callable[[ServerArgs, Any, int], Any]
 def _rank_process(
     run_rank: RunRank, server_args: ServerArgs, args: Any, port_args: PortArgs, tp_rank: int, conn
 ) -> None:
-    from mini_sglang.entrypoints.parallel_launch import (
+    from mini_sglang.distributed.rank_setup import (
         configure_cpu_threads,
         init_scheduler_tp_group,
     )

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mini_sglang.entrypoints.engine_weights import EngineWeightsMixin
-from mini_sglang.entrypoints.parallel_launch import (
+from mini_sglang.entrypoints.launch import (
     plan_schedulers,
     serve_non_zero_node,
     start_dp_controller,
@@ -130,7 +130,7 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
     logger.info(f"{server_args=}")
     ctx = mp.get_context("spawn")
     readers, writers = [], []
-    # One scheduler per (DP replica, TP rank) on this node; see parallel_launch.
+    # One scheduler per (DP replica, TP rank) on this node; see launch.py.
     specs = plan_schedulers(server_args, port_args)
     for spec in specs:
         reader, writer = ctx.Pipe(duplex=False)

@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from mini_sglang.distributed.parallel_state import broadcast_pyobj
-from mini_sglang.entrypoints.parallel_launch import configure_cpu_threads, init_scheduler_tp_group
+from mini_sglang.distributed.rank_setup import configure_cpu_threads, init_scheduler_tp_group
 from mini_sglang.managers.scheduler_watchdog import start_watchdog
 from mini_sglang.utils.process import (
     configure_logger,

@@ -1,4 +1,4 @@
-"""Process layout for --tp-size, --dp-size and --nnodes (SGLang's), used by the engine.
+"""Process launch for --tp-size, --dp-size and --nnodes (SGLang's layout), used by the engine.
 
 - One scheduler process per (DP replica, TP rank) hosted on this node. With N nodes each
   node hosts tp_size / N consecutive TP ranks (node k: ranks k*tp/N .. (k+1)*tp/N - 1).
@@ -7,7 +7,8 @@
   take part through torch.distributed alone (rank 0's broadcast of every received
   message), plus a dummy /health server, and block until killed.
 - TP groups meet at --dist-init-addr (host:port of node 0) when given, else at
-  127.0.0.1:<nccl_port>; each DP replica has its own TP group and its own port.
+  127.0.0.1:<nccl_port>; each DP replica has its own TP group and its own port (what a
+  scheduler process does to join it is in distributed/rank_setup.py).
 """
 
 from __future__ import annotations
@@ -68,40 +69,6 @@ def plan_schedulers(server_args, port_args) -> list[SchedulerSpec]:
             )
             specs.append(SchedulerSpec(dp_rank, tp_rank, gpu_id, replica_args))
     return specs
-
-
-def dist_init_method(server_args, port_args) -> str:
-    """Where a replica's TP ranks meet: --dist-init-addr (the same string on every node),
-    unless several replicas need several groups; else this machine's nccl_port."""
-    if server_args.dist_init_addr and server_args.dp_size == 1:
-        return f"tcp://{server_args.dist_init_addr}"
-    return f"tcp://127.0.0.1:{port_args.nccl_port}"
-
-
-def configure_cpu_threads(server_args) -> None:
-    """On CPU, split the cores between this node's scheduler processes: each one's OpenMP
-    pool spinning on every core makes tp=2 on 2 cores several times slower."""
-    sa = server_args
-    local = sa.dp_size * sa.tp_size // sa.nnodes
-    if sa.device != "cpu" or local <= 1:
-        return
-    import torch
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
-
-
-def init_scheduler_tp_group(server_args, port_args, tp_rank: int) -> None:
-    """Join this replica's TP group: gloo on CPU, NCCL (plus a gloo CPU group) on CUDA."""
-    from mini_sglang.distributed.parallel_state import init_distributed_environment
-
-    backend = "nccl" if server_args.device == "cuda" else "gloo"
-    init_distributed_environment(
-        tp_rank,
-        server_args.tp_size,
-        backend,
-        dist_init_method(server_args, port_args),
-        server_args.dist_timeout,
-    )
 
 
 def start_dp_controller(ctx, server_args, port_args, specs: list[SchedulerSpec]):
