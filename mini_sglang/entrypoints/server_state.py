@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
     from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
+    from mini_sglang.server_args import ServerArgs
 
 
 @dataclass
@@ -24,7 +25,7 @@ class ServerState:
 
     tokenizer_manager: TokenizerManager
     scheduler_info: dict[str, Any]
-    server_args: Any
+    server_args: ServerArgs
     status: str = "Starting"
 
     @cached_property
