@@ -7,7 +7,8 @@ Life of a ``sampling_params`` dict from a /generate body:
     params.verify(vocab_size)                                    # ranges, SGLang's messages
 
 Every failure is a ``ValueError`` whose message names the parameter, which the HTTP layer
-turns into a 400. The constructor itself applies SGLang's two rewrites:
+turns into a 400. Values are checked against what the scheduler's tensors can hold (integers
+in int64, floats finite and within float32's range), so no accepted request can fail there. The constructor itself applies SGLang's two rewrites:
 
     SamplingParams(temperature=0)  -> temperature == 1.0, top_k == 1   (greedy)
     SamplingParams(top_k=-1)       -> top_k == TOP_K_ALL == 1 << 30     (whole vocabulary)
@@ -16,7 +17,9 @@ turns into a 400. The constructor itself applies SGLang's two rewrites:
 from __future__ import annotations
 
 import logging
+import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 try:  # Python 3.11+ keeps the regex parser here; sre_parse is a deprecated alias.
@@ -29,6 +32,9 @@ from mini_sglang.utils.unicode_check import ensure_valid_unicode
 logger = logging.getLogger(__name__)
 
 _SAMPLING_EPS = 1e-6
+# What the batch's sampling tensors hold: int64 seeds and counts, float32 parameters/biases.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+FLOAT32_MAX = 3.4028234663852886e38
 TOP_K_ALL = 1 << 30
 # Upper bound used when a stop regex can match unboundedly many characters.
 MAX_LEN = 1 << 30
@@ -166,55 +172,69 @@ class SamplingParams:
 
     # ------------------------------------------------------------------ validation
     def verify(self, vocab_size: int) -> None:
-        """Raise ValueError (SGLang's wording) if any value is out of its allowed range."""
-        if self.temperature < 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
-        if self.top_k < 1:
-            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
-        if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        if not -2.0 <= self.presence_penalty <= 2.0:
-            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-        if not 0.0 <= self.repetition_penalty <= 2.0:
-            raise ValueError(
-                f"repetition_penalty must be in [0, 2], got {self.repetition_penalty}."
-            )
+        """Raise ValueError (SGLang's wording) if any value is out of its allowed range.
+
+        Beyond SGLang: every float must be finite and within float32's range (NaN passes
+        SGLang's own comparisons), sampling_seed must fit int64, and n must be at least 1."""
+        for name in _FLOAT_KEYS:
+            _check_float32(name, getattr(self, name))
+        for ok, message in self._range_rules():
+            if not ok:
+                raise ValueError(message)
+        self._verify_lengths()
+        self._verify_logit_bias(vocab_size)
+        if self.sampling_seed is None:
+            raise ValueError("sampling_seed should not be None")
+        _check_int64("sampling_seed", self.sampling_seed)
+        grammars = [self.json_schema, self.regex, self.ebnf]
+        if sum(g is not None for g in grammars) > 1:
+            raise ValueError("Only one of regex, json_schema, or ebnf can be set.")
+
+    def _range_rules(self) -> list[tuple[bool, str]]:
+        """(value is in range, SGLang's message otherwise) for the scalar parameters."""
+        fp, pp, rp = self.frequency_penalty, self.presence_penalty, self.repetition_penalty
+        return [
+            (self.temperature >= 0.0, f"temperature must be non-negative, got {self.temperature}."),
+            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}."),
+            (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}."),
+            (self.top_k >= 1, f"top_k must be -1 (disable) or at least 1, got {self.top_k}."),
+            (-2.0 <= fp <= 2.0, f"frequency_penalty must be in [-2, 2], got {fp}."),
+            (-2.0 <= pp <= 2.0, f"presence_penalty must be in [-2, 2], got {pp}."),
+            (0.0 <= rp <= 2.0, f"repetition_penalty must be in [0, 2], got {rp}."),
+            # Not checked by SGLang 0.5.4 (n=0 would silently produce an empty batch there).
+            (self.n >= 1, f"n must be at least 1, got {self.n}."),
+            (
+                self.stream_interval is None or self.stream_interval >= 1,
+                f"stream_interval must be at least 1, got {self.stream_interval}.",
+            ),
+        ]
+
+    def _verify_lengths(self) -> None:
         if self.min_new_tokens < 0:
             raise ValueError(
                 f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}."
             )
-        if self.max_new_tokens is not None:
-            if self.max_new_tokens < 0:
-                raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
-            if self.min_new_tokens > self.max_new_tokens:
+        if self.max_new_tokens is None:
+            return
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], "
+                f"got {self.min_new_tokens}."
+            )
+
+    def _verify_logit_bias(self, vocab_size: int) -> None:
+        for token_id, bias in (self.logit_bias or {}).items():
+            try:
+                ok = 0 <= int(token_id) < vocab_size
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
                 raise ValueError(
-                    f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], "
-                    f"got {self.min_new_tokens}."
+                    f"logit_bias must has keys in [0, {vocab_size - 1}], got {token_id}."
                 )
-        # Not checked by SGLang 0.5.4 (n=0 would silently produce an empty batch there).
-        if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}.")
-        if self.stream_interval is not None and self.stream_interval < 1:
-            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}.")
-        if self.logit_bias is not None:
-            for token_id in self.logit_bias:
-                try:
-                    ok = 0 <= int(token_id) < vocab_size
-                except (TypeError, ValueError):
-                    ok = False
-                if not ok:
-                    raise ValueError(
-                        f"logit_bias must has keys in [0, {vocab_size - 1}], got {token_id}."
-                    )
-        if self.sampling_seed is None:
-            raise ValueError("sampling_seed should not be None")
-        grammars = [self.json_schema, self.regex, self.ebnf]
-        if sum(g is not None for g in grammars) > 1:
-            raise ValueError("Only one of regex, json_schema, or ebnf can be set.")
+            _check_bias(token_id, bias)
 
     def normalize(self, tokenizer: Any | None) -> None:
         """Turn ``stop``/``stop_regex`` into lists and compute their look-back windows.
@@ -264,54 +284,128 @@ class SamplingParams:
     __hash__ = None  # type: ignore[assignment]  # mutable, so unhashable like a dataclass
 
 
+def _is_float32(value: Any) -> bool:
+    """A finite number that float32 holds without overflowing (NaN, +-inf, 1e39 are not)."""
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+
+
+def _check_float32(key: str, value: float) -> None:
+    if not _is_float32(value):
+        raise ValueError(
+            f"{key} must be a finite number in [{-FLOAT32_MAX}, {FLOAT32_MAX}], got {value}."
+        )
+
+
+def _check_int64(key: str, value: int | float) -> None:
+    if not INT64_MIN <= value <= INT64_MAX:  # exact for floats too (3.4e38 is an integer)
+        raise ValueError(f"{key} must be in [{INT64_MIN}, {INT64_MAX}], got {value}.")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _as_int(key: str, value: Any) -> int:
+    """A JSON integer (16.0 counts) that fits int64."""
+    integral_float = isinstance(value, float) and math.isfinite(value) and value.is_integer()
+    if not integral_float and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{key} must be an integer, got {value!r}.")
+    _check_int64(key, value)  # the message shows the value as the client sent it
+    return int(value)
+
+
+def _to_float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond any float
+        return math.inf if value > 0 else -math.inf
+
+
+def _as_float(key: str, value: Any) -> float:
+    """A finite JSON number within float32's range, as a float."""
+    if not _is_number(value):
+        raise ValueError(f"{key} must be a number, got {value!r}.")
+    result = _to_float(value)
+    _check_float32(key, result)
+    return result
+
+
+def _as_bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"{key} must be a boolean, got {value!r}.")
+
+
+def _as_strings(key: str, value: Any) -> str | list[str]:
+    if isinstance(value, str) or (
+        isinstance(value, list) and all(isinstance(s, str) for s in value)
+    ):
+        return value
+    raise ValueError(f"{key} must be a string or a list of strings, got {value!r}.")
+
+
+def _as_token_ids(key: str, value: Any) -> list[int]:
+    if isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    ):
+        return value
+    raise ValueError(f"stop_token_ids must be a list of integers, got {value!r}.")
+
+
+def _check_bias(token_id: Any, bias: float) -> None:
+    if not _is_float32(bias):
+        raise ValueError(
+            f"logit_bias values must be finite numbers in [{-FLOAT32_MAX}, {FLOAT32_MAX}], "
+            f"got {bias} for token {token_id}."
+        )
+
+
+def _as_logit_bias(key: str, value: Any) -> dict[str, float]:
+    """Token id (a string, checked against the vocabulary by verify) -> a float32 bias."""
+    if not isinstance(value, dict) or not all(_is_number(b) for b in value.values()):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {value!r}.")
+    for token_id, bias in value.items():
+        _check_bias(token_id, _to_float(bias))
+    return {str(k): float(b) for k, b in value.items()}
+
+
+def _as_structured(key: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{key} must be a string (a JSON schema is passed serialised), got {value!r}.")
+
+
+def _as_object(key: str, value: Any) -> dict:
+    if isinstance(value, dict):
+        return value
+    raise ValueError(f"{key} must be a JSON object, got {value!r}.")
+
+
+# key -> checker(key, value) returning the value to store (ValueError naming the key).
+_CHECKERS: dict[str, Callable[[str, Any], Any]] = {
+    **dict.fromkeys(_INT_KEYS, _as_int),
+    **dict.fromkeys(_FLOAT_KEYS, _as_float),
+    **dict.fromkeys(_BOOL_KEYS, _as_bool),
+    **dict.fromkeys(("stop", "stop_regex"), _as_strings),
+    "stop_token_ids": _as_token_ids,
+    "logit_bias": _as_logit_bias,
+    **dict.fromkeys(_STRUCTURED_KEYS, _as_structured),
+    "custom_params": _as_object,
+}
+
+
 def _check_type(key: str, value: Any) -> Any:
-    """Check one JSON value's type for ``key``; return it (integral floats become ints)."""
+    """Check one JSON value's type for ``key``; return it (integral floats become ints).
+
+    Integers must fit int64 and floats must be finite within float32's range: the
+    scheduler builds the batch's tensors from them, and a value they cannot hold would fail
+    there, for the whole batch."""
     if value is None:
         if key in _NULLABLE_KEYS:
             return None
         raise ValueError(f"{key} must not be null.")
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if key in _INT_KEYS:
-        if is_number and float(value).is_integer():
-            return int(value)
-        raise ValueError(f"{key} must be an integer, got {value!r}.")
-    if key in _FLOAT_KEYS:
-        if is_number:
-            return float(value)
-        raise ValueError(f"{key} must be a number, got {value!r}.")
-    if key in _BOOL_KEYS:
-        if isinstance(value, bool):
-            return value
-        raise ValueError(f"{key} must be a boolean, got {value!r}.")
-    if key in ("stop", "stop_regex"):
-        if isinstance(value, str) or (
-            isinstance(value, list) and all(isinstance(s, str) for s in value)
-        ):
-            return value
-        raise ValueError(f"{key} must be a string or a list of strings, got {value!r}.")
-    if key == "stop_token_ids":
-        if isinstance(value, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in value
-        ):
-            return value
-        raise ValueError(f"stop_token_ids must be a list of integers, got {value!r}.")
-    if key == "logit_bias":
-        if isinstance(value, dict) and all(
-            isinstance(b, (int, float)) and not isinstance(b, bool) for b in value.values()
-        ):
-            return {str(k): float(b) for k, b in value.items()}
-        raise ValueError(f"logit_bias must map token ids to numbers, got {value!r}.")
-    if key in _STRUCTURED_KEYS:
-        if isinstance(value, str):
-            return value
-        raise ValueError(
-            f"{key} must be a string (a JSON schema is passed serialised), got {value!r}."
-        )
-    if key == "custom_params":
-        if isinstance(value, dict):
-            return value
-        raise ValueError(f"custom_params must be a JSON object, got {value!r}.")
-    return value
+    checker = _CHECKERS.get(key)
+    return value if checker is None else checker(key, value)
 
 
 def get_max_seq_length(regex_str: str) -> int:

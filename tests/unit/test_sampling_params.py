@@ -207,3 +207,60 @@ def test_pickle_roundtrip():
     q = pickle.loads(pickle.dumps(p))
     assert q == p and q is not p
     assert q.logit_bias == {"3": 1.0}
+
+
+F32 = "[-3.4028234663852886e+38, 3.4028234663852886e+38]"
+I64 = "[-9223372036854775808, 9223372036854775807]"
+
+
+@pytest.mark.parametrize(
+    "d, message",
+    [
+        ({"sampling_seed": 2**63}, f"sampling_seed must be in {I64}, got 9223372036854775808."),
+        ({"sampling_seed": -(2**63) - 1}, f"sampling_seed must be in {I64}, got -9223372036854775809."),
+        ({"sampling_seed": 3.4e38}, f"sampling_seed must be in {I64}, got 3.4e+38."),
+        ({"max_new_tokens": 2**64}, f"max_new_tokens must be in {I64}, got 18446744073709551616."),
+        ({"top_k": float("inf")}, "top_k must be an integer, got inf."),
+        ({"n": float("nan")}, "n must be an integer, got nan."),
+        ({"temperature": float("nan")}, f"temperature must be a finite number in {F32}, got nan."),
+        ({"temperature": float("inf")}, f"temperature must be a finite number in {F32}, got inf."),
+        ({"temperature": 1e39}, f"temperature must be a finite number in {F32}, got 1e+39."),
+        ({"top_p": -float("inf")}, f"top_p must be a finite number in {F32}, got -inf."),
+        ({"min_p": 10**400}, f"min_p must be a finite number in {F32}, got inf."),
+        ({"logit_bias": {"1": 1e39}}, f"logit_bias values must be finite numbers in {F32}, got 1e+39 for token 1."),
+        ({"logit_bias": {"2": float("nan")}}, f"logit_bias values must be finite numbers in {F32}, got nan for token 2."),
+        ({"logit_bias": {"3": -(10**400)}}, f"logit_bias values must be finite numbers in {F32}, got -inf for token 3."),
+    ],
+)  # fmt: skip
+def test_from_dict_refuses_what_the_batch_tensors_cannot_hold(d, message):
+    # The scheduler builds int64 / float32 tensors from these; the value must fit.
+    with pytest.raises(ValueError) as e:
+        SamplingParams.from_dict(d)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("name", ["temperature", "top_p", "min_p", "frequency_penalty"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 1e39])
+def test_verify_refuses_non_float32_values_set_directly(name, value):
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number in "):
+        SamplingParams(**{name: value}).verify(VOCAB)
+
+
+def test_verify_refuses_bad_seed_and_bias_set_directly():
+    with pytest.raises(ValueError, match="^sampling_seed must be in "):
+        SamplingParams(sampling_seed=2**63).verify(VOCAB)
+    with pytest.raises(ValueError, match="^logit_bias values must be finite numbers in "):
+        SamplingParams(logit_bias={"1": float("nan")}).verify(VOCAB)
+
+
+def test_edges_that_fit_are_accepted():
+    p = SamplingParams.from_dict(
+        {
+            "sampling_seed": 2**63 - 1,
+            "temperature": 3.4028234663852886e38,
+            "frequency_penalty": -0.0,
+            "logit_bias": {"0": -3.4028234663852886e38, "1": 3.4028234663852886e38},
+        }
+    )
+    p.verify(VOCAB)
+    assert SamplingParams.from_dict({"sampling_seed": -(2**63)}).sampling_seed == -(2**63)

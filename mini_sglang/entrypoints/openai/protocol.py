@@ -13,6 +13,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from mini_sglang.sampling.sampling_params import INT64_MAX, INT64_MIN
+
 DEFAULT_MODEL_NAME = "default"
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call", "abort"]
@@ -109,6 +111,13 @@ class _SglangExtras(BaseModel):
     priority: Optional[int] = None
 
 
+def _check_seed(v: Optional[int]) -> Optional[int]:
+    # The seed becomes the request's sampling_seed, an int64 in the batch's seed tensor.
+    if v is not None and not INT64_MIN <= v <= INT64_MAX:
+        raise ValueError(f"seed must be in [{INT64_MIN}, {INT64_MAX}], got {v}.")
+    return v
+
+
 # ---- /v1/completions -------------------------------------------------------------------
 class CompletionRequest(_SglangExtras):
     model: str = DEFAULT_MODEL_NAME
@@ -141,6 +150,8 @@ class CompletionRequest(_SglangExtras):
         if v is not None and v <= 0:
             raise ValueError("max_tokens must be positive")
         return v
+
+    _seed_int64 = field_validator("seed")(_check_seed)
 
 
 class CompletionResponseChoice(BaseModel):
@@ -280,6 +291,8 @@ class ChatCompletionRequest(_SglangExtras):
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     chat_template_kwargs: Optional[dict] = None
+
+    _seed_int64 = field_validator("seed")(_check_seed)
 
     @model_validator(mode="before")
     @classmethod
