@@ -58,6 +58,9 @@ class ReqState:
     logprobs: dict[str, list] = field(default_factory=lambda: defaultdict(list))
     metric_tokens: int = 0  # completion tokens already counted by --enable-metrics
     metric_last_time: float | None = None
+    # The rid the client sent, when this is one of its batch / n > 1 sub-requests (which
+    # run as rid_0, rid_1, ...): /abort_request with that rid aborts them all.
+    parent_rid: str | None = None
 
     def add_output(
         self, recv: BatchStrOutput, i: int, weight_version: Optional[str], tokenizer: Any

@@ -237,8 +237,12 @@ class Scheduler(
                 self.waiting_queue.append(req)
 
     def abort_request(self, recv: AbortReq) -> None:
+        """Abort every request (abort_all) or the one whose rid is exactly recv.rid. Unlike
+        SGLang's prefix match, a rid never reaches other requests: the TokenizerManager
+        names each sub-request of a batch / n > 1 request itself."""
+
         def match(rid: str) -> bool:
-            return recv.abort_all or rid.startswith(recv.rid or "")
+            return recv.abort_all or (bool(recv.rid) and rid == recv.rid)
 
         message = recv.abort_reason or "Abort before prefill"
         keep = []

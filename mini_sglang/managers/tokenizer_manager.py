@@ -134,8 +134,23 @@ class TokenizerManager:
 
     # ---- abort and pause -----------------------------------------------------------
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        """Abort requests whose rid starts with `rid` (or all) in the scheduler."""
-        req = AbortReq(rid=rid, abort_all=abort_all)
+        """Abort every request (`abort_all`), or the request `rid` that this manager holds,
+        or the sub-requests of a batch / n > 1 request sent with rid `rid` (which run as
+        rid_0, rid_1, ...). An empty or unknown rid is ignored, as in SGLang 0.5.4: a rid
+        never selects another client's requests by prefix."""
+        if abort_all:
+            self._send_abort(AbortReq(abort_all=True))
+            return
+        if not rid:
+            return
+        if rid in self.rid_to_state:
+            rids = [rid]
+        else:
+            rids = [r for r, state in self.rid_to_state.items() if state.parent_rid == rid]
+        for r in rids:
+            self._send_abort(AbortReq(rid=r))
+
+    def _send_abort(self, req: AbortReq) -> None:
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no running loop (interpreter shutdown): send synchronously
@@ -260,13 +275,7 @@ class TokenizerManager:
         tokenized = [self._tokenize_one(sub) for sub in subs]
         if obj.parallel_sample_num > 1:  # n > 1: cache each prompt first (SGLang)
             await self._prefill_shared_prompts(subs, tokenized, obj.parallel_sample_num, request)
-        states = []
-        for sub in subs:
-            if sub.rid in self.rid_to_state:
-                raise ValueError(f"Duplicate request ID: {sub.rid}")
-            state = ReqState(sub, created)
-            self.rid_to_state[sub.rid] = state
-            states.append(state)
+        states = self._register(subs, obj.parent_rids, created)
         for tok in tokenized:
             await self.send_to_scheduler.send_pyobj(tok)
         if obj.is_single:
@@ -281,6 +290,21 @@ class TokenizerManager:
             return
         async for out in self._merge_streams(states, request):
             yield out
+
+    def _register(
+        self, subs: list[GenerateReqInput], parents: list[str | None], created: float
+    ) -> list[ReqState]:
+        """Add the sub-requests' states, all or none: a rid already in flight, or twice in
+        the batch, refuses the whole request (400) and leaves nothing behind."""
+        seen: set[str] = set()
+        for sub in subs:
+            if sub.rid in self.rid_to_state or sub.rid in seen:
+                raise ValueError(f"Duplicate request ID: {sub.rid}")
+            seen.add(sub.rid)
+        states = [ReqState(sub, created, parent_rid=p) for sub, p in zip(subs, parents)]
+        for state in states:
+            self.rid_to_state[state.obj.rid] = state
+        return states
 
     async def _prefill_shared_prompts(
         self,
@@ -364,4 +388,4 @@ class TokenizerManager:
 
     def abort_disconnected(self, rid: str) -> None:
         self.rid_to_state.pop(rid, None)
-        self.abort_request(rid)
+        self._send_abort(AbortReq(rid=rid))

@@ -296,11 +296,11 @@ def _wait_running(server: ServerHandle, n_slots: int, timeout: float = 30) -> No
     raise AssertionError("requests never started running")
 
 
-def test_abort_request_by_rid_prefix(server: ServerHandle):
+def test_abort_request_matches_the_exact_rid(server: ServerHandle):
     tag = uuid.uuid4().hex[:8]
     body = {
         "input_ids": [5, 6, 7, 8],
-        "rid": f"abortme-{tag}-xyz",
+        "rid": f"abortme-{tag}-job10",
         "stream": True,
         "sampling_params": greedy(480, ignore_eos=True),
     }
@@ -312,18 +312,23 @@ def test_abort_request_by_rid_prefix(server: ServerHandle):
     t, res = _stream_in_thread(server, body)
     t2, res2 = _stream_in_thread(server, keep_body)
     _wait_running(server, 1)
-    r = server.post("/abort_request", json={"rid": f"abortme-{tag}"})
+    # A prefix of its rid, an unknown rid, an empty rid or body abort nothing: SGLang 0.5.4
+    # ignores a rid it does not hold, and a rid never selects another client's requests.
+    for other in ({"rid": f"abortme-{tag}-job1"}, {"rid": f"abortme-{tag}"}, {"rid": ""}, {}):
+        r = server.post("/abort_request", json=other)
+        assert r.status_code == 200 and r.content == b""
+    t2.join(60)
+    kept = json.loads(res2["body"])
+    assert kept["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
+    assert t.is_alive()  # 480 tokens take far longer than the bystander's 40
+    r = server.post("/abort_request", json={"rid": f"abortme-{tag}-job10"})
     assert r.status_code == 200 and r.content == b""
     t.join(60)
-    t2.join(60)
     assert res["status"] == 200
     events = parse_sse(res["body"])
     fin = events[-1]["meta_info"]["finish_reason"]
     assert fin["type"] == "abort", fin
     assert events[-1]["meta_info"]["completion_tokens"] < 480
-    # The request whose rid does not share the prefix is untouched.
-    kept = json.loads(res2["body"])
-    assert kept["meta_info"]["finish_reason"] == {"type": "length", "length": 40}
     assert server.wait_memory_all_free()["failures"] == 0
 
 

@@ -152,6 +152,26 @@ def test_batch_rid_list_must_match_batch_size():
         normalized(text=["a", "b"], rid=["r1"])
 
 
+def test_parent_rids_name_the_client_rid_of_each_sub_request():
+    # /abort_request with the client's rid aborts exactly these sub-requests.
+    assert normalized(text="a", rid="r").parent_rids == [None]
+    assert normalized(text=["a", "b"], rid="x").parent_rids == ["x", "x"]
+    assert normalized(text=["a", "b"], rid=["r1", "r2"]).parent_rids == [None, None]
+    req = normalized(text=["a", "b"], rid=["r1", "r2"], sampling_params={"n": 2})
+    assert req.rid == ["r1_0", "r1_1", "r2_0", "r2_1"]
+    assert req.parent_rids == ["r1", "r1", "r2", "r2"]
+    assert normalized(text=["a"]).parent_rids == [None]
+
+
+@pytest.mark.parametrize("rid", ["", ["a", ""]])
+def test_empty_rid_refused(rid):
+    text = "a" if isinstance(rid, str) else ["a", "b"]
+    with pytest.raises(ValueError, match="The rid should be a non-empty string."):
+        normalized(text=text, rid=rid)
+    with pytest.raises(ValueError, match="The rid should be a non-empty string."):
+        normalized(text=["a", "b"], rid="")
+
+
 def test_per_request_list_length_checked():
     with pytest.raises(ValueError, match=r"return_logprob \(1\).*batch size \(2\)"):
         normalized(text=["a", "b"], return_logprob=[True])

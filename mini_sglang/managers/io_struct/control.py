@@ -25,7 +25,9 @@ class BaseReq:
 
 @dataclass
 class AbortReq(BaseReq):
-    """Abort requests whose rid *starts with* ``rid`` (SGLang matches a prefix), or all.
+    """Abort the request whose rid is exactly ``rid``, or all (``abort_all``); an empty
+    rid aborts nothing. (SGLang's scheduler matches a prefix; here the TokenizerManager
+    names each sub-request of a batch itself, so one client's rid never reaches another's.)
 
     ``finished_reason`` (a FINISH_ABORT json dict) overrides the default abort message.
     """
@@ -35,7 +37,7 @@ class AbortReq(BaseReq):
     abort_reason: Optional[str] = None
 
     def __post_init__(self) -> None:
-        if self.rid is None:  # SGLang: "" is a prefix of every rid
+        if self.rid is None:
             self.rid = ""
 
 

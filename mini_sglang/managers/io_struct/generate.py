@@ -45,7 +45,10 @@ class GenerateReqInput:
       prompts x ``parallel_sample_num`` (the ``n`` sampling param), ordered prompt-major
       (sub-request k uses prompt k // n, as SGLang returns them), every per-request field is
       a list of that length, and ``self[k]`` is the k-th single sub-request.
-    Raises ValueError with SGLang's messages on bad input.
+      ``parent_rids[k]`` is the rid the client gave that sub-request k's rid derives from
+      ("x" for x_0, x_1, ...; None for a rid given as is or generated).
+    Raises ValueError with SGLang's messages on bad input; an empty rid is refused (a
+    client's rid must name its own requests only).
     """
 
     text: Optional[Union[list[str], str]] = None
@@ -89,6 +92,7 @@ class GenerateReqInput:
     is_single: bool = field(default=True, init=False)
     batch_size: int = field(default=1, init=False)
     parallel_sample_num: int = field(default=1, init=False)
+    parent_rids: list[Optional[str]] = field(default_factory=list, init=False)
 
     @classmethod
     def from_json_dict(cls, d: dict[str, Any]) -> GenerateReqInput:
@@ -188,6 +192,8 @@ class GenerateReqInput:
             self.rid = uuid.uuid4().hex
         elif not isinstance(self.rid, str):  # a list would be an unhashable request key
             raise ValueError("The rid should be a string for a single request.")
+        _check_not_empty(self.rid)
+        self.parent_rids = [None]
         for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
             if isinstance(getattr(self, name), list):  # the scheduler compares them to ints
                 raise ValueError(f"{name} should be a single value for a single request.")
@@ -227,20 +233,28 @@ class GenerateReqInput:
 
     def _expand_rids(self) -> None:
         # none -> a fresh uuid per sub-request; "x" -> x_0, x_1, ... (SGLang); a list needs
-        # one rid per prompt, and with n > 1 each gets a _j suffix.
+        # one rid per prompt, and with n > 1 each gets a _j suffix. parent_rids records the
+        # client's rid that each derived rid came from.
         bs, n, num = self.batch_size, self.parallel_sample_num, len(self)
         if self.rid is None:
             self.rid = [uuid.uuid4().hex for _ in range(num)]
+            self.parent_rids = [None] * num
         elif isinstance(self.rid, str):
+            _check_not_empty(self.rid)
+            self.parent_rids = [self.rid] * num
             self.rid = [f"{self.rid}_{k}" for k in range(num)]
         elif isinstance(self.rid, list):
             if len(self.rid) != bs:
                 raise ValueError(
                     "The specified rids length mismatch with the batch_size for batch processing."
                 )
-            self.rid = (
-                list(self.rid) if n == 1 else [f"{self.rid[k // n]}_{k % n}" for k in range(num)]
-            )
+            for rid in self.rid:
+                _check_not_empty(rid)
+            if n == 1:
+                self.rid, self.parent_rids = list(self.rid), [None] * num
+            else:
+                self.parent_rids = [self.rid[k // n] for k in range(num)]
+                self.rid = [f"{self.rid[k // n]}_{k % n}" for k in range(num)]
         else:
             raise ValueError("The rid should be a string or a list of strings.")
 
@@ -342,6 +356,11 @@ class GenerateReqInput:
         else:
             self.rid = uuid.uuid4().hex
         return self.rid
+
+
+def _check_not_empty(rid: Any) -> None:
+    if rid == "":
+        raise ValueError("The rid should be a non-empty string.")
 
 
 @dataclass
