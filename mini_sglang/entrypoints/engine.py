@@ -28,6 +28,7 @@ from mini_sglang.entrypoints.launch import (
 from mini_sglang.entrypoints.startup import (
     check_main_guard,
     check_model_path,
+    check_tp_size,
     close_parent_ends,
     exit_if_bootstrapping_child,
     wait_for_children,
@@ -125,6 +126,7 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
 
     check_model_path(server_args.model_path, server_args.load_format)
+    check_tp_size(server_args)
     started = time.perf_counter()
     port_args = PortArgs.init_new(server_args)
     logger.info(f"{server_args=}")

@@ -2,8 +2,8 @@
 use, a model path that cannot be served) and a child that cannot start each end the start
 promptly with one `StartupError` line that says what is wrong and what to do.
 
-`check_port_available` and `check_model_path` run in the parent before any child starts
-(before any weight is loaded).
+`check_port_available`, `check_model_path` and `check_tp_size` run in the parent before any
+child starts (before any weight is loaded).
 
 Contract of `wait_for_children`: it returns the ready reports of the children that have a
 pipe, in order, once every one has reported "ready"; if any child (with a pipe or not)
@@ -174,6 +174,29 @@ def describe_exit(proc: mp.Process) -> str:
     else:
         text += "; see its log above"
     return text
+
+
+def check_tp_size(server_args: Any) -> None:
+    """Raise StartupError unless --tp-size splits the model evenly across the ranks: its
+    attention heads, its key-value heads (each rank holds a share, or a replica when there
+    are fewer than ranks) and its MLP width. Reads only the model's config."""
+    tp = server_args.tp_size
+    if tp == 1:
+        return
+    from mini_sglang.model_config import ModelConfig
+
+    cfg = ModelConfig.from_server_args(server_args)
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    intermediate = getattr(cfg.hf_config, "intermediate_size", None)
+    flag = f"--tp-size {tp}"
+    if heads % tp:
+        raise StartupError(f"{flag} does not divide the model's {heads} attention heads")
+    if (kv_heads % tp) if tp < kv_heads else (tp % kv_heads):
+        raise StartupError(
+            f"{flag} and the model's {kv_heads} key-value heads: one must divide the other"
+        )
+    if isinstance(intermediate, int) and intermediate % tp:
+        raise StartupError(f"{flag} does not divide the model's intermediate size {intermediate}")
 
 
 def wait_for_children(

@@ -72,6 +72,13 @@ def test_bad_model_path_is_one_line(tiny_model: TinyModel, tmp_path: Path, make_
     assert line.startswith("launch_server: error: --model-path") and expected in line, line
 
 
+def test_tp_size_that_does_not_divide_the_heads_is_one_line(tiny_model: TinyModel):
+    # The tiny model has 4 attention heads (the default model 9: --tp-size 2 says so too).
+    proc = _launch("--model-path", tiny_model.path, "--tp-size", "3", "--device", "cpu")
+    line = _one_error_line(proc)
+    assert line == "launch_server: error: --tp-size 3 does not divide the model's 4 attention heads"
+
+
 def test_invalid_value_is_one_line():
     line = _one_error_line(_launch("--mem-fraction-static", "2", "--device", "cpu"))
     assert "--mem-fraction-static" in line, line
