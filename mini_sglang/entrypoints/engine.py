@@ -315,13 +315,13 @@ class Engine(EngineWeightsMixin):
         self.loop.run_until_complete(self.tokenizer_manager.communicator.freeze_gc())
 
     def get_server_info(self) -> dict:
-        state = self.loop.run_until_complete(
+        states = self.loop.run_until_complete(
             self.tokenizer_manager.communicator.get_internal_state()
         )
         return {
             **self.tokenizer_manager.runtime_state.server_args_view(self.server_args),
             **self.scheduler_info,
-            "internal_states": [state],
+            "internal_states": states,  # one per DP replica
         }
 
     # ---- lifetime ------------------------------------------------------------------

@@ -105,7 +105,7 @@ async def get_weight_version(state: ServerStateDep) -> Response:
 @router.get("/get_server_info")
 @router.get("/server_info")
 async def get_server_info(state: ServerStateDep) -> Response:
-    internal = await state.tokenizer_manager.communicator.get_internal_state()
+    internal_states = await state.tokenizer_manager.communicator.get_internal_state()
     from mini_sglang import __version__
 
     args = state.tokenizer_manager.runtime_state.server_args_view(state.server_args)
@@ -114,7 +114,8 @@ async def get_server_info(state: ServerStateDep) -> Response:
         "status": "ready",
         "max_total_num_tokens": state.scheduler_info["max_total_num_tokens"],
         "max_req_input_len": state.scheduler_info["max_req_input_len"],
-        "internal_states": [{**args, **internal}],
+        # One per DP replica, as SGLang lists them.
+        "internal_states": [{**args, **internal} for internal in internal_states],
         "version": __version__,
     }
     return orjson_response(info)
@@ -122,8 +123,11 @@ async def get_server_info(state: ServerStateDep) -> Response:
 
 @router.get("/get_load")
 async def get_load(state: ServerStateDep) -> Response:
-    internal = await state.tokenizer_manager.communicator.get_internal_state()
-    return orjson_response([{"dp_rank": 0, **internal.get("load", {})}])
+    """Every DP replica's load: dp_rank, num_reqs, num_waiting_reqs, num_tokens (SGLang's
+    GetLoadReqOutput fields)."""
+    loads = await state.tokenizer_manager.communicator.get_load()
+    fields = ("dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens")
+    return orjson_response([{f: getattr(load, f) for f in fields} for load in loads])
 
 
 @router.get("/v1/models")

@@ -285,7 +285,7 @@ class Scheduler(
         return FlushCacheReqOutput(success=self.flush_cache())
 
     def get_internal_state(self, recv: GetInternalStateReq) -> GetInternalStateReqOutput:
-        return GetInternalStateReqOutput(internal_state=self.internal_state())
+        return GetInternalStateReqOutput(self.internal_state(), dp_rank=self.dp_rank or 0)
 
     # ---- batch selection -----------------------------------------------------------
     def get_next_batch_to_run(self) -> ScheduleBatch | None:

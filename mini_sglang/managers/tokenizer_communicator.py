@@ -5,8 +5,9 @@ Every control request goes to the scheduler (with --dp-size N the DP controller 
 to all N replicas) and each replica's rank 0 answers the TokenizerManager directly. One
 ``_Communicator`` per reply type waits for ``fan_out`` = dp_size replies to a request and
 ``merge_replies`` makes one of them: success is the AND, messages are joined with " | ",
-weights read by name become one list per replica (as SGLang returns them), anything else is
-replica 0's. With fan_out > 1 one request of a type is in flight at a time, so replicas'
+weights read by name become one list per replica (as SGLang returns them), internal states
+and loads stay one reply per replica in dp-rank order (SGLang lists them per rank), anything
+else is replica 0's. With fan_out > 1 one request of a type is in flight at a time, so replicas'
 replies cannot interleave; with fan_out == 1 concurrent requests are answered in order.
 
 Profiling: one ProfileReq goes to every scheduler rank; a reply with success=False raises
@@ -37,6 +38,7 @@ from mini_sglang.managers.io_struct.control import (
     FreezeGCReq,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    GetLoadReqInput,
     GetLoadReqOutput,
     OpenSessionReqInput,
     OpenSessionReqOutput,
@@ -84,8 +86,11 @@ REPLY_TYPES: tuple[type, ...] = (
 
 
 def merge_replies(replies: list[Any]) -> Any:
-    """One reply from the N replicas' replies (see the module docstring)."""
+    """One reply from the N replicas' replies (see the module docstring); for internal
+    states and loads, the list of every replica's reply."""
     first = replies[0]
+    if isinstance(first, (GetInternalStateReqOutput, GetLoadReqOutput)):
+        return sorted(replies, key=lambda r: r.dp_rank)
     if len(replies) == 1:
         return first
     if isinstance(first, GetWeightsByNameReqOutput):
@@ -121,8 +126,6 @@ class _Communicator:
         futs = [loop.create_future() for _ in range(self._fan_out)]
         self._waiters.extend(futs)
         await self._send(req)
-        if self._fan_out == 1:
-            return await asyncio.wait_for(futs[0], timeout)
         return merge_replies(list(await asyncio.wait_for(asyncio.gather(*futs), timeout)))
 
     def handle_reply(self, recv: Any) -> None:
@@ -165,9 +168,15 @@ class TokenizerCommunicator:
     async def flush_cache(self) -> FlushCacheReqOutput:
         return await self._call(FlushCacheReqInput(), FlushCacheReqOutput)
 
-    async def get_internal_state(self) -> dict[str, Any]:
-        reply = await self._call(GetInternalStateReq(), GetInternalStateReqOutput)
-        return reply.internal_state
+    async def get_internal_state(self) -> list[dict[str, Any]]:
+        """Every DP replica's scheduler state (one with --dp-size 1), in dp-rank order."""
+        replies = await self._call(GetInternalStateReq(), GetInternalStateReqOutput)
+        return [r.internal_state for r in replies]
+
+    async def get_load(self) -> list[GetLoadReqOutput]:
+        """Every DP replica's load (running + waiting requests, tokens held), in dp-rank
+        order, as SGLang's /get_load lists them."""
+        return await self._call(GetLoadReqInput(), GetLoadReqOutput)
 
     async def slow_down(self, req: SlowDownReqInput) -> None:
         """Every scheduler rank (every replica with --dp-size) sleeps req.forward_sleep_time

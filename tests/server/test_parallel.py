@@ -97,6 +97,30 @@ def test_dp2_worker_process_titles(dp2_server):
     ]
 
 
+def test_dp2_control_replies_list_every_replica(dp2_server, tiny_model):
+    """Server info (with each replica's memory accounting and idle-check failures) and
+    /get_load list both replicas, each with its own state, not replica 0's twice."""
+    # Pin a request that holds KV to replica 1 while the states are read.
+    body = {"input_ids": tiny_model.eos_prompt_ids, "data_parallel_rank": 1, "stream": True}
+    body["sampling_params"] = {"max_new_tokens": 400, "ignore_eos": True}
+    r = requests.post(dp2_server.base_url + "/generate", json=body, stream=True, timeout=60)
+    try:
+        next(line for line in r.iter_lines() if line.startswith(b"data: {"))
+        states = dp2_server.get("/get_server_info").json()["internal_states"]
+        loads = dp2_server.get("/get_load").json()
+    finally:
+        r.close()
+    assert len(states) == 2
+    for state in states:
+        assert state["memory_check_failures"] == 0 and state["max_total_num_tokens"] > 0
+    busy = [s["memory_accounting"]["req_slots"] - s["memory_accounting"]["free_req_slots"]
+            for s in states]  # fmt: skip
+    assert busy == [0, 1], busy  # only replica 1 holds the running request
+    assert [load["dp_rank"] for load in loads] == [0, 1]
+    assert set(loads[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
+    assert loads[0]["num_reqs"] == 0 and loads[1]["num_reqs"] == 1, loads
+
+
 # ---- two nodes ----------------------------------------------------------------------
 def test_two_nodes_tp2_dummy_weights(tiny_model: TinyModel, server_logs: Path):
     dist_addr = f"127.0.0.1:{free_port()}"

@@ -8,7 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from mini_sglang.managers.io_struct.control import FlushCacheReqInput, FlushCacheReqOutput
+from mini_sglang.managers.io_struct.control import (
+    FlushCacheReqInput,
+    FlushCacheReqOutput,
+    GetInternalStateReqOutput,
+    GetLoadReqOutput,
+)
 from mini_sglang.managers.io_struct.weights import (
     GetWeightsByNameReqOutput,
     UpdateWeightFromDiskReqInput,
@@ -100,3 +105,25 @@ def test_weights_by_name_are_one_list_per_replica():
         [GetWeightsByNameReqOutput(parameter=[1.0]), GetWeightsByNameReqOutput(parameter=[2.0])]
     )
     assert merged.parameter == [[1.0], [2.0]]
+
+
+def test_internal_states_and_loads_list_every_replica_in_rank_order():
+    async def run():
+        comm, sched, _, _ = _communicator(2)
+        states = asyncio.create_task(comm.get_internal_state())
+        await _until_sent(sched, 1)
+        comm.handle_reply(GetInternalStateReqOutput({"num_running_reqs": 1}, dp_rank=1))
+        comm.handle_reply(GetInternalStateReqOutput({"num_running_reqs": 0}, dp_rank=0))
+        loads = asyncio.create_task(comm.get_load())
+        await _until_sent(sched, 2)
+        for rank in (1, 0):
+            comm.handle_reply(
+                GetLoadReqOutput(rank, num_reqs=rank, num_waiting_reqs=0, num_tokens=0)
+            )
+        return await states, [load.num_reqs for load in await loads]
+
+    states, loads = asyncio.run(run())
+    assert states == [{"num_running_reqs": 0}, {"num_running_reqs": 1}]
+    assert loads == [0, 1]
+    # Without DP: a list of one.
+    assert merge_replies([GetInternalStateReqOutput({"a": 1})])[0].internal_state == {"a": 1}

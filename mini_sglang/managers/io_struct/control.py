@@ -59,6 +59,7 @@ class GetInternalStateReq(BaseReq):
 @dataclass
 class GetInternalStateReqOutput(BaseReq):
     internal_state: dict[str, Any]
+    dp_rank: int = 0  # the replica that answered (orders the replies under --dp-size)
 
 
 @dataclass
