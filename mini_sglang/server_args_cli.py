@@ -21,11 +21,11 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
+from mini_sglang.function_call.function_call_parser import (
     SGLANG_TOOL_CALL_PARSERS,
     TOOL_CALL_PARSERS,
 )
-from mini_sglang.entrypoints.openai.reasoning_parser import (
+from mini_sglang.parser.reasoning_parser import (
     REASONING_PARSERS,
     SGLANG_REASONING_PARSERS,
 )

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
+from mini_sglang.function_call.function_call_parser import (
     SGLANG_TOOL_CALL_PARSERS,
     TOOL_CALL_PARSERS,
 )
-from mini_sglang.entrypoints.openai.reasoning_parser import (
+from mini_sglang.parser.reasoning_parser import (
     REASONING_PARSERS,
     SGLANG_REASONING_PARSERS,
 )

@@ -9,17 +9,17 @@ import logging
 
 import pytest
 
-from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
+from mini_sglang.entrypoints.openai.protocol import Tool, ToolChoice
+from mini_sglang.function_call.function_call_parser import (
     FunctionCallParser,
     get_json_schema_constraint,
 )
-from mini_sglang.entrypoints.openai.function_call.json_array_parser import JsonArrayParser
-from mini_sglang.entrypoints.openai.function_call.partial_json import (
+from mini_sglang.function_call.json_array_parser import JsonArrayParser
+from mini_sglang.function_call.partial_json import (
     MalformedJSON,
     parse_partial,
     stable_prefix,
 )
-from mini_sglang.entrypoints.openai.protocol import Tool, ToolChoice
 
 
 def _tool(name: str, parameters: dict | None = None) -> Tool:

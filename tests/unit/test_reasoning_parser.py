@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mini_sglang.entrypoints.openai.reasoning_parser import (
+from mini_sglang.parser.reasoning_parser import (
     REASONING_PARSERS,
     ReasoningParser,
 )

@@ -21,19 +21,19 @@ from typing import Any
 
 import orjson
 
-from mini_sglang.entrypoints.openai.function_call.core_types import ToolCallItem
-from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
-    FunctionCallParser,
-    get_json_schema_constraint,
-)
-from mini_sglang.entrypoints.openai.function_call.json_array_parser import JsonArrayParser
 from mini_sglang.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     FunctionResponse,
     ToolCall,
     ToolChoice,
 )
-from mini_sglang.entrypoints.openai.reasoning_parser import ReasoningParser
+from mini_sglang.function_call.core_types import ToolCallItem
+from mini_sglang.function_call.function_call_parser import (
+    FunctionCallParser,
+    get_json_schema_constraint,
+)
+from mini_sglang.function_call.json_array_parser import JsonArrayParser
+from mini_sglang.parser.reasoning_parser import ReasoningParser
 
 # A chat template that opens the think block itself (e.g. Qwen3-Thinking-2507): the reply
 # starts inside it. SGLang's TemplateManager looks for exactly this text.

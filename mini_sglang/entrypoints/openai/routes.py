@@ -22,9 +22,6 @@ from mini_sglang.entrypoints.http_helpers import (
     orjson_response,
     validate_json_request,
 )
-from mini_sglang.entrypoints.openai.function_call.function_call_parser import (
-    FunctionCallParser,
-)
 from mini_sglang.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,14 +37,17 @@ from mini_sglang.entrypoints.openai.protocol_utility import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from mini_sglang.entrypoints.openai.reasoning_parser import ReasoningParser
 from mini_sglang.entrypoints.openai.serving_base import (
     create_error_response,
     fastapi_json_response,
     json_response,
 )
 from mini_sglang.entrypoints.server_state import ServerStateDep
+from mini_sglang.function_call.function_call_parser import (
+    FunctionCallParser,
+)
 from mini_sglang.managers.scoring import score_request
+from mini_sglang.parser.reasoning_parser import ReasoningParser
 
 logger = logging.getLogger("mini_sglang")
 

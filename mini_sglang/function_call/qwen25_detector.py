@@ -15,12 +15,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from mini_sglang.entrypoints.openai.function_call.base_detector import (
+from mini_sglang.function_call.base_detector import (
     BaseFormatDetector,
     parse_base_json,
 )
-from mini_sglang.entrypoints.openai.function_call.core_types import StreamingParseResult
-from mini_sglang.entrypoints.openai.reasoning_parser import partial_suffix_len
+from mini_sglang.function_call.core_types import StreamingParseResult
+from mini_sglang.parser.reasoning_parser import partial_suffix_len
 
 logger = logging.getLogger("mini_sglang")
 

@@ -17,11 +17,11 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from mini_sglang.entrypoints.openai.function_call.core_types import (
+from mini_sglang.function_call.core_types import (
     StreamingParseResult,
     ToolCallItem,
 )
-from mini_sglang.entrypoints.openai.function_call.partial_json import (
+from mini_sglang.function_call.partial_json import (
     MalformedJSON,
     PartialStr,
     parse_partial,

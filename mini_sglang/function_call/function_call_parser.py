@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mini_sglang.entrypoints.openai.function_call.base_detector import BaseFormatDetector
-from mini_sglang.entrypoints.openai.function_call.core_types import ToolCallItem
-from mini_sglang.entrypoints.openai.function_call.llama32_detector import Llama32Detector
-from mini_sglang.entrypoints.openai.function_call.qwen25_detector import Qwen25Detector
+from mini_sglang.function_call.base_detector import BaseFormatDetector
+from mini_sglang.function_call.core_types import ToolCallItem
+from mini_sglang.function_call.llama32_detector import Llama32Detector
+from mini_sglang.function_call.qwen25_detector import Qwen25Detector
 
 # --tool-call-parser name -> detector. SGLang 0.5.4 renames qwen25 to qwen at start-up.
 TOOL_CALL_PARSERS: dict[str, type[BaseFormatDetector]] = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mini_sglang.entrypoints.openai.function_call.base_detector import BaseFormatDetector
-from mini_sglang.entrypoints.openai.function_call.core_types import StreamingParseResult
+from mini_sglang.function_call.base_detector import BaseFormatDetector
+from mini_sglang.function_call.core_types import StreamingParseResult
 
 
 class JsonArrayParser(BaseFormatDetector):
