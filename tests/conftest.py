@@ -295,9 +295,9 @@ def assert_memory_all_free(scheduler) -> None:
     With the radix cache, finished prompts stay cached (evictable) but nothing may stay
     locked (protected) or held by a request.
     """
-    m = scheduler.memory_accounting()
+    m = scheduler.stats.memory_accounting()
     assert m["protected"] == 0, m
     assert m["free"] + m["evictable"] == m["capacity"], m
     assert m["free_req_slots"] == m["req_slots"], m
-    assert scheduler.check_memory(), m
+    assert scheduler.stats.check_memory(), m
     assert not scheduler.waiting_queue and scheduler.chunked_req is None

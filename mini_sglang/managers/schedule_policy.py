@@ -181,6 +181,21 @@ class PrefillAdder:
         )
         return req if truncated else None
 
+    def add_waiting_reqs(self, waiting_queue: list[Req], max_new_reqs: int) -> bool:
+        """Admit requests from the head of `waiting_queue` (not changed here) until a budget
+        runs out, the batch holds `max_new_reqs` requests, or one gets chunked. True when
+        KV memory stopped it before anything was admitted."""
+        for req in waiting_queue:
+            if len(self.can_run_list) >= max_new_reqs:
+                break
+            req.init_next_round_input(self.tree_cache)
+            result = self.add_one_req(req)
+            if result != AddReqResult.CONTINUE:
+                return result == AddReqResult.NO_TOKEN and not self.can_run_list
+            if self.new_chunked_req is not None:
+                break
+        return False
+
     def add_one_req(self, req: Req) -> AddReqResult:
         max_new = req.sampling_params.max_new_tokens
         total_tokens = req.extend_input_len + min(

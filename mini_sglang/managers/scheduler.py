@@ -3,6 +3,27 @@ then decode), runs them on the TpModelWorker and streams token ids to the detoke
 
 It runs either in its own process (`run_scheduler_process`, ZMQ in and out) or in-process
 for tests and tools (`add_request` + `run_until_idle`, outputs to a callback).
+
+The loop (`event_loop`, `run_step`), without overlap:
+
+    receive -> process_input_requests -> get_next_batch_to_run -> run_batch
+            -> process_batch_result
+
+and with overlap (`step_overlap`) step N's result is processed after step N+1 is launched.
+
+The Scheduler owns the loop and the queues (`waiting_queue`, `chunked_req`,
+`running_batch`, `last_batch`): they change only in this module. Every other concern is a
+component built in `__init__` that owns its own state and hands back what should join or
+leave a queue:
+  policy      SchedulePolicy: the order of the waiting queue (schedule_policy.py)
+  prefill     PrefillManager: prefill budgets, batch building, mixed chunks
+  retraction  Retraction: new_token_ratio, retracting when decode runs out of KV
+  output      OutputProcessor: results into requests, streaming to the detokenizer
+  grammar     GrammarQueue: requests compiling their grammar, vocab masks
+  sessions    SessionController: /open_session, continuations
+  profiler    SchedulerProfiler: /start_profile, /slow_down, the forward counter
+  stats       SchedulerStats: counters, log lines, memory self-check, internal state
+  weights     WeightUpdater: online weight updates
 Incoming messages are dispatched by type through a small handler table.
 """
 
@@ -12,7 +33,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mini_sglang.environ import envs
 from mini_sglang.managers.finish_reason import FINISH_ABORT
 from mini_sglang.managers.io_struct.control import (
     AbortReq,
@@ -21,6 +41,8 @@ from mini_sglang.managers.io_struct.control import (
     FreezeGCReq,
     GetInternalStateReq,
     GetInternalStateReqOutput,
+    GetLoadReqInput,
+    GetLoadReqOutput,
 )
 from mini_sglang.managers.io_struct.generate import (
     BatchTokenizedGenerateReqInput,
@@ -28,14 +50,14 @@ from mini_sglang.managers.io_struct.generate import (
 )
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
-from mini_sglang.managers.schedule_policy import SchedulePolicy
+from mini_sglang.managers.schedule_policy import PrefillAdder, SchedulePolicy
 from mini_sglang.managers.scheduler_grammar import GrammarQueue
-from mini_sglang.managers.scheduler_metrics import SchedulerMetricsMixin
-from mini_sglang.managers.scheduler_output_processor import SchedulerOutputProcessorMixin
-from mini_sglang.managers.scheduler_prefill import SchedulerPrefillMixin
+from mini_sglang.managers.scheduler_metrics import SchedulerStats
+from mini_sglang.managers.scheduler_output_processor import OutputProcessor
+from mini_sglang.managers.scheduler_prefill import PrefillManager
 from mini_sglang.managers.scheduler_profiler import SchedulerProfiler
-from mini_sglang.managers.scheduler_retraction import SchedulerRetractionMixin
-from mini_sglang.managers.scheduler_update_weights import SchedulerUpdateWeightsMixin
+from mini_sglang.managers.scheduler_retraction import Retraction
+from mini_sglang.managers.scheduler_update_weights import WeightUpdater
 from mini_sglang.managers.session_controller import SessionController
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
@@ -45,20 +67,11 @@ from mini_sglang.utils.gc_utils import freeze_gc
 
 logger = logging.getLogger("mini_sglang")
 
-INIT_NEW_TOKEN_RATIO = envs.SGLANG_INIT_NEW_TOKEN_RATIO.get()
-MIN_NEW_TOKEN_RATIO_FACTOR = envs.SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR.get()
-NEW_TOKEN_RATIO_DECAY_STEPS = envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get()
 # How long the process loop waits for a message when it has nothing to do.
 IDLE_WAIT_MS = 50
 
 
-class Scheduler(
-    SchedulerPrefillMixin,
-    SchedulerOutputProcessorMixin,
-    SchedulerMetricsMixin,
-    SchedulerRetractionMixin,
-    SchedulerUpdateWeightsMixin,
-):
+class Scheduler:
     def __init__(
         self,
         server_args,
@@ -68,9 +81,11 @@ class Scheduler(
         send_to_detokenizer: Callable[[Any], None] | None = None,
         send_to_tokenizer: Callable[[Any], None] | None = None,
     ) -> None:
+        """`dp_rank` is the replica's index with --dp-size > 1 (else None); outputs go to
+        `send_to_detokenizer`, replies to control requests to `send_to_tokenizer`."""
         self.server_args = server_args
         self.tp_rank = tp_rank
-        self.dp_rank = dp_rank  # None without --dp-size > 1
+        self.dp_rank = dp_rank
         self.tp_worker = TpModelWorker(server_args, gpu_id=gpu_id)
         self.model_config = self.tp_worker.model_config
         self.device = self.tp_worker.device
@@ -90,7 +105,6 @@ class Scheduler(
                 self.page_size,
                 eviction_policy=server_args.radix_eviction_policy,
             )
-        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
         self.max_total_num_tokens = self.tp_worker.max_total_num_tokens
         self.max_running_requests = min(
             server_args.max_running_requests or self.req_to_token_pool.size,
@@ -101,40 +115,82 @@ class Scheduler(
         self.max_req_len = min(context_len - 1, self.max_total_num_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5
         chunk = server_args.chunked_prefill_size
-        self.chunked_prefill_size = chunk if chunk is not None and chunk > 0 else None
-        self.init_mixed_chunk()
-        self.init_new_token_ratio = min(
-            INIT_NEW_TOKEN_RATIO * server_args.schedule_conservativeness, 1.0
-        )
-        self.min_new_token_ratio = self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
-        self.new_token_ratio_decay = (
-            self.init_new_token_ratio - self.min_new_token_ratio
-        ) / NEW_TOKEN_RATIO_DECAY_STEPS
-        self.new_token_ratio = self.init_new_token_ratio
+        chunked_prefill_size = chunk if chunk is not None and chunk > 0 else None
+
+        # The queues (see the module docstring) and the loop's state.
         self.waiting_queue: list[Req] = []
+        self.chunked_req: Req | None = None  # the prompt being prefilled chunk by chunk
         self.running_batch: ScheduleBatch | None = None
         self.last_batch: ScheduleBatch | None = None
-        self.chunked_req: Req | None = None
+        self.cur_batch: ScheduleBatch | None = None  # the step's batch (watchdog, tests)
         self._pending = None  # (BatchSnapshot, result) launched but not yet processed
-        self._send_to_detokenizer = send_to_detokenizer or (lambda out: None)
+        self.is_idle_checked = True
         self._send_to_tokenizer = send_to_tokenizer or (lambda out: None)
-        self.init_metrics()
+        self._send_to_detokenizer = send_to_detokenizer or (lambda out: None)
+        self._load_report_sock = None  # the DP controller's, opened on its first request
+
+        # The components.
+        self.stats = SchedulerStats(
+            server_args.decode_log_interval,
+            self.tp_worker.model_runner,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.max_total_num_tokens,
+            self.max_req_input_len,
+            self.device,
+        )
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
+        self.prefill = PrefillManager(
+            server_args,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.page_size,
+            chunked_prefill_size,
+            self.model_config.vocab_size,
+            self.device,
+            self.stats,
+        )
+        self.retraction = Retraction(
+            server_args.schedule_conservativeness,
+            self.req_to_token_pool,
+            self.allocator,
+            self.tree_cache,
+            self.page_size,
+        )
+        self.output = OutputProcessor(
+            self.allocator,
+            self.tree_cache,
+            self.page_size,
+            self.tokenizer,
+            server_args.stream_interval,
+            self._send_to_detokenizer,
+        )
         self.grammar = GrammarQueue(server_args, self.tokenizer, self.model_config, self.device)
+        self.sessions = SessionController(self.model_config)
         self.profiler = SchedulerProfiler(
             tp_rank, server_args.tp_size, server_args.dp_size, dp_rank
         )
-        self.sessions = SessionController(self.model_config)
+        self.weights = WeightUpdater(
+            self.tp_worker.model_runner,
+            dp_rank,
+            self.has_work,
+            self.run_until_idle,
+            self.flush_cache,
+        )
         self._dispatch: dict[type, Callable[[Any], Any]] = {
             TokenizedGenerateReqInput: self.handle_generate_request,
             BatchTokenizedGenerateReqInput: self.handle_batch_generate_request,
             AbortReq: self.abort_request,
             FlushCacheReqInput: self.flush_cache_wrapped,
             GetInternalStateReq: self.get_internal_state,
+            GetLoadReqInput: self.get_load,
             FreezeGCReq: self.freeze_gc,
+            **self.weights.dispatch(),
+            **self.profiler.dispatch(),
+            **self.sessions.dispatch(),
         }
-        self._dispatch.update(self.update_weights_dispatch())
-        self._dispatch.update(self.profiler.dispatch())
-        self._dispatch.update(self.sessions.dispatch())
         logger.info(
             "max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%d, "
             "max_running_requests=%d, context_len=%d, available_gpu_mem=%s",
@@ -143,13 +199,75 @@ class Scheduler(
             server_args.max_prefill_tokens,
             self.max_running_requests,
             context_len,
-            self.available_mem_str(),
+            self.stats.available_mem_str(),
         )
 
-    # ---- message handling ----------------------------------------------------------
-    def send_to_detokenizer(self, out: Any) -> None:
-        self._send_to_detokenizer(out)
+    # ---- the loop ------------------------------------------------------------------
+    def event_loop(self, recv_requests: Callable[[int], list[Any]]) -> None:
+        """The process loop: receive, process input, then one step (schedule, run, process
+        the result, stream). `recv_requests(block_ms)` returns what arrived, waiting up to
+        block_ms for a first message; it waits only when there is nothing to do."""
+        block_ms = 0
+        while True:
+            self.process_input_requests(recv_requests(block_ms))
+            if self.run_step():
+                self.is_idle_checked = False
+                block_ms = 0
+            else:
+                block_ms = 0 if self.has_work() else IDLE_WAIT_MS
 
+    def run_step(self) -> bool:
+        """One step, overlapped unless disabled; False when there was nothing to run."""
+        ran = self.step_overlap() if self.overlap else self.step()
+        self.stats.on_step(self.cur_batch, self.waiting_queue)  # "Decode batch." lines
+        return ran
+
+    def step(self) -> bool:
+        """One step without overlap; False when there was nothing to run."""
+        batch = self.get_next_batch_to_run()
+        self.cur_batch = batch
+        if batch is None:
+            self.last_batch = None
+            self.on_idle()
+            return False
+        result = self.run_batch(batch)
+        self.process_batch_result(batch.snapshot(), result)
+        self.last_batch = batch
+        return True
+
+    def step_overlap(self) -> bool:
+        """One overlapped step: launch step N+1, then process step N's results while
+        the device runs it. Retraction needs settled outputs, so it first drains step N."""
+        if self._pending is not None and self._needs_settled_outputs():
+            self.process_batch_result(*self._pending)
+            self._pending = None
+        batch = self.get_next_batch_to_run()
+        self.cur_batch = batch
+        launched = (batch.snapshot(), self.run_batch(batch)) if batch is not None else None
+        if self._pending is not None:
+            self.process_batch_result(*self._pending)
+        self._pending = launched
+        self.last_batch = batch
+        if batch is None:
+            self.on_idle()
+            return False
+        return True
+
+    @property
+    def overlap(self) -> bool:
+        return not self.server_args.disable_overlap_schedule
+
+    # ---- in-process driving (tests, tools) -----------------------------------------
+    def add_request(self, recv: TokenizedGenerateReqInput) -> None:
+        self.process_input_requests([recv])
+
+    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
+        for _ in range(max_steps):
+            if not self.run_step() and not self.has_work():
+                return
+        raise RuntimeError("run_until_idle: too many steps")
+
+    # ---- input ---------------------------------------------------------------------
     def process_input_requests(self, recv_reqs: list[Any]) -> None:
         for recv in recv_reqs:
             handler = self._dispatch.get(type(recv))
@@ -160,21 +278,40 @@ class Scheduler(
             if reply is not None:
                 self._send_to_tokenizer(reply)
 
-    def freeze_gc(self, recv: FreezeGCReq) -> None:
-        freeze_gc("Scheduler")
-        self.send_to_detokenizer(recv)  # the detokenizer freezes its own on arrival
-
     def handle_batch_generate_request(self, recv: BatchTokenizedGenerateReqInput) -> None:
         for r in recv.batch:
             self.handle_generate_request(r)
 
     def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        """Admit one new request: its prompt (from its session if it names one), its Req,
+        the checks (a failure is a 400 streamed at once), its defaults, and its place in
+        the waiting queue or the grammar queue. All work for one new request happens in
+        this call, so per-request error containment wraps it."""
+        input_ids, session_link, error = self.sessions.lookup(recv)
+        req = self._new_req(recv, input_ids)
+        error = error or self.input_error(req)
+        if error is not None:
+            req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
+            self.output.stream([req])
+            return
+        sp = req.sampling_params
+        if req.logprob_start_len == -1 or not req.return_logprob:
+            # By default only the output's logprobs; a prefill-only request (max_new_tokens
+            # 0, e.g. a /v1/score item) has none, so its prompt reports none either (SGLang).
+            prefill_only = sp.max_new_tokens == 0
+            req.logprob_start_len = len(req.origin_input_ids) - (0 if prefill_only else 1)
+        # None (or too many) new tokens: whatever room the context leaves (SGLang).
+        room = self.max_req_len - len(req.origin_input_ids) - 1
+        sp.max_new_tokens = room if sp.max_new_tokens is None else min(sp.max_new_tokens, room)
+        self.queue_request(req)
+        self.sessions.record(req, session_link)
+
+    def _new_req(self, recv: TokenizedGenerateReqInput, input_ids: list[int]) -> Req:
         sp = recv.sampling_params
         seed = NO_SEED
         if getattr(sp, "seed_given", False) or self.server_args.enable_deterministic_inference:
             seed = int(sp.sampling_seed)
-        input_ids, session_link, error = self.sessions.lookup(recv)
-        req = Req(
+        return Req(
             recv.rid,
             recv.input_text,
             input_ids,
@@ -188,21 +325,6 @@ class Scheduler(
             stream=recv.stream,
             sampling_seed=seed,
         )
-        error = error or self.input_error(req)
-        if error is not None:
-            req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
-            self.stream_output([req])
-            return
-        if req.logprob_start_len == -1 or not req.return_logprob:
-            # By default only the output's logprobs; a prefill-only request (max_new_tokens
-            # 0, e.g. a /v1/score item) has none, so its prompt reports none either (SGLang).
-            prefill_only = sp.max_new_tokens == 0
-            req.logprob_start_len = len(req.origin_input_ids) - (0 if prefill_only else 1)
-        # None (or too many) new tokens: whatever room the context leaves (SGLang).
-        room = self.max_req_len - len(req.origin_input_ids) - 1
-        sp.max_new_tokens = room if sp.max_new_tokens is None else min(sp.max_new_tokens, room)
-        self.queue_request(req)
-        self.sessions.record(req, session_link)
 
     def input_error(self, req: Req) -> str | None:
         """Why a new request cannot be queued (a 400), or None."""
@@ -224,17 +346,7 @@ class Scheduler(
         if self.grammar.add(req):
             self.waiting_queue.append(req)
         elif req.finished():
-            self.stream_output([req])
-
-    def move_ready_grammar_requests(self) -> None:
-        """Requests whose grammar compiled join the waiting queue, in arrival order."""
-        rb = self.running_batch
-        busy = (rb is not None and not rb.is_empty()) or self.last_batch is not None
-        for req in self.grammar.ready(idle=not self.waiting_queue and not busy):
-            if req.finished():
-                self.stream_output([req])
-            else:
-                self.waiting_queue.append(req)
+            self.output.stream([req])
 
     def abort_request(self, recv: AbortReq) -> None:
         """Abort every request (abort_all) or the one whose rid is exactly recv.rid. Unlike
@@ -249,12 +361,12 @@ class Scheduler(
         for req in self.waiting_queue:
             if match(req.rid):
                 req.finished_reason = FINISH_ABORT(message)
-                self.stream_output([req])
+                self.output.stream([req])
             else:
                 keep.append(req)
         self.waiting_queue = keep
         for req in self.grammar.abort(match, message):
-            self.stream_output([req])
+            self.output.stream([req])
         # Running requests stop after the current step, through check_finished. The last
         # batch's requests join running_batch only when the next one is formed (and after a
         # mixed step every running request is there).
@@ -277,7 +389,7 @@ class Scheduler(
         self.allocator.clear()
         self.running_batch = None
         self.last_batch = None
-        self.new_token_ratio = self.init_new_token_ratio
+        self.retraction.reset()
         logger.info("Cache flushed successfully!")
         return True
 
@@ -287,8 +399,40 @@ class Scheduler(
     def get_internal_state(self, recv: GetInternalStateReq) -> GetInternalStateReqOutput:
         return GetInternalStateReqOutput(self.internal_state(), dp_rank=self.dp_rank or 0)
 
+    def internal_state(self) -> dict[str, Any]:
+        return self.stats.internal_state(self.num_running_reqs(), len(self.waiting_queue))
+
+    def get_load(self, recv: GetLoadReqInput) -> GetLoadReqOutput | None:
+        """This replica's load. A request carrying `http_worker_ipc` (the DP controller's
+        load-report socket) is answered there instead of to the TokenizerManager."""
+        out = GetLoadReqOutput(
+            dp_rank=self.dp_rank or 0,
+            num_reqs=self.num_running_reqs() + len(self.waiting_queue),
+            num_waiting_reqs=len(self.waiting_queue),
+            num_tokens=self.stats.num_used_tokens(),
+        )
+        if recv.http_worker_ipc is None:
+            return out
+        if self.tp_rank == 0:
+            if self._load_report_sock is None:
+                import zmq
+
+                from mini_sglang.utils.process import get_zmq_socket
+
+                self._load_report_sock = get_zmq_socket(
+                    zmq.Context.instance(), zmq.PUSH, recv.http_worker_ipc, bind=False
+                )
+            self._load_report_sock.send_pyobj(out)
+        return None
+
+    def freeze_gc(self, recv: FreezeGCReq) -> None:
+        freeze_gc("Scheduler")
+        self._send_to_detokenizer(recv)  # the detokenizer freezes its own on arrival
+
     # ---- batch selection -----------------------------------------------------------
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        """The last prefill batch's unfinished requests join the running batch; then a new
+        prefill batch if one can be formed, else the running batch's next decode step."""
         if self.grammar.queue:
             self.move_ready_grammar_requests()
         last = self.last_batch
@@ -322,6 +466,66 @@ class Scheduler(
                 return running
         return None
 
+    def move_ready_grammar_requests(self) -> None:
+        """Requests whose grammar compiled join the waiting queue, in arrival order."""
+        rb = self.running_batch
+        busy = (rb is not None and not rb.is_empty()) or self.last_batch is not None
+        for req in self.grammar.ready(idle=not self.waiting_queue and not busy):
+            if req.finished():
+                self.output.stream([req])
+            else:
+                self.waiting_queue.append(req)
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        """The chunked request's next chunk, then waiting requests in policy order, as far
+        as the budgets (PrefillAdder) and max_running_requests allow."""
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        running_bs = len(self.running_batch.reqs) if self.running_batch else 0
+        if running_bs >= self.max_running_requests:
+            return None
+        self.policy.calc_priority(self.waiting_queue)
+        mixed_tokens = self.prefill.mixed_decode_tokens(running_bs)
+        adder = self.prefill.new_adder(
+            self.running_batch, self.retraction.new_token_ratio, mixed_tokens
+        )
+        if self.chunked_req is not None:
+            self.chunked_req.init_next_round_input(None)
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        if adder.add_waiting_reqs(self.waiting_queue, self.max_running_requests - running_bs):
+            self.stats.log_no_token_once()
+        if not adder.can_run_list:
+            return None
+        return self.prepare_prefill(adder, running_bs, mixed_tokens)
+
+    def prepare_prefill(
+        self, adder: PrefillAdder, running_bs: int, mixed_tokens: int
+    ) -> ScheduleBatch:
+        """Move the admitted requests out of the waiting queue and build their batch
+        (mixed with the running batch when `mixed_tokens`)."""
+        admitted = set(map(id, adder.can_run_list))
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        if adder.new_chunked_req is not None:
+            assert self.chunked_req is None, "one chunked request at a time"
+            self.chunked_req = adder.new_chunked_req
+        if self.chunked_req is not None:
+            self.chunked_req.is_chunked += 1
+        batch = self.prefill.build(adder.can_run_list)
+        self.stats.log_prefill(adder, running_bs, len(self.waiting_queue))
+        if mixed_tokens and self.prefill.mix(batch, self.running_batch):
+            self.running_batch = None  # its requests run on in the mixed batch
+        return batch
+
+    def update_running_batch(self, batch: ScheduleBatch) -> None:
+        """Make room for one more token per request (retracting if needed), then prepare."""
+        if not batch.check_decode_mem():
+            retracted = self.retraction.retract(batch)
+            self.stats.num_retracted_reqs += len(retracted)
+            self.waiting_queue = retracted + self.waiting_queue
+            if batch.is_empty():
+                return
+        batch.prepare_for_decode()
+
     # ---- running -------------------------------------------------------------------
     def run_batch(self, batch: ScheduleBatch):
         """Launch the forward; the decode input of the next step is this step's device
@@ -333,36 +537,13 @@ class Scheduler(
         result.start_copy_to_host()
         return result
 
-    def step(self) -> bool:
-        """One iteration without overlap; False when there was nothing to run."""
-        batch = self.get_next_batch_to_run()
-        self.cur_batch = batch
-        if batch is None:
-            self.last_batch = None
-            self.on_idle()
-            return False
-        result = self.run_batch(batch)
-        self.process_batch_result(batch.snapshot(), result)
-        self.last_batch = batch
-        return True
-
-    def step_overlap(self) -> bool:
-        """One overlapped iteration: launch step N+1, then process step N's results while
-        the device runs it. Retraction needs settled outputs, so it first drains step N."""
-        if self._pending is not None and self._needs_settled_outputs():
-            self.process_batch_result(*self._pending)
-            self._pending = None
-        batch = self.get_next_batch_to_run()
-        self.cur_batch = batch
-        launched = (batch.snapshot(), self.run_batch(batch)) if batch is not None else None
-        if self._pending is not None:
-            self.process_batch_result(*self._pending)
-        self._pending = launched
-        self.last_batch = batch
-        if batch is None:
-            self.on_idle()
-            return False
-        return True
+    def process_batch_result(self, batch, result) -> None:
+        """Append the step's tokens, finish requests, and stream (OutputProcessor)."""
+        num_decoded = self.output.process(batch, result)
+        if batch.forward_mode.is_decode():
+            self.retraction.decay()
+        self.stats.num_generated_tokens += num_decoded
+        self.output.stream(batch.reqs)
 
     def _needs_settled_outputs(self) -> bool:
         # Structured outputs: the next step's vocab mask needs the in-flight step's tokens
@@ -371,11 +552,9 @@ class Scheduler(
         # a step whose predecessor holds a constrained request runs unoverlapped. Steps
         # without grammar requests keep full overlap, and a row's tokens never depend on
         # which path ran, so non-grammar outputs are unchanged.
-        pending = self._pending
-        if (
-            pending is not None
-            and pending[0].has_grammar
-            and any(r.grammar is not None and not r.finished() for r in pending[0].reqs)
+        pending = self._pending[0]
+        if pending.has_grammar and any(
+            r.grammar is not None and not r.finished() for r in pending.reqs
         ):
             return True
         # The next decode batch is the running batch plus the last prefill batch (merged in
@@ -392,15 +571,12 @@ class Scheduler(
             self.tree_cache.evict(need)
         return self.allocator.available_size() < need
 
-    @property
-    def overlap(self) -> bool:
-        return not self.server_args.disable_overlap_schedule
-
+    # ---- state ---------------------------------------------------------------------
     def on_idle(self) -> None:
         if not self.is_idle_checked and self._pending is None:
-            self.check_memory()
+            self.stats.check_memory()
             self.is_idle_checked = True
-            self.new_token_ratio = self.init_new_token_ratio
+            self.retraction.reset()
 
     def has_work(self) -> bool:
         return bool(
@@ -412,30 +588,12 @@ class Scheduler(
             or self._pending is not None
         )
 
-    # ---- in-process driving (tests, tools) -----------------------------------------
-    def add_request(self, recv: TokenizedGenerateReqInput) -> None:
-        self.process_input_requests([recv])
-
-    def run_step(self) -> bool:
-        ran = self.step_overlap() if self.overlap else self.step()
-        self.maybe_report_metrics()  # here, so in-process drivers log "Decode batch." too
-        return ran
-
-    def run_until_idle(self, max_steps: int = 1_000_000) -> None:
-        for _ in range(max_steps):
-            if not self.run_step() and not self.has_work():
-                return
-        raise RuntimeError("run_until_idle: too many steps")
-
-    def event_loop(self, recv_requests: Callable[[int], list[Any]]) -> None:
-        """The process loop: receive, process input, schedule and run a step, process its
-        result and stream. `recv_requests(block_ms)` returns what arrived, waiting up to
-        block_ms for a first message; it waits only when there is nothing to do."""
-        block_ms = 0
-        while True:
-            self.process_input_requests(recv_requests(block_ms))
-            if self.run_step():
-                self.is_idle_checked = False
-                block_ms = 0
-            else:
-                block_ms = 0 if self.has_work() else IDLE_WAIT_MS
+    def num_running_reqs(self) -> int:
+        """Requests holding KV between steps: the running batch plus the last prefill (or
+        mixed) batch's unfinished, non-chunked requests, which join it when the next batch
+        forms (after a mixed step that is every running request)."""
+        n = len(self.running_batch.reqs) if self.running_batch is not None else 0
+        last = self.last_batch
+        if last is not None and last.forward_mode.is_extend():
+            n += sum(1 for r in last.reqs if not r.finished() and r is not self.chunked_req)
+        return n

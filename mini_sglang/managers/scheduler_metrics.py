@@ -1,5 +1,12 @@
-"""SGLang's scheduler log lines, the idle memory self-check and internal state for
-/get_server_info."""
+"""SchedulerStats: the scheduler's counters and SGLang's scheduler log lines ("Prefill
+batch.", "Decode batch."), the idle memory self-check, and the internal state for
+/get_server_info.
+
+Contract: the stats read the KV pools and the prefix cache but change nothing the scheduler
+schedules with; what they need of the queues (their lengths, the running count) is passed
+in. The scheduler bumps the counters (num_generated_tokens, num_retracted_reqs, ...) and
+calls `on_step(batch, waiting_queue)` after every step.
+"""
 
 from __future__ import annotations
 
@@ -15,17 +22,35 @@ if TYPE_CHECKING:
 logger = logging.getLogger("mini_sglang")
 
 
-class SchedulerMetricsMixin:
-    def init_metrics(self) -> None:
-        self.num_generated_tokens = 0
+class SchedulerStats:
+    def __init__(
+        self,
+        decode_log_interval: int,
+        model_runner: Any,
+        req_to_token_pool: Any,
+        allocator: Any,
+        tree_cache: Any,
+        max_total_num_tokens: int,
+        max_req_input_len: int,
+        device: torch.device,
+    ) -> None:
+        self.decode_log_interval = decode_log_interval
+        self.model_runner = model_runner
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.tree_cache = tree_cache
+        self.max_total_num_tokens = max_total_num_tokens
+        self.max_req_input_len = max_req_input_len
+        self.device = device
+        self.num_generated_tokens = 0  # decode tokens since the last "Decode batch." line
         self.num_retracted_reqs = 0
+        self.num_mixed_batches = 0  # forwards that ran prefill and decode rows together
+        self.num_mixed_decode_rows = 0  # decode rows those forwards carried
         self.last_gen_throughput = 0.0
+        self.memory_check_failures = 0
         self._last_decode_log = time.perf_counter()
         self._decode_steps = 0
         self._logged_no_token = False
-        self.is_idle_checked = True
-        self.memory_check_failures = 0
-        self.cur_batch = None
 
     def available_mem_str(self) -> str:
         if self.device.type == "cuda":
@@ -33,16 +58,14 @@ class SchedulerMetricsMixin:
         return "n/a (cpu)"
 
     def token_usage(self) -> float:
-        used = self.max_total_num_tokens - self.allocator.available_size()
-        used -= self.tree_cache.evictable_size()
-        return used / self.max_total_num_tokens
+        return self.num_used_tokens() / self.max_total_num_tokens
 
     def log_no_token_once(self) -> None:
         if not self._logged_no_token:
             logger.debug("Prefill is waiting: not enough KV memory for the next request.")
             self._logged_no_token = True
 
-    def log_prefill_stats(self, adder: PrefillAdder, running_bs: int) -> None:
+    def log_prefill(self, adder: PrefillAdder, running_bs: int, num_queue_reqs: int) -> None:
         self._logged_no_token = False
         logger.info(
             "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, "
@@ -52,15 +75,16 @@ class SchedulerMetricsMixin:
             adder.log_hit_tokens,
             self.token_usage(),
             running_bs,
-            len(self.waiting_queue),
+            num_queue_reqs,
         )
 
-    def maybe_report_metrics(self) -> None:
-        batch = self.cur_batch
+    def on_step(self, batch: Any, waiting_queue: list) -> None:
+        """After each step (`batch` None when idle): every decode_log_interval decode steps,
+        the "Decode batch." line with the throughput since the last one."""
         if batch is None or not batch.forward_mode.is_decode():
             return
         self._decode_steps += 1
-        if self._decode_steps % self.server_args.decode_log_interval:
+        if self._decode_steps % self.decode_log_interval:
             return
         now = time.perf_counter()
         self.last_gen_throughput = self.num_generated_tokens / max(
@@ -68,27 +92,23 @@ class SchedulerMetricsMixin:
         )
         self.num_generated_tokens = 0
         self._last_decode_log = now
-        num_used = self.max_total_num_tokens - self.allocator.available_size()
-        num_used -= self.tree_cache.evictable_size()
         logger.info(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
             "gen throughput (token/s): %.2f, #queue-req: %d",
             len(batch.reqs),
-            num_used,
+            self.num_used_tokens(),
             self.token_usage(),
             self.last_gen_throughput,
-            len(self.waiting_queue),
+            len(waiting_queue),
         )
 
-    def num_running_reqs(self) -> int:
-        """Requests holding KV between steps: the running batch plus the last prefill (or
-        mixed) batch's unfinished, non-chunked requests, which join it when the next batch
-        forms (after a mixed step that is every running request)."""
-        n = len(self.running_batch.reqs) if self.running_batch is not None else 0
-        last = self.last_batch
-        if last is not None and last.forward_mode.is_extend():
-            n += sum(1 for r in last.reqs if not r.finished() and r is not self.chunked_req)
-        return n
+    def num_used_tokens(self) -> int:
+        """KV slots held by requests (neither free nor evictable cache)."""
+        return (
+            self.max_total_num_tokens
+            - self.allocator.available_size()
+            - self.tree_cache.evictable_size()
+        )
 
     def memory_accounting(self) -> dict[str, int]:
         return {
@@ -120,8 +140,8 @@ class SchedulerMetricsMixin:
             )
         return ok
 
-    def internal_state(self) -> dict[str, Any]:
-        r = self.tp_worker.model_runner
+    def internal_state(self, num_running_reqs: int, num_queue_reqs: int) -> dict[str, Any]:
+        r = self.model_runner
         return {
             "last_gen_throughput": self.last_gen_throughput,
             "memory_usage": {
@@ -131,11 +151,9 @@ class SchedulerMetricsMixin:
                 "graph": round(getattr(r, "graph_mem_gib", 0.0), 2),
             },
             "num_retracted_reqs": self.num_retracted_reqs,
-            "num_running_reqs": self.num_running_reqs(),
-            "num_queue_reqs": len(self.waiting_queue),
-            "num_used_tokens": self.max_total_num_tokens
-            - self.allocator.available_size()
-            - self.tree_cache.evictable_size(),
+            "num_running_reqs": num_running_reqs,
+            "num_queue_reqs": num_queue_reqs,
+            "num_used_tokens": self.num_used_tokens(),
             "token_usage": round(self.token_usage(), 4),
             "memory_check_failures": self.memory_check_failures,
             "max_total_num_tokens": self.max_total_num_tokens,

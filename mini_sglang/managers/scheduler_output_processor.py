@@ -1,5 +1,11 @@
-"""What the scheduler does with a finished forward: append tokens, finish requests, free
-their KV into the prefix cache, and stream BatchTokenIDOutput to the detokenizer.
+"""OutputProcessor: what the scheduler does with a finished forward. It appends each row's
+token (and logprobs), finishes requests, frees their KV into the prefix cache, and streams
+BatchTokenIDOutput to the detokenizer.
+
+Contract: `process(batch, result)` changes the requests of the batch and the KV pools only,
+never the scheduler's queues (finished requests leave the running batch when the scheduler
+filters it), and returns the number of decode tokens; `stream(reqs)` sends what is new
+for each request that is due (also used for requests finished before they ran).
 
 Streaming rule (SGLang's): a request is sent when it finishes, and while streaming when it
 got its first token or every --stream-interval tokens. Each message carries only what is
@@ -8,6 +14,7 @@ new for that request (its decode ids, output ids and logprobs since the last mes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,9 +31,26 @@ if TYPE_CHECKING:
 DETOKENIZE_CONTEXT_TOKENS = 5
 
 
-class SchedulerOutputProcessorMixin:
-    def process_batch_result(self, batch: BatchSnapshot, result: GenerationBatchResult) -> None:
-        """Append each row's sampled token, finish requests, and stream.
+class OutputProcessor:
+    def __init__(
+        self,
+        allocator,
+        tree_cache,
+        page_size: int,
+        tokenizer,
+        stream_interval: int,
+        send_to_detokenizer: Callable[[BatchTokenIDOutput], None],
+    ) -> None:
+        self.allocator = allocator
+        self.tree_cache = tree_cache
+        self.page_size = page_size
+        self.tokenizer = tokenizer  # for stop strings (None with --skip-tokenizer-init)
+        self.stream_interval = stream_interval  # --stream-interval
+        self.send_to_detokenizer = send_to_detokenizer
+
+    def process(self, batch: BatchSnapshot, result: GenerationBatchResult) -> int:
+        """Append each row's sampled token and finish requests; returns the number of
+        decode rows' tokens.
 
         Rows are prefill rows (their prompt just got its KV: cached for sharing) or decode
         rows (one more token); a MIXED batch (--enable-mixed-chunk) has prefill rows first
@@ -46,18 +70,12 @@ class SchedulerOutputProcessorMixin:
             self.allocator.free_group_end()
         if batch.forward_mode.is_extend() and batch.return_logprob:
             self.add_input_logprobs(batch, result)
-        if batch.forward_mode.is_decode():
-            # SGLang decays the estimate on decode steps only (mixed steps leave it).
-            self.new_token_ratio = max(
-                self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
-            )
-        self.num_generated_tokens += num_decoded
-        self.stream_output(batch.reqs)
+        return num_decoded
 
     def _process_rows(
         self, batch: BatchSnapshot, result: GenerationBatchResult, next_ids: list[int]
     ) -> int:
-        """The per-row part of process_batch_result; returns the decode rows' token count."""
+        """The per-row part of process; returns the decode rows' token count."""
         num_decoded = 0
         for i, req in enumerate(batch.reqs):
             is_decode_row = batch.is_decode_row(i)
@@ -112,7 +130,14 @@ class SchedulerOutputProcessorMixin:
     def add_input_logprobs(self, batch: BatchSnapshot, result: GenerationBatchResult) -> None:
         """Prompt logprobs: position k's value is log p(token k | tokens < k), from the
         logits row of position k - 1; the first reported position (logprob_start_len) gets
-        None, as in SGLang 0.5.4 even when it is not 0 (its row k - 1 is not computed)."""
+        None, as in SGLang 0.5.4 even when it is not 0 (its row k - 1 is not computed).
+
+        Worked example: prompt t0..t5, logprob_start_len 2, nothing cached, one chunk: the
+        rows are positions 2..5 (start 2). Position 2 gets None; rows 0, 1, 2 predict t3,
+        t4, t5; row 3 predicts the first output token and is skipped. The prompt's values
+        are then [None, lp(t3), lp(t4), lp(t5)]. Split into chunks t0..t3 and t4..t5, the
+        second chunk's rows start at 4 and the first one's last row already gave t4.
+        """
         out = result.logits_output
         if out.input_logits is None:
             return
@@ -169,11 +194,11 @@ class SchedulerOutputProcessorMixin:
             return True
         if not req.stream or req.is_chunked > 0:
             return False
-        interval = req.sampling_params.stream_interval or self.server_args.stream_interval
+        interval = req.sampling_params.stream_interval or self.stream_interval
         n = len(req.output_ids)
         return n == 1 or (n - req.send_token_offset) >= interval
 
-    def stream_output(self, reqs: list[Req]) -> None:
+    def stream(self, reqs: list[Req]) -> None:
         to_send = [r for r in reqs if self.should_stream(r) and not r.sent_final]
         if not to_send:
             return

@@ -1,5 +1,18 @@
-"""Decode-time memory: make room for the next decode step, retracting requests when the
-KV pool runs out (SGLang's policy and its new_token_ratio re-estimate)."""
+"""Retraction: the scheduler's decode-memory policy (SGLang's). It owns the new_token_ratio
+estimate, the fraction of each running request's remaining max_new_tokens that prefill
+admission holds back for it, and retracts requests when the next decode step does not fit.
+
+Contract: `retract(batch)` removes requests from the running `batch` (their KV freed, their
+state reset for a re-prefill) and returns them; the scheduler puts them back at the head of
+its waiting queue. The ratio starts at its initial value, `decay()` lowers it by one step
+after each decode step down to its floor, a retraction raises it to what the remaining
+requests need, and `reset()` restores it (idle, flush_cache).
+
+Worked example (defaults, schedule_conservativeness 1): the ratio starts at 0.7 with a floor
+of 0.7 * 0.14 = 0.098, and decays by (0.7 - 0.098) / 600 per decode step. A retraction
+that leaves 2 requests with 30 decoded of 200 max_new_tokens in total sets it to
+(30 + 20 * 2) / 200 = 0.35.
+"""
 
 from __future__ import annotations
 
@@ -17,31 +30,45 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("mini_sglang")
 
+INIT_NEW_TOKEN_RATIO = envs.SGLANG_INIT_NEW_TOKEN_RATIO.get()
+MIN_NEW_TOKEN_RATIO_FACTOR = envs.SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR.get()
+NEW_TOKEN_RATIO_DECAY_STEPS = envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get()
 RETRACT_DECODE_STEPS = envs.SGLANG_RETRACT_DECODE_STEPS.get()
 
 
-class SchedulerRetractionMixin:
-    def update_running_batch(self, batch: ScheduleBatch) -> None:
-        """Make room for one more token per request (retracting if needed), then prepare."""
-        if not batch.check_decode_mem():
-            retracted, self.new_token_ratio = self.retract_decode(batch)
-            self.num_retracted_reqs += len(retracted)
-            logger.warning(
-                "KV cache pool is full. Retract requests. #retracted_reqs: %d, "
-                "#new_token_ratio: %.4f -> %.4f",
-                len(retracted),
-                self.init_new_token_ratio,
-                self.new_token_ratio,
-            )
-            self.waiting_queue = retracted + self.waiting_queue
-            if batch.is_empty():
-                return
-        batch.prepare_for_decode()
+class Retraction:
+    def __init__(
+        self,
+        schedule_conservativeness: float,
+        req_to_token_pool,
+        allocator,
+        tree_cache,
+        page_size: int,
+    ) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.tree_cache = tree_cache
+        self.page_size = page_size
+        self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * schedule_conservativeness, 1.0)
+        self.min_new_token_ratio = self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.new_token_ratio_decay = (
+            self.init_new_token_ratio - self.min_new_token_ratio
+        ) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_new_token_ratio
 
-    def retract_decode(self, batch: ScheduleBatch) -> tuple[list[Req], float]:
+    def decay(self) -> None:
+        """After a decode step (SGLang decays on decode steps only; mixed steps leave it)."""
+        self.new_token_ratio = max(
+            self.new_token_ratio - self.new_token_ratio_decay, self.min_new_token_ratio
+        )
+
+    def reset(self) -> None:
+        self.new_token_ratio = self.init_new_token_ratio
+
+    def retract(self, batch: ScheduleBatch) -> list[Req]:
         """SGLang's retraction: drop requests with the fewest output tokens (the longest
         prompt first among equals) until the next decode step fits; at least one goes.
-        Returns the retracted requests and the new new_token_ratio estimate."""
+        Returns the retracted requests and re-estimates new_token_ratio."""
         reqs = batch.reqs
         order = sorted(
             range(len(reqs)),
@@ -56,7 +83,7 @@ class SchedulerRetractionMixin:
             first = False
             idx = order.pop()
             req = reqs[idx]
-            self.release_req_kv(req, int(batch.seq_lens[idx]))
+            self._release_req_kv(req, int(batch.seq_lens[idx]))
             # Use what the release made evictable right away.
             self.tree_cache.evict(len(order) * RETRACT_DECODE_STEPS)
             req.reset_for_retract()
@@ -65,7 +92,15 @@ class SchedulerRetractionMixin:
         total_decoded = sum(len(r.output_ids) for r in batch.reqs)
         total_max_new = sum(r.sampling_params.max_new_tokens for r in batch.reqs)
         ratio = (total_decoded + RETRACT_DECODE_STEPS * len(batch.reqs)) / max(total_max_new, 1)
-        return retracted, min(1.0, ratio)
+        self.new_token_ratio = min(1.0, ratio)
+        logger.warning(
+            "KV cache pool is full. Retract requests. #retracted_reqs: %d, "
+            "#new_token_ratio: %.4f -> %.4f",
+            len(retracted),
+            self.init_new_token_ratio,
+            self.new_token_ratio,
+        )
+        return retracted
 
     def _decode_fits(self, num_reqs: int) -> bool:
         need = num_reqs * self.page_size
@@ -73,7 +108,7 @@ class SchedulerRetractionMixin:
             self.tree_cache.evict(need)
         return self.allocator.available_size() >= need
 
-    def release_req_kv(self, req: Req, kv_len: int) -> None:
+    def _release_req_kv(self, req: Req, kv_len: int) -> None:
         """Free a running request's own KV (beyond its cached prefix) and its slot."""
         table = self.req_to_token_pool.req_to_token
         start = len(req.prefix_indices) // self.page_size * self.page_size

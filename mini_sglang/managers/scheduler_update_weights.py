@@ -1,5 +1,5 @@
-"""Scheduler handlers for online weight updates and load reports (SGLang 0.5.4's
-SchedulerUpdateWeightsMixin), registered in the scheduler's dispatch table.
+"""WeightUpdater: the scheduler's component for online weight updates (SGLang 0.5.4's
+SchedulerUpdateWeightsMixin); its handlers go into the scheduler's dispatch table.
 
 In-flight requests: SGLang's TokenizerManager holds a writer lock, so an update runs only
 after every in-flight request has finished, and requests sent later see the new weights.
@@ -17,7 +17,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from mini_sglang.managers.io_struct.control import GetLoadReqInput, GetLoadReqOutput
 from mini_sglang.managers.io_struct.weights import (
     DestroyWeightsUpdateGroupReqInput,
     DestroyWeightsUpdateGroupReqOutput,
@@ -37,8 +36,24 @@ from mini_sglang.model_executor import weight_updates as wu
 logger = logging.getLogger("mini_sglang")
 
 
-class SchedulerUpdateWeightsMixin:
-    def update_weights_dispatch(self) -> dict[type, Callable[[Any], Any]]:
+class WeightUpdater:
+    def __init__(
+        self,
+        model_runner: Any,
+        dp_rank: int | None,
+        has_work: Callable[[], bool],
+        run_until_idle: Callable[[], None],
+        flush_cache: Callable[[], bool],
+    ) -> None:
+        """The scheduler's own has_work / run_until_idle / flush_cache do the draining and
+        the flush around an update."""
+        self._runner = model_runner
+        self.dp_rank = dp_rank or 0
+        self.has_work = has_work
+        self.run_until_idle = run_until_idle
+        self.flush_cache = flush_cache
+
+    def dispatch(self) -> dict[type, Callable[[Any], Any]]:
         """Entries for the scheduler's type -> handler table."""
         return {
             UpdateWeightFromDiskReqInput: self.update_weights_from_disk,
@@ -47,12 +62,7 @@ class SchedulerUpdateWeightsMixin:
             UpdateWeightsFromDistributedReqInput: self.update_weights_from_distributed,
             UpdateWeightsFromTensorReqInput: self.update_weights_from_tensor,
             GetWeightsByNameReqInput: self.get_weights_by_name,
-            GetLoadReqInput: self.get_load,
         }
-
-    @property
-    def _runner(self):
-        return self.tp_worker.model_runner
 
     def _finish_in_flight(self) -> None:
         """Run until idle: in-flight requests complete with the weights they started with."""
@@ -84,7 +94,7 @@ class SchedulerUpdateWeightsMixin:
             recv.world_size,
             recv.group_name,
             recv.backend,
-            dp_rank=self.dp_rank or 0,
+            dp_rank=self.dp_rank,
         )
         return InitWeightsUpdateGroupReqOutput(success, message)
 
@@ -117,29 +127,3 @@ class SchedulerUpdateWeightsMixin:
     def get_weights_by_name(self, recv: GetWeightsByNameReqInput):
         parameter = wu.get_weights_by_name(self._runner, recv.name, recv.truncate_size)
         return GetWeightsByNameReqOutput(parameter)
-
-    def get_load(self, recv: GetLoadReqInput) -> GetLoadReqOutput | None:
-        """This replica's load. A request carrying `http_worker_ipc` (the DP controller's
-        load-report socket) is answered there instead of to the TokenizerManager."""
-        running = self.num_running_reqs()
-        num_tokens = self.max_total_num_tokens - self.allocator.available_size()
-        num_tokens -= self.tree_cache.evictable_size()
-        out = GetLoadReqOutput(
-            dp_rank=self.dp_rank or 0,
-            num_reqs=running + len(self.waiting_queue),
-            num_waiting_reqs=len(self.waiting_queue),
-            num_tokens=num_tokens,
-        )
-        if recv.http_worker_ipc is None:
-            return out
-        if self.tp_rank == 0:
-            if getattr(self, "_load_report_sock", None) is None:
-                import zmq
-
-                from mini_sglang.utils.process import get_zmq_socket
-
-                self._load_report_sock = get_zmq_socket(
-                    zmq.Context.instance(), zmq.PUSH, recv.http_worker_ipc, bind=False
-                )
-            self._load_report_sock.send_pyobj(out)
-        return None

@@ -181,7 +181,7 @@ def test_mixed_chunk_top5_logprobs_match_hf(tiny_model, backend):
         model_path, enable_mixed_chunk=True, chunked_prefill_size=32, **kw
     )
     _check_top5_against_hf(sched, outputs, hf, late=2)
-    assert sched.num_mixed_batches > 0
+    assert sched.stats.num_mixed_batches > 0
 
 
 def test_large_graph_batch_matches_hf(tiny_model, monkeypatch):
@@ -260,7 +260,7 @@ def _check_top5_against_hf(
     assert worst <= tol, (
         f"max top-5 logprob diff {worst:.4f} > {tol:.4f} (bf16 own {twin_worst:.4f})"
     )
-    assert sched.check_memory()
+    assert sched.stats.check_memory()
 
 
 def test_overlap_on_and_off_give_identical_greedy_tokens(tiny_model):
@@ -277,7 +277,7 @@ def test_overlap_on_and_off_give_identical_greedy_tokens(tiny_model):
         for msg in outputs:
             for rid, ids in zip(msg.rids, msg.output_ids):
                 got.setdefault(rid, []).extend(ids)
-        assert sched.check_memory()
+        assert sched.stats.check_memory()
         runs.append(got)
         del sched
         gc.collect()

@@ -80,4 +80,4 @@ def test_constraints_hold_on_cuda(gpu_llama_path, backend):
     for i in range(len(prompts)):
         _assert_constraints_hold(tok, out, i)
         assert len(out[f"p{i}"].output_ids) == 12
-    assert sched.check_memory()
+    assert sched.stats.check_memory()

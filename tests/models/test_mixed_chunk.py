@@ -61,7 +61,7 @@ def reference(model_path: str) -> list[list[int]]:
     sched = _sched(model_path, False, disable_radix_cache=True, disable_overlap_schedule=True)
     outs = [r.output_ids for r in run_prompts(sched, _prompts(), MAX_NEW, stagger=_stagger)]
     assert all(len(o) == MAX_NEW and len(set(o)) >= 4 for o in outs), outs
-    assert sched.num_mixed_batches == 0
+    assert sched.stats.num_mixed_batches == 0
     assert_memory_all_free(sched)
     return outs
 
@@ -82,16 +82,16 @@ def test_mixed_greedy_matches_unmixed(
     results = run_prompts(sched, _prompts(), MAX_NEW, stagger=_stagger)
     assert [r.output_ids for r in results] == reference
     assert all(r.finish_reason["type"] == "length" for r in results)
-    assert sched.num_mixed_batches > 0 and sched.num_mixed_decode_rows > 0
+    assert sched.stats.num_mixed_batches > 0 and sched.stats.num_mixed_decode_rows > 0
     assert_memory_all_free(sched)
 
 
 def test_flag_off_or_no_chunking_never_mixes(model_path: str) -> None:
     """SGLang mixes only with chunked prefill on (--chunked-prefill-size > 0)."""
     sched = _sched(model_path, True, chunked_prefill_size=-1)
-    assert not sched.is_mixed_chunk
+    assert not sched.prefill.is_mixed_chunk
     run_prompts(sched, _prompts()[:3], 4, stagger=_stagger)
-    assert sched.num_mixed_batches == 0
+    assert sched.stats.num_mixed_batches == 0
     assert_memory_all_free(sched)
 
 
@@ -125,7 +125,7 @@ def test_finish_and_streaming_in_mixed_batches(model_path: str, reference, page_
         assert_memory_all_free(sched)
         runs.append((sched, res))
     (_, plain), (mixed_sched, mixed) = runs
-    assert mixed_sched.num_mixed_batches > 0
+    assert mixed_sched.stats.num_mixed_batches > 0
     assert set(plain) == set(mixed) == {f"v{i}" for i in range(len(prompts))}
     for rid in plain:
         assert mixed[rid].output_ids == plain[rid].output_ids, rid
@@ -161,7 +161,7 @@ def test_logprobs_of_mixed_requests(model_path: str, overlap: bool) -> None:
         assert_memory_all_free(sched)
         runs.append((sched, res))
     (_, plain), (mixed_sched, mixed) = runs
-    assert mixed_sched.num_mixed_batches > 0 and mixed_sched.num_mixed_decode_rows > 0
+    assert mixed_sched.stats.num_mixed_batches > 0 and mixed_sched.stats.num_mixed_decode_rows > 0
     for p, m, ids in zip(plain, mixed, prompts):
         assert m.output_ids == p.output_ids
         assert len(m.output_logprobs) == len(p.output_logprobs) == 6

@@ -211,7 +211,7 @@ def test_greedy_variants_match_hf(tiny: TinyModel, variant: str) -> None:
     results = run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS)
     _assert_same_as_hf(tiny, results)
     if "max_total_tokens" in kw:
-        assert sched.num_retracted_reqs > 0, "the tiny pool should force retraction"
+        assert sched.stats.num_retracted_reqs > 0, "the tiny pool should force retraction"
     assert_memory_all_free(sched)
     # Staggered arrivals under the same constraints.
     results = run_prompts(
@@ -239,7 +239,7 @@ def test_prompt_and_output_logprobs_match_hf(tiny: TinyModel, variant: str) -> N
     )
     _assert_same_as_hf(tiny, results)
     if variant != "default":
-        assert sched.num_retracted_reqs > 0
+        assert sched.stats.num_retracted_reqs > 0
     for i, (res, prompt, out) in enumerate(zip(results, tiny.prompts, tiny.hf_outputs)):
         full = prompt + out
         ref = torch.log_softmax(_hf_logits(tiny.hf_model, full), dim=-1)

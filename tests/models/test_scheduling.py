@@ -124,7 +124,7 @@ def test_no_radix_cache_reports_no_hits(model_path: str, shared_prefix_prompts):
     run_prompts(sched, shared_prefix_prompts[:1], MAX_NEW, rid_prefix="a")
     run_prompts(sched, shared_prefix_prompts[1:3], MAX_NEW, rid_prefix="b")
     assert set(_cached_tokens(sched.test_outputs).values()) == {0}
-    assert sched.memory_accounting()["free"] == sched.max_total_num_tokens
+    assert sched.stats.memory_accounting()["free"] == sched.max_total_num_tokens
 
 
 # ---- tiny KV pool: chunked prefill + retraction ------------------------------------------
@@ -149,7 +149,7 @@ CROWD_MAX_NEW = 24
 def crowd_reference(model_path: str, crowd_prompts) -> list[list[int]]:
     sched = make_scheduler(model_path, max_total_tokens=8192, chunked_prefill_size=-1)
     results = run_prompts(sched, crowd_prompts, CROWD_MAX_NEW)
-    assert sched.num_retracted_reqs == 0
+    assert sched.stats.num_retracted_reqs == 0
     return [r.output_ids for r in results]
 
 
@@ -173,9 +173,9 @@ def test_tiny_pool_retracts_and_matches(
         results = run_prompts(sched, crowd_prompts, CROWD_MAX_NEW)
     assert [r.output_ids for r in results] == crowd_reference
     assert all(r.finish_reason == {"type": "length", "length": CROWD_MAX_NEW} for r in results)
-    assert sched.num_retracted_reqs > 0
+    assert sched.stats.num_retracted_reqs > 0
     assert any("Retract requests" in r.getMessage() for r in caplog.records)
-    assert sched.memory_check_failures == 0
+    assert sched.stats.memory_check_failures == 0
     assert_memory_all_free(sched)
     assert sched.internal_state()["memory_check_failures"] == 0
     sched.tree_cache.check_invariants()
@@ -204,7 +204,7 @@ def test_retraction_right_after_prefill_under_overlap(model_path: str) -> None:
     )
     results = run_prompts(sched, prompts, 30, stagger=lambda i: 1)
     assert [r.output_ids for r in results] == expected
-    assert sched.num_retracted_reqs > 0
+    assert sched.stats.num_retracted_reqs > 0
     assert_memory_all_free(sched)
 
 
@@ -212,15 +212,15 @@ def test_idle_self_check_reports_a_leak(model_path: str, caplog) -> None:
     """The self-check is not vacuous: a slot taken behind the scheduler's back is reported
     as an error with the numbers, and counted in internal_state."""
     sched = make_scheduler(model_path, max_total_tokens=256)
-    assert sched.check_memory()
+    assert sched.stats.check_memory()
     leaked = sched.allocator.alloc(3)
     with caplog.at_level(logging.ERROR, logger="mini_sglang"):
-        assert not sched.check_memory()
+        assert not sched.stats.check_memory()
     assert sched.internal_state()["memory_check_failures"] == 1
     msg = next(r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
     assert "free=253" in msg and "capacity=256" in msg, msg
     sched.allocator.free(leaked)
-    assert sched.check_memory()
+    assert sched.stats.check_memory()
 
 
 # ---- limits ---------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ def test_flush_cache_when_idle_and_refused_when_busy(model_path: str, shared_pre
     assert not sched.flush_cache()
     sched.run_until_idle()
     assert sched.flush_cache()
-    m = sched.memory_accounting()
+    m = sched.stats.memory_accounting()
     assert m["evictable"] == 0 and m["free"] == m["capacity"], m
     assert sched.tree_cache.total_size() == 0
     # The scheduler works normally afterwards, without hits.
@@ -453,7 +453,8 @@ def test_new_token_ratio_env_names(model_path: str) -> None:
         f"s = make_scheduler({model_path!r}, schedule_conservativeness=0.5)\n"
         "import mini_sglang.managers.schedule_policy as p\n"
         "import mini_sglang.managers.scheduler_retraction as r\n"
-        "print(s.init_new_token_ratio, s.min_new_token_ratio, s.new_token_ratio_decay,"
+        "rt = s.retraction\n"
+        "print(rt.init_new_token_ratio, rt.min_new_token_ratio, rt.new_token_ratio_decay,"
         " p.CLIP_MAX_NEW_TOKENS, r.RETRACT_DECODE_STEPS)\n"
     )
     env = {

@@ -109,7 +109,7 @@ def test_constraints_hold_and_plain_requests_keep_their_tokens(model_path, promp
         assert out[f"re{i}"].finish_reason["type"] == "stop"
         # Same greedy tokens as when they ran without grammar requests in the batch.
         assert out[f"p{i}"].output_ids == alone[f"p{i}"].output_ids
-    assert sched.num_mixed_batches > 0 or not mixed
+    assert sched.stats.num_mixed_batches > 0 or not mixed
     assert_memory_all_free(sched)
 
 
@@ -148,8 +148,8 @@ def test_chunked_prefill_and_retraction_keep_the_matcher_in_step(model_path, ove
     out = _run(sched, reqs)
     for rid, res in out.items():
         assert re.fullmatch(long_regex, _text(sched.tokenizer, res.output_ids)), rid
-    assert sched.num_retracted_reqs > 0
-    assert sched.memory_check_failures == 0
+    assert sched.stats.num_retracted_reqs > 0
+    assert sched.stats.memory_check_failures == 0
     assert_memory_all_free(sched)
 
 
