@@ -4,15 +4,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, Request
 
 if TYPE_CHECKING:
-    from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
-    from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
     from mini_sglang.server_args import ServerArgs
 
@@ -21,26 +18,14 @@ if TYPE_CHECKING:
 class ServerState:
     """What the routes share. ``status``: "Starting" -> "Up" (after warm-up; /health answers
     503 before) -> "ShuttingDown". ``scheduler_info`` is rank 0's start-up report
-    (max_total_num_tokens, max_req_input_len, ...)."""
+    (max_total_num_tokens, max_req_input_len, ...). ``handlers``: request handlers a route
+    module builds on first use and keeps here, by class (the OpenAI routes' serving_*)."""
 
     tokenizer_manager: TokenizerManager
     scheduler_info: dict[str, Any]
     server_args: ServerArgs
     status: str = "Starting"
-
-    @cached_property
-    def openai_chat(self) -> OpenAIServingChat:
-        """/v1/chat/completions' handler, built on first use."""
-        from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
-
-        return OpenAIServingChat(self.tokenizer_manager)
-
-    @cached_property
-    def openai_completion(self) -> OpenAIServingCompletion:
-        """/v1/completions' handler, built on first use."""
-        from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
-
-        return OpenAIServingCompletion(self.tokenizer_manager)
+    handlers: dict[type, Any] = field(default_factory=dict)
 
 
 def server_state(request: Request) -> ServerState:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -42,10 +42,10 @@ from mini_sglang.entrypoints.openai.serving_base import (
     fastapi_json_response,
     json_response,
 )
-from mini_sglang.entrypoints.server_state import ServerStateDep
-from mini_sglang.function_call.function_call_parser import (
-    FunctionCallParser,
-)
+from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
+from mini_sglang.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from mini_sglang.entrypoints.server_state import ServerState, ServerStateDep
+from mini_sglang.function_call.function_call_parser import FunctionCallParser
 from mini_sglang.managers.scoring import score_request
 from mini_sglang.parser.reasoning_parser import ReasoningParser
 
@@ -59,26 +59,36 @@ _MAX_JSON_INT = (1 << 63) - 1
 router = APIRouter()
 _json_only = [Depends(validate_json_request)]
 
+_Handler = TypeVar("_Handler", OpenAIServingChat, OpenAIServingCompletion)
+
+
+def _handler(state: ServerState, cls: type[_Handler]) -> _Handler:
+    """The server's `cls` handler, built on its first request (the chat one logs the model's
+    default sampling parameters then) and kept in `state.handlers`."""
+    if cls not in state.handlers:
+        state.handlers[cls] = cls(state.tokenizer_manager)
+    return state.handlers[cls]
+
 
 @router.post("/v1/completions", dependencies=_json_only)
 async def openai_v1_completions(
     request: CompletionRequest, raw_request: Request, state: ServerStateDep
 ) -> Response:
-    return await state.openai_completion.handle_request(request, raw_request)
+    return await _handler(state, OpenAIServingCompletion).handle_request(request, raw_request)
 
 
 @router.post("/v1/chat/completions", dependencies=_json_only)
 async def openai_v1_chat_completions(
     request: ChatCompletionRequest, raw_request: Request, state: ServerStateDep
 ) -> Response:
-    return await state.openai_chat.handle_request(request, raw_request)
+    return await _handler(state, OpenAIServingChat).handle_request(request, raw_request)
 
 
 @router.post("/invocations")  # SageMaker's chat endpoint (SGLang: no Content-Type check)
 async def sagemaker_chat_completions(
     request: ChatCompletionRequest, raw_request: Request, state: ServerStateDep
 ) -> Response:
-    return await state.openai_chat.handle_request(request, raw_request)
+    return await _handler(state, OpenAIServingChat).handle_request(request, raw_request)
 
 
 @router.get("/v1/models/{model:path}")
