@@ -19,6 +19,7 @@ from fastapi.responses import Response
 
 from mini_sglang.entrypoints.http_helpers import (
     error_response,
+    http_exception_response,
     orjson_response,
     parse_json_body,
     validation_error_response,
@@ -26,7 +27,7 @@ from mini_sglang.entrypoints.http_helpers import (
 from mini_sglang.entrypoints.server_state import ServerStateDep
 from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
-from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.managers.tokenizer_manager import RequestAborted, SchedulerRefused
 from mini_sglang.utils.dataclass_validation import BodyValidationError
 
 
@@ -71,4 +72,6 @@ async def vertex_generate(request: Request, state: ServerStateDep) -> Response:
         ret = await state.tokenizer_manager.generate_request(obj, request).__anext__()
     except (ValueError, TypeError, RequestAborted) as e:
         return error_response(str(e))
+    except SchedulerRefused as e:
+        return http_exception_response(e.status_code, e.message)
     return orjson_response({"predictions": ret})

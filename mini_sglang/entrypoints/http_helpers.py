@@ -44,6 +44,13 @@ def validation_error_response(message: str) -> Response:
     return orjson_response({**body, "param": None, "code": 400}, 400)
 
 
+def http_exception_response(status_code: int, message: str) -> Response:
+    """SGLang's answer to a raised HTTPException (its exception handler): ErrorResponse
+    with the status as `type` and `code`, e.g. 503 "The request queue is full."."""
+    body = {"object": "error", "message": json_safe(message), "type": str(status_code)}
+    return orjson_response({**body, "param": None, "code": status_code}, status_code)
+
+
 def sse_event(data: Any) -> bytes:
     return b"data: " + orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
 

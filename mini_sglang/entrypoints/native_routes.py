@@ -20,6 +20,7 @@ from mini_sglang.entrypoints import metrics
 from mini_sglang.entrypoints.http_helpers import (
     SSE_DONE,
     error_response,
+    http_exception_response,
     orjson_response,
     parse_json_body,
     sse_event,
@@ -30,7 +31,7 @@ from mini_sglang.entrypoints.server_state import ServerStateDep
 from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
-from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.managers.tokenizer_manager import RequestAborted, SchedulerRefused
 from mini_sglang.utils.dataclass_validation import BodyValidationError
 from mini_sglang.utils.json_body import fastapi_default_response
 from mini_sglang.utils.unicode_check import json_safe
@@ -190,7 +191,7 @@ async def generate_request(request: Request, state: ServerStateDep) -> Response:
             try:
                 async for out in tm.generate_request(obj, request):
                     yield sse_event(out)
-            except (ValueError, TypeError) as e:
+            except (ValueError, TypeError, SchedulerRefused) as e:
                 yield sse_event({"error": {"message": json_safe(str(e))}})
             except RequestAborted:
                 return
@@ -203,4 +204,6 @@ async def generate_request(request: Request, state: ServerStateDep) -> Response:
         return error_response(str(e))
     except RequestAborted as e:
         return error_response(str(e))
+    except SchedulerRefused as e:
+        return http_exception_response(e.status_code, e.message)
     return fastapi_default_response(ret)  # SGLang returns the dict: json.dumps, not orjson

@@ -294,6 +294,11 @@ class Scheduler:
             req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
             self.output.stream([req])
             return
+        if self.queue_full():
+            # SGLang's retryable refusal: 503, which the HTTP layer answers as such.
+            req.finished_reason = FINISH_ABORT("The request queue is full.", status_code=503)
+            self.output.stream([req])
+            return
         sp = req.sampling_params
         if req.logprob_start_len == -1 or not req.return_logprob:
             # By default only the output's logprobs; a prefill-only request (max_new_tokens
@@ -336,10 +341,12 @@ class Scheduler:
                 f"The input ({n} tokens) is longer than the model's "
                 f"context length ({self.max_req_input_len} tokens)."
             )
-        queue_cap = self.server_args.max_queued_requests
-        if queue_cap is not None and len(self.waiting_queue) >= queue_cap:
-            return "The request queue is full."
         return None
+
+    def queue_full(self) -> bool:
+        """True when --max-queued-requests requests already wait (SGLang refuses the new one)."""
+        queue_cap = self.server_args.max_queued_requests
+        return queue_cap is not None and len(self.waiting_queue) >= queue_cap
 
     def queue_request(self, req: Req) -> None:
         """Queue a validated request: a constrained one may wait for its grammar first."""

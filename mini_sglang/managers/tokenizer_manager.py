@@ -51,6 +51,17 @@ class RequestAborted(Exception):
     """The client went away; the request was aborted in the scheduler."""
 
 
+class SchedulerRefused(Exception):
+    """The scheduler refused or ended the request with a server-side status (SGLang's
+    HTTPException for an abort whose status_code is 503 or 500, e.g. 503 "The request queue
+    is full."): the HTTP layer answers `status_code` with `message`."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
 class TokenizerManager:
     def __init__(self, server_args, port_args) -> None:
         self.server_args = server_args
@@ -376,6 +387,8 @@ class TokenizerManager:
                     reason = out["meta_info"]["finish_reason"] or {}
                     if reason.get("type") == "abort" and reason.get("status_code") == 400:
                         raise ValueError(reason["message"])
+                    if reason.get("type") == "abort" and reason.get("status_code") in (500, 503):
+                        raise SchedulerRefused(reason["status_code"], reason["message"])
                     yield out
                     return
                 if obj.stream:

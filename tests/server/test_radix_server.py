@@ -4,7 +4,7 @@ Servers: the session's shared `server` (radix cache, page size 1), one with
 --page-size 16, and a --disable-radix-cache reference that also runs one request at a time
 with a two-request queue limit. Checked: shared-prefix prompts report meta_info.cached_tokens
 equal to the prefix (page-aligned) and give the reference's greedy outputs; a request beyond
---max-queued-requests is refused at once with a clear 400; /flush_cache is 200 when idle
+--max-queued-requests is refused at once with SGLang's retryable 503; /flush_cache is 200 when idle
 (tree empty afterwards) and 400 while a request runs; the idle self-check never fired.
 """
 
@@ -125,14 +125,19 @@ def _stream_until_running(handle: ServerHandle, rid: str, max_new: int) -> reque
 
 def test_max_queued_requests_refused_at_once(reference_server: ServerHandle) -> None:
     """--max-running-requests 1 --max-queued-requests 2 and a burst of 12 requests of 48
-    tokens: one runs, two wait, and the ones beyond are answered at once with HTTP 400
-    "The request queue is full." while accepted work is still running; each accepted
+    tokens (half /generate, half /v1/completions): one runs, two wait, and the ones beyond
+    are answered at once with SGLang's HTTP 503 "The request queue is full." (its
+    HTTPException body, on both APIs) while accepted work is still running; each accepted
     request completes in full, and nothing of the refused ones stays behind."""
     n = 12
 
     def send(i: int) -> tuple[requests.Response, float]:
         t0 = time.perf_counter()
-        r = _generate(reference_server, [1000 + i, 7, 8], 48)
+        if i % 2:
+            body = {"prompt": [1000 + i, 7, 8], "max_tokens": 48, "temperature": 0}
+            r = reference_server.post("/v1/completions", json={**body, "ignore_eos": True})
+        else:
+            r = _generate(reference_server, [1000 + i, 7, 8], 48)
         return r, time.perf_counter() - t0
 
     with ThreadPoolExecutor(n) as pool:
@@ -142,10 +147,20 @@ def test_max_queued_requests_refused_at_once(reference_server: ServerHandle) -> 
     assert len(accepted) + len(refused) == n
     assert len(accepted) >= 3 and refused, [r.status_code for r, _ in results]
     for r, _ in refused:
-        assert r.status_code == 400
-        assert r.json() == {"error": {"message": "The request queue is full."}}
+        assert r.status_code == 503
+        assert r.json() == {
+            "object": "error",
+            "message": "The request queue is full.",
+            "type": "503",
+            "param": None,
+            "code": 503,
+        }
     for r, _ in accepted:
-        assert len(r.json()["output_ids"]) == 48
+        body = r.json()
+        n_out = (
+            len(body["output_ids"]) if "output_ids" in body else body["usage"]["completion_tokens"]
+        )
+        assert n_out == 48
     # Refusals did not wait for a turn: they came back before the accepted work finished.
     assert max(t for _, t in refused) < max(t for _, t in accepted)
     m = reference_server.wait_memory_all_free()

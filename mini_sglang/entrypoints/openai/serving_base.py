@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from mini_sglang.entrypoints.http_helpers import SSE_DONE
 from mini_sglang.entrypoints.openai.protocol import ErrorResponse, LogProbs, UsageInfo
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
-from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.managers.tokenizer_manager import RequestAborted, SchedulerRefused
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.json_body import fastapi_default_response
 from mini_sglang.utils.unicode_check import json_safe
@@ -237,6 +237,8 @@ class OpenAIServingBase:
         except RequestAborted as e:
             # The client is gone; the answer goes nowhere but must not be a 500.
             return create_error_response(str(e))
+        except SchedulerRefused as e:
+            return create_error_response(e.message, str(e.status_code), e.status_code)
         finally:
             await gen.aclose()
         return self._build_response(request, ret if isinstance(ret, list) else [ret])
@@ -253,6 +255,8 @@ class OpenAIServingBase:
             return  # the client disconnected; nobody reads further events
         except (ValueError, TypeError) as e:
             yield streaming_error_event(str(e))
+        except SchedulerRefused as e:
+            yield streaming_error_event(e.message, str(e.status_code), e.status_code)
         except Exception as e:  # noqa: BLE001
             logger.exception("Error in OpenAI stream: %s", e)
             yield streaming_error_event(f"Internal server error: {e}", "InternalServerError", 500)
