@@ -12,9 +12,9 @@ The loop (`event_loop`, `run_step`), without overlap:
 and with overlap (`step_overlap`) step N's result is processed after step N+1 is launched.
 
 The Scheduler owns the loop and the queues (`waiting_queue`, `chunked_req`,
-`running_batch`, `last_batch`): they change only in this module. Every other concern is a
-component built in `__init__` that owns its own state and hands back what should join or
-leave a queue:
+`running_batch`, `last_batch`): which requests they hold changes only in this module (the
+policy only reorders the waiting queue). Every other concern is a component built in
+`__init__` that owns its own state and hands back what should join or leave a queue:
   policy      SchedulePolicy: the order of the waiting queue (schedule_policy.py)
   prefill     PrefillManager: prefill budgets, batch building, mixed chunks
   retraction  Retraction: new_token_ratio, retracting when decode runs out of KV
@@ -526,7 +526,8 @@ class Scheduler:
     def update_running_batch(self, batch: ScheduleBatch) -> None:
         """Make room for one more token per request (retracting if needed), then prepare."""
         if not batch.check_decode_mem():
-            retracted = self.retraction.retract(batch)
+            retracted, keep = self.retraction.retract(batch)
+            batch.filter_batch(keep)
             self.stats.num_retracted_reqs += len(retracted)
             self.waiting_queue = retracted + self.waiting_queue
             if batch.is_empty():

@@ -2,10 +2,11 @@
 estimate, the fraction of each running request's remaining max_new_tokens that prefill
 admission holds back for it, and retracts requests when the next decode step does not fit.
 
-Contract: `retract(batch)` removes requests from the running `batch` (their KV freed, their
-state reset for a re-prefill) and returns them; the scheduler puts them back at the head of
-its waiting queue. The ratio starts at its initial value, `decay()` lowers it by one step
-after each decode step down to its floor, a retraction raises it to what the remaining
+Contract: `retract(batch)` picks requests of the running `batch` to give way (their KV
+freed, their state reset for a re-prefill) and returns them with the rows to keep; the
+scheduler filters the batch to those rows and puts the retracted requests back at the head
+of its waiting queue. The ratio starts at its initial value, `decay()` lowers it by one step
+after each decode step down to its floor, a retraction re-estimates it from what the remaining
 requests need, and `reset()` restores it (idle, flush_cache).
 
 Worked example (defaults, schedule_conservativeness 1): the ratio starts at 0.7 with a floor
@@ -65,10 +66,11 @@ class Retraction:
     def reset(self) -> None:
         self.new_token_ratio = self.init_new_token_ratio
 
-    def retract(self, batch: ScheduleBatch) -> list[Req]:
+    def retract(self, batch: ScheduleBatch) -> tuple[list[Req], list[int]]:
         """SGLang's retraction: drop requests with the fewest output tokens (the longest
         prompt first among equals) until the next decode step fits; at least one goes.
-        Returns the retracted requests and re-estimates new_token_ratio."""
+        Returns the retracted requests and the batch rows to keep (ascending), and
+        re-estimates new_token_ratio from the kept requests."""
         reqs = batch.reqs
         order = sorted(
             range(len(reqs)),
@@ -88,10 +90,11 @@ class Retraction:
             self.tree_cache.evict(len(order) * RETRACT_DECODE_STEPS)
             req.reset_for_retract()
             retracted.append(req)
-        batch.filter_batch(sorted(order))
-        total_decoded = sum(len(r.output_ids) for r in batch.reqs)
-        total_max_new = sum(r.sampling_params.max_new_tokens for r in batch.reqs)
-        ratio = (total_decoded + RETRACT_DECODE_STEPS * len(batch.reqs)) / max(total_max_new, 1)
+        keep = sorted(order)
+        kept = [reqs[i] for i in keep]
+        total_decoded = sum(len(r.output_ids) for r in kept)
+        total_max_new = sum(r.sampling_params.max_new_tokens for r in kept)
+        ratio = (total_decoded + RETRACT_DECODE_STEPS * len(kept)) / max(total_max_new, 1)
         self.new_token_ratio = min(1.0, ratio)
         logger.warning(
             "KV cache pool is full. Retract requests. #retracted_reqs: %d, "
@@ -100,7 +103,7 @@ class Retraction:
             self.init_new_token_ratio,
             self.new_token_ratio,
         )
-        return retracted
+        return retracted, keep
 
     def _decode_fits(self, num_reqs: int) -> bool:
         need = num_reqs * self.page_size
