@@ -1,10 +1,10 @@
 """The HTTP server: the FastAPI app with every route module's router, and launch_server().
 
 Routes live in their modules, each an APIRouter: native_routes (health, info, /generate;
-/metrics from metrics), openai/routes, weight_routes, control_routes, cloud_routes and
-embedding_routes; what they share (responses, SSE, body parsing) is in http_helpers and the
+/metrics from metrics), openai/routes, openai/responses_routes, weight_routes,
+control_routes, cloud_routes and embedding_routes; what they share (responses, SSE, body parsing) is in http_helpers and the
 server's state (ServerState) on ``app.state.server``. FastAPI's 422 for a body that fails
-validation is SGLang's 400.
+validation is SGLang's 400 (in OpenAI's nested envelope under /v1/responses).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from mini_sglang.entrypoints import (
     weight_routes,
 )
 from mini_sglang.entrypoints.http_helpers import orjson_response, validation_error_response
+from mini_sglang.entrypoints.openai import responses_routes
 from mini_sglang.entrypoints.openai import routes as openai_routes
+from mini_sglang.entrypoints.openai.serving_responses import responses_error
 from mini_sglang.entrypoints.server_state import ServerState
 
 logger = logging.getLogger("mini_sglang")
@@ -40,6 +42,9 @@ async def validation_exception_handler(request: Request, exc: RequestValidationE
     message = "; ".join(
         f"{'.'.join(str(p) for p in e.get('loc', []))}: {e.get('msg')}" for e in exc.errors()
     )
+    if request.url.path.startswith("/v1/responses"):
+        # The Responses API's clients expect OpenAI's nested envelope (SGLang).
+        return responses_error(message, err_type="Bad Request")
     return validation_error_response(message)
 
 
@@ -77,6 +82,7 @@ app.add_middleware(APIKeyMiddleware)
 for _router in (
     native_routes.router,
     openai_routes.router,
+    responses_routes.router,
     weight_routes.router,
     control_routes.router,
     cloud_routes.router,
