@@ -36,6 +36,7 @@ from mini_sglang.entrypoints.http_helpers import (
     body_route,
     error_response,
     orjson_response,
+    validate_body,
     validation_error_response,
 )
 from mini_sglang.entrypoints.server_state import ServerStateDep
@@ -49,20 +50,10 @@ from mini_sglang.managers.io_struct.control import (
 
 logger = logging.getLogger("mini_sglang")
 
-# Field -> accepted JSON types (pydantic's check in SGLang; bool is not an int here).
-_PROFILE_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "output_dir": (str,),
-    "start_step": (int,),
-    "num_steps": (int,),
-    "activities": (list,),
-    "profile_by_stage": (bool,),
-    "with_stack": (bool,),
-    "record_shapes": (bool,),
-    "merge_profiles": (bool,),
-    "profile_id": (str,),
-}
-_NULLABLE = {"output_dir", "start_step", "num_steps", "activities", "with_stack"}
-_NULLABLE |= {"record_shapes", "profile_id"}
+# The body's fields; rid / http_worker_ipc are internal (as in every control body).
+_PROFILE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(ProfileReqInput) if f.name not in ("rid", "http_worker_ipc")
+)
 
 
 def _internal_error() -> Response:
@@ -71,8 +62,9 @@ def _internal_error() -> Response:
 
 
 def parse_profile_body(raw: bytes) -> ProfileReqInput:
-    """ProfileReqInput from a (possibly empty) JSON body; unknown keys are ignored, a wrong
-    type raises ValueError."""
+    """ProfileReqInput from a (possibly empty or null) JSON body, checked as SGLang's
+    pydantic does (lax: "15" is an int 15); unknown keys are ignored. Raises ValueError
+    (BodyValidationError for a misfit field)."""
     if not raw.strip():
         return ProfileReqInput()
     try:
@@ -83,21 +75,7 @@ def parse_profile_body(raw: bytes) -> ProfileReqInput:
         return ProfileReqInput()
     if not isinstance(body, dict):
         raise ValueError("body: Input should be a valid dictionary or object")
-    fields = {f.name for f in dataclasses.fields(ProfileReqInput)}
-    kwargs = {}
-    for key, value in body.items():
-        if key not in fields or key not in _PROFILE_FIELD_TYPES:
-            continue
-        if value is None and key in _NULLABLE:
-            kwargs[key] = None
-            continue
-        types = _PROFILE_FIELD_TYPES[key]
-        if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
-            raise ValueError(f"body.{key}: Input should be of type {types[0].__name__}")
-        if key == "activities" and not all(isinstance(a, str) for a in value):
-            raise ValueError("body.activities: Input should be a list of strings")
-        kwargs[key] = value
-    return ProfileReqInput(**kwargs)
+    return validate_body(ProfileReqInput, body, _PROFILE_FIELDS)
 
 
 router = APIRouter()

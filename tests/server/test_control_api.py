@@ -99,6 +99,15 @@ def test_profile_num_steps_stops_by_itself(server: ServerHandle, tmp_path: Path,
     assert r.status_code == 500 and r.text == "Internal Server Error"
 
 
+def test_profile_body_is_coerced_as_sglang(server: ServerHandle, tmp_path: Path, no_profile_left):
+    """SGLang validates the body with pydantic's lax mode: "15" is start_step 15."""
+    body = {"output_dir": str(tmp_path), "start_step": "15", "num_steps": "2"}
+    r = server.post("/start_profile", json={**body, "activities": ["CPU"]})
+    assert (r.status_code, r.text) == (200, START_TEXT)
+    generate(server, PROMPT_IDS, 24, ignore_eos=True)  # reaches forward step 15 + 2
+    wait_for_files(str(tmp_path / "*.trace.json.gz"))
+
+
 def test_profile_manual_and_errors(server: ServerHandle, tmp_path: Path, no_profile_left):
     r = server.post("/stop_profile")
     assert (r.status_code, r.text) == (500, "Internal Server Error")

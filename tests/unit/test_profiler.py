@@ -171,7 +171,10 @@ def test_parse_profile_body():
     obj = parse_profile_body(b'{"num_steps": 3, "activities": ["CPU"], "x": 1, "rid": "r"}')
     assert obj == ProfileReqInput(num_steps=3, activities=["CPU"])
     assert parse_profile_body(b'{"start_step": null}') == ProfileReqInput()
-    for bad in (b'{"num_steps": "3"}', b'{"num_steps": true}', b'{"with_stack": 1}', b"[1]"):
+    # SGLang's pydantic validation is lax: numeric strings, bools and 0/1 are coerced.
+    obj = parse_profile_body(b'{"start_step": "15", "num_steps": true, "with_stack": 1}')
+    assert obj == ProfileReqInput(start_step=15, num_steps=1, with_stack=True)
+    for bad in (b'{"num_steps": "x"}', b'{"num_steps": 1.5}', b'{"output_dir": 3}', b"[1]"):
         with pytest.raises(ValueError):
             parse_profile_body(bad)
     with pytest.raises(ValueError):
