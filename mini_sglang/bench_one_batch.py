@@ -133,12 +133,15 @@ def run_once(
     return prefill, decode_lat, forward_s
 
 
-def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int = 0):
+def run_scheduler(
+    scheduler, outputs: list, bs: int, input_len: int, output_len: int, seed: int = 0
+):
     """The same batch through an in-process Scheduler (its loop, overlap and streaming
-    included): (time to first token, per-token decode seconds)."""
+    included; `outputs` is the list its send_to_detokenizer appends to): (time to first
+    token, per-token decode seconds)."""
     vocab = scheduler.model_config.vocab_size
     gen = torch.Generator().manual_seed(seed)
-    sent = len(scheduler.test_outputs)
+    sent = len(outputs)
     t0 = time.perf_counter()
     for i in range(bs):
         ids = torch.randint(0, vocab, (input_len,), generator=gen).tolist()
@@ -147,7 +150,7 @@ def run_scheduler(scheduler, bs: int, input_len: int, output_len: int, seed: int
         scheduler.add_request(TokenizedGenerateReqInput(f"s{seed}-{i}", "", ids, sp, stream=True))
     first = None
     while scheduler.run_step() or scheduler.has_work():
-        if first is None and len(scheduler.test_outputs) > sent:
+        if first is None and len(outputs) > sent:
             first = time.perf_counter()
     total = time.perf_counter() - t0
     ttft = (first or t0) - t0
@@ -277,14 +280,13 @@ def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) ->
     scheduler = Scheduler(
         server_args, gpu_id=gpu_id, tp_rank=tp_rank, send_to_detokenizer=outputs.append
     )
-    scheduler.test_outputs = outputs
     worker = scheduler.tp_worker
-    run_scheduler(scheduler, 1, 16, 8, seed=99)  # warm-up
+    run_scheduler(scheduler, outputs, 1, 16, 8, seed=99)  # warm-up
     if args.sync_debug and worker.device.type != "cuda":
         print("--sync-debug needs a CUDA device (torch's sync debug mode); skipped")
     elif args.sync_debug:
         bs, il, ol = args.batch_size[0], args.input_len[0], args.output_len[0]
-        sites = find_syncs(lambda: run_scheduler(scheduler, bs, il, ol, 5))
+        sites = find_syncs(lambda: run_scheduler(scheduler, outputs, bs, il, ol, 5))
         print(f"Host-device syncs in {ol} steps at bs={bs}: {sum(sites.values())}")
         for site, n in sites.most_common():
             print(f"  {n:6d}  {site}")
@@ -294,7 +296,9 @@ def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) ->
 
         prof = cProfile.Profile()
         prof.enable()
-        run_scheduler(scheduler, args.batch_size[0], args.input_len[0], args.output_len[0], 7)
+        run_scheduler(
+            scheduler, outputs, args.batch_size[0], args.input_len[0], args.output_len[0], 7
+        )
         prof.disable()
         with open(args.profile, "w") as f:
             pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(45)
@@ -305,7 +309,7 @@ def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) ->
             for ol in args.output_len:
                 timed = worker.device.type == "cuda"
                 worker.forward_timer = ForwardTimer() if timed else None
-                ttft, per_token = run_scheduler(scheduler, bs, il, ol)
+                ttft, per_token = run_scheduler(scheduler, outputs, bs, il, ol)
                 occupancy = worker.forward_timer.decode_occupancy() if timed else None
                 worker.forward_timer = None
                 print(
