@@ -369,10 +369,12 @@ class Scheduler:
             if match(req.rid):
                 req.finished_reason = FINISH_ABORT(message)
                 self.output.stream([req])
+                logger.debug(f"Abort queued request. {req.rid=}")  # SGLang's text
             else:
                 keep.append(req)
         self.waiting_queue = keep
         for req in self.grammar.abort(match, message):
+            logger.debug(f"Abort grammar queue request. {req.rid=}")
             self.output.stream([req])
         # Running requests stop after the current step, through check_finished. The last
         # batch's requests join running_batch only when the next one is formed (and after a
@@ -380,8 +382,9 @@ class Scheduler:
         running = self.running_batch.reqs if self.running_batch else []
         last = self.last_batch.reqs if self.last_batch else []
         chunked = [self.chunked_req] if self.chunked_req else []
-        for req in running + last + chunked:
+        for req in dict.fromkeys(running + last + chunked):  # a request once, in order
             if match(req.rid) and not req.finished():
+                logger.debug(f"Abort running request. {req.rid=}")
                 req.abort(recv.abort_reason or "Abort in the middle of a request")
 
     def flush_cache(self) -> bool:

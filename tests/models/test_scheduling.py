@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_policy import LPM_FALLBACK_QUEUE_LEN, SchedulePolicy
 from mini_sglang.mem_cache.allocator import get_allocator
@@ -221,6 +222,26 @@ def test_idle_self_check_reports_a_leak(model_path: str, caplog) -> None:
     assert "free=253" in msg and "capacity=256" in msg, msg
     sched.allocator.free(leaked)
     assert sched.stats.check_memory()
+
+
+def test_abort_logs_sglang_debug_lines(model_path: str, caplog) -> None:
+    """At debug level an abort logs SGLang's lines: "Abort running request. req.rid='a'"
+    for one in the running batch, "Abort queued request. req.rid='b'" for one waiting."""
+    sched = make_scheduler(model_path, max_running_requests=1)
+    sched.add_request(make_req("a", [1000, 2000, 3000], 16, ignore_eos=True))
+    sched.add_request(make_req("b", [1001, 2000, 3000], 16, ignore_eos=True))
+    sched.run_step()
+    sched.run_step()
+    with caplog.at_level(logging.DEBUG, logger="mini_sglang"):
+        sched.abort_request(AbortReq(rid="a"))
+        sched.abort_request(AbortReq(rid="b"))
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert "Abort running request. req.rid='a'" in lines, lines
+    assert "Abort queued request. req.rid='b'" in lines, lines
+    sched.run_until_idle()
+    outs = collect_outputs(sched.test_outputs)
+    assert outs["a"].finish_reason["type"] == outs["b"].finish_reason["type"] == "abort"
+    assert_memory_all_free(sched)
 
 
 # ---- limits ---------------------------------------------------------------------------------
