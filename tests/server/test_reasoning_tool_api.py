@@ -19,6 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 import requests
+from jsonschema import Draft202012Validator, SchemaError
 
 from tests.server.conftest import ServerHandle, TinyModel, launch_server, parse_sse
 
@@ -303,6 +304,30 @@ def test_bad_tool_requests(pserver: ServerHandle) -> None:
         if message:
             assert body["message"].startswith(message), body
     assert requests.get(f"{pserver.base_url}/health", timeout=30).status_code == 200
+
+
+def test_tool_parameters_checked_as_json_schema(pserver: ServerHandle) -> None:
+    """SGLang checks every tool's `parameters` against Draft 2020-12 whatever the
+    tool_choice: 400 "Tool 0 function has invalid 'parameters' schema: <SchemaError>"."""
+    schema = {"type": "unknown_type", "properties": {"a": {"type": "integer"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    with pytest.raises(SchemaError) as expected:
+        Draft202012Validator.check_schema(schema)
+    message = f"Tool 0 function has invalid 'parameters' schema: {expected.value}"
+    for choice in ("auto", "required", "none", {"type": "function", "function": {"name": "f"}}):
+        r = requests.post(
+            f"{pserver.base_url}/v1/chat/completions",
+            json={**BASE, "tools": [tool], "tool_choice": choice},
+            timeout=60,
+        )
+        assert r.status_code == 400, (choice, r.text)
+        assert r.json() == {
+            "object": "error",
+            "message": message,
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
 
 
 def test_reasoning_then_tool_call(pserver: ServerHandle) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from jsonschema import Draft202012Validator, SchemaError
 
 from mini_sglang.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -93,11 +94,9 @@ def validate_tools(request: ChatCompletionRequest) -> str | None:
 
 
 def _schema_error(schema: Any) -> str | None:
+    """SGLang's check of a tool's `parameters`, whatever the tool_choice: a valid JSON
+    Schema (Draft 2020-12), else the SchemaError's text."""
     if schema is None:
-        return None
-    try:
-        from jsonschema import Draft202012Validator, SchemaError
-    except ImportError:  # optional: without it the grammar compiler still rejects nonsense
         return None
     try:
         Draft202012Validator.check_schema(schema)
