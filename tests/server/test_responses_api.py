@@ -207,6 +207,12 @@ def test_errors(server: ServerHandle, client: openai.OpenAI):
         "param": None,
         "code": 400,
     }
+    # Refused by the TokenizerManager before it runs: a 400, and nothing stored.
+    body = {"input": "Hi", "max_output_tokens": 100_000, "request_id": "resp_too_long"}
+    r = server.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("Requested token count exceeds")
+    assert server.get("/v1/responses/resp_too_long").status_code == 404
     with pytest.raises(openai.BadRequestError) as exc:
         client.responses.create(input="Hi", previous_response_id="unknown", **GREEDY)
     assert exc.value.body["message"].startswith("Invalid 'response_id': 'unknown'.")

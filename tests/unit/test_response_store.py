@@ -22,6 +22,8 @@ def test_get_put_and_replace():
     replaced.response.status = "cancelled"
     store.put(replaced)
     assert len(store) == 1 and store.get("resp_0").response.status == "cancelled"
+    assert store.pop("resp_0") is replaced and store.pop("resp_0") is None
+    assert len(store) == 0
 
 
 def test_least_recently_used_is_dropped():

@@ -44,6 +44,10 @@ class ResponseStore:
             self._entries.move_to_end(response_id)
         return entry
 
+    def pop(self, response_id: str) -> StoredResponse | None:
+        """Remove and return the entry of `response_id` (None if absent)."""
+        return self._entries.pop(response_id, None)
+
     def put(self, entry: StoredResponse) -> None:
         """Insert or replace the entry of `entry.response.id`, dropping the least recently
         used one beyond capacity."""

@@ -200,7 +200,7 @@ class OpenAIServingResponses:
             first = None
         except (ValueError, TypeError) as e:
             await gen.aclose()
-            self._mark_unfinished(turn, "failed")
+            self.store.pop(request.request_id)  # refused before it ran: nothing to keep
             return responses_error(str(e))
         except RequestAborted:
             await gen.aclose()
@@ -214,11 +214,12 @@ class OpenAIServingResponses:
             )
         try:
             last = await _last_output(gen, first)
-        except (ValueError, TypeError, RequestAborted) as e:
+        except (ValueError, TypeError) as e:
             self._mark_unfinished(turn, "failed")
-            return responses_error(
-                str(e) if not isinstance(e, RequestAborted) else "Client disconnected"
-            )
+            return responses_error(str(e))
+        except RequestAborted:  # the client is gone; the answer goes nowhere
+            self._mark_unfinished(turn, "cancelled")
+            return responses_error("Client disconnected")
         finally:
             await gen.aclose()
         return fastapi_json_response(self._finish(turn, last))
