@@ -150,7 +150,6 @@ class Scheduler:
             chunked_prefill_size,
             self.model_config.vocab_size,
             self.device,
-            self.stats,
         )
         self.retraction = Retraction(
             server_args.schedule_conservativeness,
@@ -523,6 +522,8 @@ class Scheduler:
         batch = self.prefill.build(adder.can_run_list)
         self.stats.log_prefill(adder, running_bs, len(self.waiting_queue))
         if mixed_tokens and self.prefill.mix(batch, self.running_batch):
+            self.stats.num_mixed_batches += 1
+            self.stats.num_mixed_decode_rows += len(self.running_batch.reqs)
             self.running_batch = None  # its requests run on in the mixed batch
         return batch
 

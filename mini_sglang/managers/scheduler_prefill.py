@@ -34,7 +34,6 @@ from mini_sglang.managers.schedule_policy import PrefillAdder
 
 if TYPE_CHECKING:
     from mini_sglang.managers.req import Req
-    from mini_sglang.managers.scheduler_metrics import SchedulerStats
 
 logger = logging.getLogger("mini_sglang")
 
@@ -50,7 +49,6 @@ class PrefillManager:
         chunked_prefill_size: int | None,
         vocab_size: int,
         device,
-        stats: SchedulerStats,
     ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
@@ -60,7 +58,6 @@ class PrefillManager:
         self.chunked_prefill_size = chunked_prefill_size
         self.vocab_size = vocab_size
         self.device = device
-        self.stats = stats  # counts the mixed batches
         self.is_mixed_chunk = chunked_prefill_size is not None and server_args.enable_mixed_chunk
 
     def mixed_decode_tokens(self, running_bs: int) -> int:
@@ -110,8 +107,6 @@ class PrefillManager:
             return False
         running.prepare_for_decode()
         batch.mix_with_running(running)
-        self.stats.num_mixed_batches += 1
-        self.stats.num_mixed_decode_rows += len(running.reqs)
         logger.debug(
             "Mixed batch. #prefill-seq: %d, #decode-seq: %d",
             batch.decode_start,
