@@ -340,6 +340,14 @@ class Scheduler:
                 f"The input ({n} tokens) is longer than the model's "
                 f"context length ({self.max_req_input_len} tokens)."
             )
+        start = req.logprob_start_len
+        prefill_only = req.sampling_params.max_new_tokens == 0
+        if req.return_logprob and start != -1 and not prefill_only and start >= n:
+            # SGLang's text, checked against the whole prompt (a session's history too)
+            return (
+                f"req.logprob_start_len={start} is higher than the number of input tokens "
+                f"len(req.origin_input_ids)={n}. Please use a smaller logprob_start_len."
+            )
         return None
 
     def queue_full(self) -> bool:

@@ -255,7 +255,10 @@ class TokenizerManager:
         (a token id past the vocab, top_logprobs_num above it)."""
         vocab = self.model_config.vocab_size
         start = obj.logprob_start_len
-        if start is not None and start >= n_in:
+        # A session request's prompt is built in the scheduler (history plus these ids);
+        # the scheduler checks the start against that prompt, as SGLang does.
+        in_session = isinstance(obj.session_params, dict) and obj.session_params.get("id")
+        if start is not None and start >= n_in and not in_session:
             raise ValueError(
                 f"logprob_start_len ({start}) is greater than or equal to the "
                 f"length of the input ({n_in})."

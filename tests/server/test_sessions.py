@@ -77,3 +77,30 @@ def test_session_misuse_is_a_400(server: ServerHandle):
     missing = {"input_ids": P1, "session_params": {"id": "mine", "rid": "nope"}}
     assert error(server, "/generate", missing) == "Request nope is not in session mine."
     assert server.post("/close_session", json={"session_id": "mine"}).status_code == 200
+
+
+def test_session_logprob_start_len_counts_the_built_prompt(server: ServerHandle):
+    """SGLang checks logprob_start_len against the prompt the session builds (history plus
+    the new ids), not the new ids alone: 7 fits P1 + output + P2 (13 tokens) though P2 has
+    3; past the built prompt it is SGLang's scheduler 400."""
+    sid = server.post("/open_session", json={"capacity_of_str_len": 1000}).json()
+    out1 = gen(server, P1, f"{sid}-r1", id=sid)["output_ids"]
+    built = P1 + out1 + P2
+    body = {
+        "input_ids": P2,
+        "sampling_params": GREEDY,
+        "return_logprob": True,
+        "logprob_start_len": 7,
+        "session_params": {"id": sid, "rid": f"{sid}-r1"},
+    }
+    r = server.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    logprobs = r.json()["meta_info"]["input_token_logprobs"]
+    assert [t for _, t, _ in logprobs] == built[7:]
+    too_far = {**body, "logprob_start_len": len(built)}
+    assert error(server, "/generate", too_far) == (
+        f"req.logprob_start_len={len(built)} is higher than the number of input tokens "
+        f"len(req.origin_input_ids)={len(built)}. Please use a smaller logprob_start_len."
+    )
+    assert server.post("/close_session", json={"session_id": sid}).status_code == 200
+    assert server.wait_memory_all_free()["failures"] == 0
