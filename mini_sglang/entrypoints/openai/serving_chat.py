@@ -94,7 +94,7 @@ class OpenAIServingChat(OpenAIServingBase):
         self.tool_call_parser: str | None = getattr(server_args, "tool_call_parser", None)
         self.template_forces_reasoning = template_forces_reasoning(template)
 
-    def _force_reasoning(self, request: ChatCompletionRequest) -> bool:
+    def force_reasoning(self, request: ChatCompletionRequest) -> bool:
         """The reply starts inside a think block (the template or the request says so)."""
         return self.template_forces_reasoning or request_enables_thinking(
             request, self.reasoning_parser
@@ -123,8 +123,9 @@ class OpenAIServingChat(OpenAIServingBase):
         return None
 
     # ---- prompt ------------------------------------------------------------------------
-    def _render_messages(self, request: ChatCompletionRequest) -> list[int]:
-        """The prompt token ids of `request.messages` through the chat template."""
+    def render_messages(self, request: ChatCompletionRequest) -> list[int]:
+        """The prompt token ids of `request.messages` through the chat template (also the
+        Responses API's prompts); ValueError for a conversation it cannot render."""
         tokenizer = self.tokenizer_manager.tokenizer
         if tokenizer is None:
             raise ValueError("--skip-tokenizer-init is set: chat completions need a tokenizer.")
@@ -192,7 +193,7 @@ class OpenAIServingChat(OpenAIServingBase):
     def _convert_to_internal_request(self, request: ChatCompletionRequest) -> GenerateReqInput:
         if request.tools and request.tool_choice != "none":
             request.skip_special_tokens = False  # call markers may be special tokens
-        prompt_ids = self._render_messages(request)
+        prompt_ids = self.render_messages(request)
         params = common_sampling_params(request)
         constraint = tool_call_constraint(request)
         if constraint is not None:
@@ -260,7 +261,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 request,
                 self.reasoning_parser,
                 self.tool_call_parser,
-                self._force_reasoning(request),
+                self.force_reasoning(request),
             )
             finish_reason, matched = finish_fields({"finish_reason": reply.finish_reason})
             choices.append(
@@ -311,7 +312,7 @@ class OpenAIServingChat(OpenAIServingBase):
                     request,
                     self.reasoning_parser,
                     self.tool_call_parser,
-                    self._force_reasoning(request),
+                    self.force_reasoning(request),
                 )
                 stream = streams[index] = _ChoiceStream(parser)
                 yield chunk(rid, index, DeltaMessage(role="assistant", content=""))

@@ -232,7 +232,7 @@ class OpenAIServingResponses:
         chat_request = ChatCompletionRequest(
             model=request.model or "default", messages=messages, stream=bool(request.stream)
         )
-        prompt_ids = self.chat._render_messages(chat_request)
+        prompt_ids = self.chat.render_messages(chat_request)
         temperature, top_p = request.temperature, request.top_p
         params: dict[str, Any] = {
             "temperature": _DEFAULT_TEMPERATURE if temperature is None else temperature,
@@ -316,7 +316,7 @@ class OpenAIServingResponses:
                 turn.chat_request,
                 self.chat.reasoning_parser,
                 None,
-                self.chat._force_reasoning(turn.chat_request),
+                self.chat.force_reasoning(turn.chat_request),
             )
             reasoning_text, text = reply.reasoning_text, reply.text
         output = _output_items(reasoning_text, text, turn.reasoning_id, turn.message_id)
@@ -356,7 +356,7 @@ class OpenAIServingResponses:
             turn.chat_request,
             self.chat.reasoning_parser,
             None,
-            self.chat._force_reasoning(turn.chat_request),
+            self.chat.force_reasoning(turn.chat_request),
         )
         texts = {"reasoning": "", "message": ""}
         open_item: str | None = None  # the kind of the item being streamed
