@@ -3,6 +3,7 @@ tqdm format. Shown by TP rank 0 only, so N ranks draw one bar."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
@@ -25,6 +26,10 @@ def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterato
     """`items`, drawing a tqdm bar labelled `desc` on stderr while they are consumed."""
     from tqdm import tqdm
 
+    if not hasattr(tqdm, "_lock"):
+        # tqdm's default lock holds a multiprocessing semaphore; a worker ends by SIGKILL at
+        # shutdown, so it would leak (resource_tracker warns). One thread draws the bars.
+        tqdm.set_lock(threading.RLock())
     return iter(
         tqdm(items, desc=desc, total=total, disable=not _is_rank_zero(), bar_format=BAR_FORMAT)
     )
