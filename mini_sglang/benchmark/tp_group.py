@@ -19,8 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mini_sglang.distributed.parallel_state import destroy_distributed_environment
+from mini_sglang.distributed.rank_setup import configure_cpu_threads, init_scheduler_tp_group
 from mini_sglang.model_executor.cuda_graph_runner import release_cuda_graphs
 from mini_sglang.server_args import PortArgs, ServerArgs
+from mini_sglang.utils.process import set_parent_death_signal
 
 logger = logging.getLogger("mini_sglang")
 # how long a TP rank that has reported may take to leave the group before it is killed
@@ -32,12 +34,6 @@ RunRank = Callable[[ServerArgs, Any, int], Any]
 def _rank_process(
     run_rank: RunRank, server_args: ServerArgs, args: Any, port_args: PortArgs, tp_rank: int, conn
 ) -> None:
-    from mini_sglang.distributed.rank_setup import (
-        configure_cpu_threads,
-        init_scheduler_tp_group,
-    )
-    from mini_sglang.utils.process import set_parent_death_signal
-
     # A killed or timed-out benchmark must not leave ranks holding the GPUs (and skewing
     # the next run's numbers), as the server's scheduler processes do not.
     set_parent_death_signal()

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import os
 
+import torch
+
+from mini_sglang.distributed.parallel_state import init_distributed_environment
+
 
 def dist_init_method(server_args, port_args) -> str:
     """Where a replica's TP ranks meet: --dist-init-addr (the same string on every node),
@@ -25,15 +29,11 @@ def configure_cpu_threads(server_args) -> None:
     local = sa.dp_size * sa.tp_size // sa.nnodes
     if sa.device != "cpu" or local <= 1:
         return
-    import torch
-
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
 
 
 def init_scheduler_tp_group(server_args, port_args, tp_rank: int) -> None:
     """Join this replica's TP group: gloo on CPU, NCCL (plus a gloo CPU group) on CUDA."""
-    from mini_sglang.distributed.parallel_state import init_distributed_environment
-
     backend = "nccl" if server_args.device == "cuda" else "gloo"
     init_distributed_environment(
         tp_rank,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -33,9 +34,13 @@ from mini_sglang.entrypoints.startup import (
     exit_if_bootstrapping_child,
     wait_for_children,
 )
+from mini_sglang.managers.detokenizer_manager import run_detokenizer_process
+from mini_sglang.managers.io_struct.control import ProfileReqInput
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
+from mini_sglang.managers.scheduler_process import run_scheduler_process
+from mini_sglang.managers.scoring import score_request
 from mini_sglang.server_args import PortArgs, ServerArgs
-from mini_sglang.utils.process import kill_process_tree
+from mini_sglang.utils.process import configure_logger, kill_process_tree
 
 logger = logging.getLogger("mini_sglang")
 
@@ -121,8 +126,7 @@ def launch_subprocesses(server_args: ServerArgs) -> tuple[Any, dict, Subprocesse
 
 def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict, Subprocesses]:
     """launch_subprocesses' work; every child started is appended to `procs` at once."""
-    from mini_sglang.managers.detokenizer_manager import run_detokenizer_process
-    from mini_sglang.managers.scheduler_process import run_scheduler_process
+    # Local: the TokenizerManager imports transformers (seconds), needed once a server starts.
     from mini_sglang.managers.tokenizer_manager import TokenizerManager
 
     check_model_path(server_args.model_path, server_args.load_format)
@@ -193,8 +197,6 @@ class Engine(EngineWeightsMixin):
         if server_args is None:
             kwargs.setdefault("log_level", "error")
             server_args = ServerArgs(**kwargs)
-        from mini_sglang.utils.process import configure_logger
-
         configure_logger(server_args)
         self.server_args = server_args
         self.loop = asyncio.new_event_loop()
@@ -287,8 +289,6 @@ class Engine(EngineWeightsMixin):
         """Per item, the probability of each of label_token_ids as the token after
         query + item (item + query with item_first), or their softmax with apply_softmax;
         see managers/scoring.py (/v1/score). Bad input raises ValueError."""
-        from mini_sglang.managers.scoring import score_request
-
         return await score_request(
             self.tokenizer_manager, query, items, label_token_ids, apply_softmax, item_first
         )
@@ -300,8 +300,6 @@ class Engine(EngineWeightsMixin):
 
     def start_profile(self, **kwargs: Any) -> None:
         """/start_profile's body as keyword arguments (output_dir, num_steps, activities, ...)."""
-        from mini_sglang.managers.io_struct.control import ProfileReqInput
-
         communicator = self.tokenizer_manager.communicator
         self.loop.run_until_complete(communicator.start_profile(ProfileReqInput(**kwargs)))
 
@@ -332,10 +330,8 @@ class Engine(EngineWeightsMixin):
         task = self.tokenizer_manager.handle_loop_task
         if task is not None and not task.done() and not self.loop.is_running():
             task.cancel()
-            try:
+            with contextlib.suppress(RuntimeError):
                 self.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
-            except RuntimeError:
-                pass
         self._children.stop()
 
     def __enter__(self) -> Engine:

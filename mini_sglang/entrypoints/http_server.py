@@ -25,11 +25,14 @@ from mini_sglang.entrypoints import (
     native_routes,
     weight_routes,
 )
+from mini_sglang.entrypoints.engine import launch_subprocesses
 from mini_sglang.entrypoints.http_helpers import orjson_response, validation_error_response
 from mini_sglang.entrypoints.openai import responses_routes
 from mini_sglang.entrypoints.openai import routes as openai_routes
 from mini_sglang.entrypoints.openai.serving_responses import responses_error
 from mini_sglang.entrypoints.server_state import ServerState
+from mini_sglang.entrypoints.startup import check_port_available
+from mini_sglang.utils.process import configure_logger, kill_process_tree
 
 logger = logging.getLogger("mini_sglang")
 
@@ -117,8 +120,6 @@ def _warmup(server_args, state: ServerState) -> None:
             logger.info("Warm-up request done in %.2f s", time.perf_counter() - start)
         except Exception as e:
             logger.error("Warm-up request failed: %s", e)
-            from mini_sglang.utils.process import kill_process_tree
-
             kill_process_tree(os.getpid())
             return
     state.status = "Up"
@@ -143,10 +144,6 @@ def launch_server(server_args) -> None:
     import signal
 
     import uvicorn
-
-    from mini_sglang.entrypoints.engine import launch_subprocesses
-    from mini_sglang.entrypoints.startup import check_port_available
-    from mini_sglang.utils.process import configure_logger, kill_process_tree
 
     configure_logger(server_args)
     check_port_available(server_args.host, server_args.port)  # before any model load

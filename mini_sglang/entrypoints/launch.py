@@ -21,6 +21,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from mini_sglang.managers.data_parallel_controller import run_data_parallel_controller_process
+from mini_sglang.server_args import PortArgs
+from mini_sglang.utils.process import kill_process_tree
+
 logger = logging.getLogger("mini_sglang")
 
 
@@ -42,8 +46,6 @@ def plan_schedulers(server_args, port_args) -> list[SchedulerSpec]:
     With dp_size == 1 the replica uses `port_args` itself; otherwise each replica gets fresh
     input/NCCL endpoints but shares the TokenizerManager's and detokenizer's sockets.
     """
-    from mini_sglang.server_args import PortArgs
-
     sa = server_args
     tp_per_node = sa.tp_size // sa.nnodes
     first = tp_per_node * sa.node_rank
@@ -76,10 +78,6 @@ def start_dp_controller(ctx, server_args, port_args, specs: list[SchedulerSpec])
     writer) or None (the caller closes its copy of the writer once every child started)."""
     if server_args.dp_size == 1:
         return None
-    from mini_sglang.managers.data_parallel_controller import (
-        run_data_parallel_controller_process,
-    )
-
     names = [s.port_args.scheduler_input_ipc_name for s in specs if s.tp_rank == 0]
     reader, writer = ctx.Pipe(duplex=False)
     proc = ctx.Process(
@@ -97,8 +95,6 @@ def serve_non_zero_node(server_args, procs: list, readers: list) -> None:
     answer /health with 200 (a dummy server, as SGLang) and block until a scheduler exits;
     then end this node's processes and exit (never returns)."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from mini_sglang.utils.process import kill_process_tree
 
     for reader, proc in zip(readers, procs):
         try:

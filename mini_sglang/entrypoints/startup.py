@@ -32,6 +32,8 @@ import sys
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from mini_sglang.utils.gguf_path import is_gguf_path
+
 # A spawned child that found itself re-running the main script's Engine() exits with this.
 MISSING_MAIN_GUARD_EXIT_CODE = 86
 
@@ -74,8 +76,6 @@ def check_model_path(model_path: str, load_format: str) -> None:
     """Raise StartupError unless `model_path` is something mini-sglang can load: an HF
     checkpoint directory (config.json, and *.safetensors or *.bin weights unless
     --load-format dummy) or a readable GGUF file. Hub ids are not downloaded."""
-    from mini_sglang.utils.gguf_path import is_gguf_path
-
     flag = f"--model-path {model_path}"
     if not os.path.exists(model_path):
         if _looks_like_repo_id(model_path):
@@ -88,6 +88,7 @@ def check_model_path(model_path: str, load_format: str) -> None:
     if os.path.isfile(model_path):
         if not is_gguf_path(model_path):
             raise StartupError(f"{flag}: a file that is not GGUF; pass a model directory")
+        # Local: gguf_loader imports gguf and torch; these checks run before either loads.
         from mini_sglang.model_loader.gguf_loader import gguf_config_dict
 
         try:
@@ -113,9 +114,10 @@ def check_model_path(model_path: str, load_format: str) -> None:
 
 def _in_name_guard(tree: ast.Module, lineno: int) -> bool:
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and node.lineno <= lineno <= (node.end_lineno or 0):
-            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)):
-                return True
+        if not (isinstance(node, ast.If) and node.lineno <= lineno <= (node.end_lineno or 0)):
+            continue
+        if any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)):
+            return True
     return False
 
 
@@ -183,6 +185,7 @@ def check_tp_size(server_args: Any) -> None:
     tp = server_args.tp_size
     if tp == 1:
         return
+    # Local: ModelConfig imports transformers (seconds); only a TP launch reads the config.
     from mini_sglang.model_config import ModelConfig
 
     cfg = ModelConfig.from_server_args(server_args)
