@@ -18,5 +18,5 @@ async def metrics(state: ServerStateDep) -> Response:
     tm = state.tokenizer_manager
     if tm.metrics is None:
         return error_response("Metrics are disabled; start the server with --enable-metrics", 404)
-    body = tm.metrics.render((await tm.communicator.get_internal_state())[0])
+    body = tm.metrics.render(await tm.communicator.get_internal_state())
     return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")

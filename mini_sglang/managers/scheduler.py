@@ -417,7 +417,8 @@ class Scheduler:
         return GetInternalStateReqOutput(self.internal_state(), dp_rank=self.dp_rank or 0)
 
     def internal_state(self) -> dict[str, Any]:
-        return self.stats.internal_state(self.num_running_reqs(), len(self.waiting_queue))
+        state = self.stats.internal_state(self.num_running_reqs(), len(self.waiting_queue))
+        return {**state, "num_grammar_queue_reqs": len(self.grammar.queue)}
 
     def get_load(self, recv: GetLoadReqInput) -> GetLoadReqOutput | None:
         """This replica's load. A request carrying `http_worker_ipc` (the DP controller's

@@ -91,7 +91,7 @@ class TokenizerManager:
         if server_args.enable_metrics:
             from mini_sglang.managers.tokenizer_metrics import ServerMetrics
 
-            self.metrics = ServerMetrics(server_args.served_model_name)
+            self.metrics = ServerMetrics(server_args.served_model_name, server_args.dp_size)
         self.handle_loop_task: asyncio.Task | None = None
         self.last_receive_tstamp = time.time()
         self.preferred_sampling_params = None
@@ -162,6 +162,8 @@ class TokenizerManager:
             self._send_abort(AbortReq(rid=r))
 
     def _send_abort(self, req: AbortReq) -> None:
+        if self.metrics is not None:
+            self.metrics.on_abort()
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no running loop (interpreter shutdown): send synchronously

@@ -21,7 +21,7 @@ def metrics_server(tiny_model: TinyModel, server_logs) -> Iterator[ServerHandle]
 
 
 def _value(text: str, name: str) -> float:
-    m = re.search(rf'^{re.escape(name)}\{{model_name="[^"]*"\}} (\S+)$', text, re.M)
+    m = re.search(rf'^{re.escape(name)}\{{[^}}]*model_name="[^"]*"[^}}]*\}} (\S+)$', text, re.M)
     assert m, f"{name} missing from /metrics"
     return float(m.group(1))
 
@@ -70,3 +70,68 @@ def test_metrics_disabled_by_default(server: ServerHandle) -> None:
     r = server.get("/metrics")
     assert r.status_code == 404
     assert "--enable-metrics" in r.json()["error"]["message"]
+
+
+# Every metric SGLang 0.5.4 exports (srt/metrics/collector.py: TokenizerMetricsCollector with
+# its defaults, then SchedulerMetricsCollector): family name as the text format's TYPE line
+# spells it (a counter's with _total) -> (type, label names).
+_TOKENIZER = ("model_name",)
+_SCHEDULER = ("model_name", "engine_type", "tp_rank", "pp_rank")
+SGLANG_054_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{
+        f"sglang:{name}_total": ("counter", _TOKENIZER)
+        for name in ("prompt_tokens", "generation_tokens", "cached_tokens", "num_requests",
+                     "num_so_requests", "num_aborted_requests")
+    },
+    **{
+        f"sglang:{name}": ("histogram", _TOKENIZER)
+        for name in ("time_to_first_token_seconds", "inter_token_latency_seconds",
+                     "e2e_request_latency_seconds")
+    },
+    **{
+        f"sglang:{name}": ("gauge", _SCHEDULER)
+        for name in ("num_running_reqs", "num_used_tokens", "token_usage",
+                     "pending_prealloc_token_usage", "swa_token_usage", "gen_throughput",
+                     "num_queue_reqs", "num_grammar_queue_reqs",
+                     "num_running_reqs_offline_batch", "cache_hit_rate", "spec_accept_length",
+                     "spec_accept_rate", "num_retracted_reqs", "num_paused_reqs",
+                     "num_prefill_prealloc_queue_reqs", "num_prefill_inflight_queue_reqs",
+                     "num_decode_prealloc_queue_reqs", "num_decode_transfer_queue_reqs",
+                     "kv_transfer_speed_gb_s", "kv_transfer_latency_ms", "utilization",
+                     "max_running_requests_under_SLO", "engine_startup_time",
+                     "engine_load_weights_time", "is_cuda_graph")
+    },
+    **{
+        f"sglang:{name}_total": ("counter", _SCHEDULER)
+        for name in ("num_bootstrap_failed_reqs", "num_transfer_failed_reqs",
+                     "num_grammar_cache_hit", "num_grammar_aborted", "num_grammar")
+    },
+    **{
+        f"sglang:{name}": ("histogram", _SCHEDULER)
+        for name in ("queue_time_seconds", "grammar_compilation_time_seconds",
+                     "grammar_schema_count", "grammar_ebnf_size",
+                     "grammar_tree_traversal_time_avg", "grammar_tree_traversal_time_max")
+    },
+    "sglang:per_stage_req_latency_seconds": ("histogram", (*_SCHEDULER, "stage")),
+}  # fmt: skip
+
+
+def test_metrics_are_sglangs_full_list(metrics_server: ServerHandle) -> None:
+    """Every family of SGLang 0.5.4's collectors, with its type and label names (read from
+    the samples; per_stage_req_latency_seconds has none until a stage is observed), and
+    the queue gauges SGLang names (grammar queue, speculative accept length) present."""
+    text = metrics_server.get("/metrics").text
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    assert types == {name: kind for name, (kind, _) in SGLANG_054_METRICS.items()}
+    labels: dict[str, set[str]] = {}
+    for sample, body in re.findall(r"^(sglang:[^{\s]+)\{([^}]*)\}", text, re.M):
+        family = sample if sample in types else re.sub(r"_(bucket|sum|count)$", "", sample)
+        labels.setdefault(family, set()).update(
+            k for k in re.findall(r'(\w+)="', body) if k != "le"
+        )
+    for name, (_, names) in SGLANG_054_METRICS.items():
+        if name != "sglang:per_stage_req_latency_seconds":
+            assert labels.get(name) == set(names), name
+    assert "_created" not in text  # SGLang's multi-process export has none
+    assert _value(text, "sglang:num_grammar_queue_reqs") == 0
+    assert _value(text, "sglang:spec_accept_length") == 0
