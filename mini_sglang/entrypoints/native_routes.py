@@ -16,6 +16,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from mini_sglang import __version__
 from mini_sglang.entrypoints import metrics
 from mini_sglang.entrypoints.http_helpers import (
     SSE_DONE,
@@ -107,8 +108,6 @@ async def get_weight_version(state: ServerStateDep) -> Response:
 @router.get("/server_info")
 async def get_server_info(state: ServerStateDep) -> Response:
     internal_states = await state.tokenizer_manager.communicator.get_internal_state()
-    from mini_sglang import __version__
-
     args = state.tokenizer_manager.runtime_state.server_args_view(state.server_args)
     info = {
         **args,

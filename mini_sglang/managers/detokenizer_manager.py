@@ -22,6 +22,7 @@ from mini_sglang.managers.io_struct.output import (
     BatchTokenIDOutput,
 )
 from mini_sglang.utils.gc_utils import freeze_gc
+from mini_sglang.utils.hf_tokenizer import get_tokenizer
 from mini_sglang.utils.process import (
     configure_logger,
     get_zmq_socket,
@@ -43,8 +44,6 @@ class DetokenizerManager:
         )
         tokenizer = None
         if not server_args.skip_tokenizer_init:
-            from mini_sglang.utils.hf_tokenizer import get_tokenizer
-
             tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
         self.detok = IncrementalDetokenizer(tokenizer) if tokenizer is not None else None
         self._dispatch = {

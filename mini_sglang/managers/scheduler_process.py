@@ -90,6 +90,8 @@ def run_scheduler_process(
         configure_cpu_threads(server_args)
         if server_args.tp_size > 1:
             init_scheduler_tp_group(server_args, port_args, tp_rank)
+        # Local: the launcher imports this module for the process target; the Scheduler's
+        # model stack (model runner, Triton kernels) loads in the scheduler process only.
         from mini_sglang.managers.scheduler import Scheduler
 
         io = SchedulerIO(port_args, tp_rank, server_args.tp_size)

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 
+from mini_sglang.distributed.parallel_state import get_tp_group
 from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import (
     ProfileReq,
@@ -239,10 +241,6 @@ class SchedulerProfiler:
     def _tp_barrier(self) -> None:
         if self.tp_size <= 1:
             return
-        import torch.distributed as dist
-
-        from mini_sglang.distributed.parallel_state import get_tp_group
-
         dist.barrier(group=get_tp_group().cpu_group)
 
     def _merge_traces(self, out_dir: str) -> str:

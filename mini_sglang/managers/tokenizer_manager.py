@@ -41,6 +41,7 @@ from mini_sglang.managers.tokenizer_communicator import REPLY_TYPES, TokenizerCo
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.gc_utils import configure_gc_warning
+from mini_sglang.utils.hf_tokenizer import get_tokenizer
 from mini_sglang.utils.process import get_zmq_socket
 from mini_sglang.utils.unicode_check import ensure_valid_unicode
 
@@ -71,8 +72,6 @@ class TokenizerManager:
         self.context_len = self.model_config.context_len
         self.tokenizer = None
         if not server_args.skip_tokenizer_init:
-            from mini_sglang.utils.hf_tokenizer import get_tokenizer
-
             self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
         ctx = zmq.asyncio.Context(2)
         self.recv_from_detokenizer = get_zmq_socket(
@@ -89,6 +88,7 @@ class TokenizerManager:
             configure_gc_warning(server_args.gc_warning_threshold_secs)
         self.metrics = None
         if server_args.enable_metrics:
+            # Local: it imports prometheus_client, loaded only with --enable-metrics.
             from mini_sglang.managers.tokenizer_metrics import ServerMetrics
 
             self.metrics = ServerMetrics(server_args.served_model_name, server_args.dp_size)
