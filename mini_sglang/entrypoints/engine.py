@@ -168,7 +168,13 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
     detok.start()
     procs.append(detok)
     close_parent_ends(writers)
+    tokenizer_start = time.perf_counter()
     tokenizer_manager = TokenizerManager(server_args, port_args)
+    logger.info(
+        "TokenizerManager ready in %.1f s (tokenizer: %s)",
+        time.perf_counter() - tokenizer_start,
+        server_args.tokenizer_path,
+    )
     infos = wait_for_children(list(zip(procs, readers)), procs[len(readers) :])
     logger.info("%d child process(es) ready in %.1f s", len(procs), time.perf_counter() - started)
     stop = threading.Event()

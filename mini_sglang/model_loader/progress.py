@@ -31,5 +31,12 @@ def progress(items: Iterable[T], desc: str, total: int | None = None) -> Iterato
         # shutdown, so it would leak (resource_tracker warns). One thread draws the bars.
         tqdm.set_lock(threading.RLock())
     return iter(
-        tqdm(items, desc=desc, total=total, disable=not _is_rank_zero(), bar_format=BAR_FORMAT)
+        tqdm(
+            items,
+            desc=desc,
+            total=total,
+            disable=not _is_rank_zero(),
+            bar_format=BAR_FORMAT,
+            mininterval=1.0,  # each update is a log line: at most about one a second
+        )
     )

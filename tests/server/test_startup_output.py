@@ -30,6 +30,7 @@ def test_log_says_where_it_listens_and_what_it_runs(server: ServerHandle) -> Non
         r"^\[[-0-9: ]+\] Load weight begin\. avail mem=\d+\.\d\d GB$",
         r"^Loading safetensors checkpoint shards: 100% Completed \| 1/1 \[",
         r"^\[[-0-9: ]+\] Load weight end\. .*elapsed=\d+\.\d\d s$",
+        r"^\[[-0-9: ]+\] TokenizerManager ready in \d+\.\d s \(tokenizer: .*\)$",
         r"^\[[-0-9: ]+\] 2 child process\(es\) ready in \d+\.\d s$",
         r"^\[[-0-9: ]+\] Warm-up request done in \d+\.\d\d s$",
     ):
