@@ -184,6 +184,7 @@ class ServerArgs:
     disable_custom_all_reduce: bool = False
     allow_auto_truncate: bool = False
     enable_return_hidden_states: bool = False
+    enable_custom_logit_processor: bool = False
     enable_deterministic_inference: bool = False
 
     def __post_init__(self) -> None:

@@ -156,6 +156,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--disable-custom-all-reduce",), dict(action=_T, help="Use NCCL all-reduce only (mini-sglang always does).")),
     (("--allow-auto-truncate",), dict(action=_T, help="Truncate over-long inputs instead of returning an error.")),
     (("--enable-return-hidden-states",), dict(action=_T, help="Allow returning hidden states with responses.")),
+    (("--enable-custom-logit-processor",), dict(action=_T, help="Run the custom logit processors that requests send. They are Python code executed in the server: enable only for trusted clients.")),
     (("--enable-deterministic-inference",), dict(action=_T, help="Deterministic inference: seeded per-request sampling.")),
     (("--config",), dict(type=_S, help="A YAML file of flags (keys are flag names); the command line wins.")),
 ]  # fmt: skip

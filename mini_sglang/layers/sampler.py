@@ -1,6 +1,7 @@
 """Sampler: logits -> next token ids (and the logprobs SGLang reports).
 
-Order of operations (SGLang's): penalties and logit_bias on raw logits; greedy rows take the
+Order of operations (SGLang's): penalties, the grammar mask and logit_bias on raw logits, then
+the requests' custom logit processors (their failures are reported, not raised); greedy rows take the
 argmax; other rows divide by temperature, softmax, then top-k, top-p and min-p filtering
 (renormalised), then draw. Reported output logprobs are log_softmax(penalised logits /
 temperature), taken before the top-k/p/min-p filtering, as SGLang 0.5.4 computes them
@@ -15,12 +16,13 @@ vectorised path serves every row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from mini_sglang.layers.kernels import flashinfer_sampling
+from mini_sglang.sampling.custom_logit_batch import ProcessorFailure
 from mini_sglang.sampling.sampling_batch_info import NO_SEED, SamplingBatchInfo
 
 
@@ -28,6 +30,8 @@ from mini_sglang.sampling.sampling_batch_info import NO_SEED, SamplingBatchInfo
 class SamplerOutput:
     next_token_ids: torch.Tensor  # [B] int64
     logprobs: torch.Tensor | None = None  # [B, V] log_softmax(logits / T) when requested
+    # Rows whose custom logit processor raised this step (their requests must finish).
+    processor_failures: list[ProcessorFailure] = field(default_factory=list)
 
 
 def _i64(c: int) -> int:
@@ -129,6 +133,20 @@ class Sampler(nn.Module):
         return_logprob: bool = False,
     ) -> SamplerOutput:
         logits = info.apply_logits_bias(logits)
+        failures: list[ProcessorFailure] = []
+        if info.custom_logit is not None:
+            logits, failures = info.custom_logit.apply(logits)
+        out = self._sample(logits, info, positions, return_logprob)
+        out.processor_failures = failures
+        return out
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        info: SamplingBatchInfo,
+        positions: torch.Tensor,
+        return_logprob: bool,
+    ) -> SamplerOutput:
         logprobs = None
         if info.is_all_greedy:
             next_ids = greedy_argmax(logits)

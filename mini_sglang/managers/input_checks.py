@@ -26,9 +26,7 @@ def check_generate_features(obj: Any, server_args: Any) -> None:
             "The server is not configured to return the hidden states. "
             "Please set `--enable-return-hidden-states` to enable this feature."
         )
-    if obj.custom_logit_processor and not getattr(
-        server_args, "enable_custom_logit_processor", False
-    ):
+    if obj.custom_logit_processor and not server_args.enable_custom_logit_processor:
         raise ValueError(
             "The server is not configured to enable custom logit processor. "
             "Please set `--enable-custom-logit-processor` to enable this feature."

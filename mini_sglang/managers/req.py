@@ -45,6 +45,7 @@ class Req:
         token_ids_logprob: list[int] | None = None,
         stream: bool = False,
         sampling_seed: int = NO_SEED,
+        custom_logit_processor: str | None = None,
     ) -> None:
         self.rid = rid
         self.origin_input_text = origin_input_text
@@ -54,6 +55,13 @@ class Req:
         self.vocab_size = vocab_size
         self.stream = stream
         self.sampling_seed = sampling_seed
+        # A CustomLogitProcessor.to_str() string, and what its calls get for this request:
+        # custom_params plus "__req__" (this Req), as SGLang passes them; only set with a
+        # processor (the dict and the Req refer to each other).
+        self.custom_logit_processor = custom_logit_processor
+        self.custom_params = sampling_params.custom_params
+        if custom_logit_processor and isinstance(self.custom_params, dict):
+            self.custom_params = {**self.custom_params, "__req__": self}
         self.output_ids: list[int] = []
         self.fill_ids: list[int] = []
         # Memory

@@ -45,6 +45,7 @@ class BatchSnapshot:
     # the running requests appended to a MIXED batch.
     decode_start: int
     has_grammar: bool  # some row is constrained (see ScheduleBatch.reqs)
+    has_custom_logit: bool = False  # some row has a custom logit processor
 
     def is_decode_row(self, i: int) -> bool:
         return i >= self.decode_start
@@ -100,6 +101,7 @@ class ScheduleBatch:
         self._reqs = reqs
         self.has_grammar = any(r.grammar is not None for r in reqs)
         self.has_logprob_reqs = any(r.return_logprob for r in reqs)
+        self.has_custom_logit = any(r.custom_logit_processor for r in reqs)
 
     def is_empty(self) -> bool:
         return not self.reqs
@@ -293,6 +295,7 @@ class ScheduleBatch:
             extend_logprob_start_lens=list(self.extend_logprob_start_lens),
             decode_start=self.decode_start,
             has_grammar=self.has_grammar,
+            has_custom_logit=self.has_custom_logit,
         )
 
     def get_model_worker_batch(self) -> ModelWorkerBatch:

@@ -62,6 +62,7 @@ from mini_sglang.managers.session_controller import SessionController
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
+from mini_sglang.sampling.custom_logit_processor import CustomLogitProcessor
 from mini_sglang.sampling.sampling_batch_info import NO_SEED
 from mini_sglang.utils.gc_utils import freeze_gc
 
@@ -328,6 +329,9 @@ class Scheduler:
             token_ids_logprob=recv.token_ids_logprob,
             stream=recv.stream,
             sampling_seed=seed,
+            custom_logit_processor=recv.custom_logit_processor
+            if self.server_args.enable_custom_logit_processor
+            else None,
         )
 
     def input_error(self, req: Req) -> str | None:
@@ -348,6 +352,11 @@ class Scheduler:
                 f"req.logprob_start_len={start} is higher than the number of input tokens "
                 f"len(req.origin_input_ids)={n}. Please use a smaller logprob_start_len."
             )
+        if req.custom_logit_processor:
+            try:
+                CustomLogitProcessor.from_str(req.custom_logit_processor)
+            except Exception as e:  # client-sent: any failure to load is the client's
+                return f"Invalid custom_logit_processor: {type(e).__name__}: {e}"
         return None
 
     def queue_full(self) -> bool:
@@ -554,6 +563,9 @@ class Scheduler:
         self.profiler.on_step(batch)  # the profiler starts/stops between steps
         batch.sampling_info.vocab_mask = self.grammar.vocab_mask(batch)
         result = self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+        for failure in result.processor_failures:
+            # Finishes with an abort when this step's result is processed; the rest go on.
+            batch.reqs[failure.row].abort(failure.message)
         batch.output_ids = result.next_token_ids
         result.start_copy_to_host()
         return result
@@ -576,6 +588,12 @@ class Scheduler:
         pending = self._pending[0]
         if pending.has_grammar and any(
             r.grammar is not None and not r.finished() for r in pending.reqs
+        ):
+            return True
+        # Custom logit processors read their request's tokens ("__req__"): a step whose
+        # predecessor holds one runs unoverlapped, so output_ids include every earlier token.
+        if pending.has_custom_logit and any(
+            r.custom_logit_processor and not r.finished() for r in pending.reqs
         ):
             return True
         # The next decode batch is the running batch plus the last prefill batch (merged in

@@ -249,6 +249,7 @@ class TokenizerManager:
             stream=obj.stream,
             data_parallel_rank=obj.data_parallel_rank,
             session_params=session,
+            custom_logit_processor=obj.custom_logit_processor,
         )
 
     def _check_logprob_args(self, obj: GenerateReqInput, n_in: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,6 +11,7 @@ from mini_sglang.layers.logits_processor import LogitsProcessorOutput
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.model_executor.forward_batch_info import ModelWorkerBatch
 from mini_sglang.model_executor.model_runner import ModelRunner
+from mini_sglang.sampling.custom_logit_batch import ProcessorFailure
 
 
 @dataclass
@@ -20,6 +21,8 @@ class GenerationBatchResult:
     logprobs: torch.Tensor | None = None  # [B, V] when the batch asked for logprobs
     next_token_ids_host: torch.Tensor | None = None  # pinned copy, valid after copy_done
     copy_done: torch.cuda.Event | None = None
+    # Rows whose custom logit processor raised (see CustomLogitBatch.apply).
+    processor_failures: list[ProcessorFailure] = field(default_factory=list)
 
     def start_copy_to_host(self) -> None:
         """Begin the device->host copy of the sampled tokens without blocking."""
@@ -121,4 +124,9 @@ class TpModelWorker:
             fb.sampling_info.penalizer.cumulate(sample.next_token_ids)
         if timer is not None:
             timer.end(started, fb.forward_mode.is_decode())
-        return GenerationBatchResult(logits_output, sample.next_token_ids, sample.logprobs)
+        return GenerationBatchResult(
+            logits_output,
+            sample.next_token_ids,
+            sample.logprobs,
+            processor_failures=sample.processor_failures,
+        )

@@ -2,7 +2,8 @@
 
 Built from the requests when a batch forms; `filter` and `merge` follow the batch as requests
 finish and new ones join, so the tensors are never rebuilt from scratch on the decode path.
-Penalties live in a PenalizerOrchestrator that filters and merges the same way.
+Penalties live in a PenalizerOrchestrator and custom logit processors in a
+CustomLogitBatch, which filter and merge the same way.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mini_sglang.constrained.bitmask import apply_token_bitmask
+from mini_sglang.sampling.custom_logit_batch import CustomLogitBatch
 from mini_sglang.sampling.penaltylib.orchestrator import PenalizerOrchestrator
 from mini_sglang.utils.device import to_device
 
@@ -44,6 +46,9 @@ class SamplingBatchInfo:
     # Packed allowed-token bitmask of this step's grammar rows (int32 [B, ceil(V / 32)]),
     # or None. Set by the scheduler before every forward, never filtered or merged.
     vocab_mask: torch.Tensor | None = None
+    # The rows' custom logit processors (the sampler runs them after apply_logits_bias), or
+    # None when no row has one.
+    custom_logit: CustomLogitBatch | None = None
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device) -> SamplingBatchInfo:
@@ -77,6 +82,7 @@ class SamplingBatchInfo:
         )
         info._flags_from_host_rows()
         info.penalizer = PenalizerOrchestrator.from_reqs(reqs, vocab_size, device)
+        info.custom_logit = CustomLogitBatch.from_reqs(reqs)
         return info
 
     def _flags_from_host_rows(self) -> None:
@@ -100,10 +106,16 @@ class SamplingBatchInfo:
         self.host_rows = {name: t[keep] for name, t in self.host_rows.items()}
         if self.penalizer is not None:
             self.penalizer = self.penalizer.filter(keep_dev)
+        if self.custom_logit is not None:
+            self.custom_logit = self.custom_logit.filter(keep.tolist())
         self._flags_from_host_rows()
 
     def merge(self, other: SamplingBatchInfo, merged_reqs: list[Req]) -> None:
         """Append `other`'s rows after ours; `merged_reqs` are both batches' requests in order."""
+        n_self = len(merged_reqs) - len(other.top_ps)
+        self.custom_logit = CustomLogitBatch.concat(
+            self.custom_logit, other.custom_logit, n_self, len(other.top_ps)
+        )
         for name in ("temperatures", "top_ps", "top_ks", "min_ps", "seeds"):
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.host_rows = {n: torch.cat([t, other.host_rows[n]]) for n, t in self.host_rows.items()}
