@@ -191,6 +191,8 @@ async def generate_request(request: Request, state: ServerStateDep) -> Response:
                 async for out in tm.generate_request(obj, request):
                     yield sse_event(out)
             except (ValueError, TypeError, SchedulerRefused) as e:
+                if not isinstance(e, SchedulerRefused):
+                    logger.error("[http_server] Error: %s", e)  # SGLang's line for a refusal
                 yield sse_event({"error": {"message": json_safe(str(e))}})
             except RequestAborted:
                 return
@@ -200,6 +202,7 @@ async def generate_request(request: Request, state: ServerStateDep) -> Response:
     try:
         ret = await tm.generate_request(obj, request).__anext__()
     except (ValueError, TypeError) as e:
+        logger.error("[http_server] Error: %s", e)  # SGLang's line for a refusal
         return error_response(str(e))
     except RequestAborted as e:
         return error_response(str(e))
