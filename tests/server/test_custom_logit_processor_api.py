@@ -52,9 +52,10 @@ FLAG_OFF = (
 )
 
 
-@pytest.fixture(scope="module")
-def procs() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def client_processor_strings() -> dict[str, str]:
+    """CLIENT's processors as a client script prints them, plus the built-in ban."""
+    path = [str(REPO), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CLIENT)],
         env=env,
@@ -65,6 +66,11 @@ def procs() -> dict[str, str]:
     strings = json.loads(out.stdout)
     strings["ban"] = DisallowedTokensLogitsProcessor.to_str()
     return strings
+
+
+@pytest.fixture(scope="module")
+def procs() -> dict[str, str]:
+    return client_processor_strings()
 
 
 @pytest.fixture(scope="module")
