@@ -18,6 +18,7 @@ each; the controller binds those sockets and only routes.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -92,7 +93,8 @@ class DataParallelController:
         self.round_robin_counter = 0
         self.budget = DPBudget()
         self.watch_loads = server_args.load_balance_method == "shortest_queue"
-        self.load_ipc_name = f"ipc://{tempfile.NamedTemporaryFile(delete=False).name}"
+        with tempfile.NamedTemporaryFile(delete=False) as f:  # a fresh name per server
+            self.load_ipc_name = f"ipc://{f.name}"
         self.recv_loads = get_zmq_socket(self.context, zmq.PULL, self.load_ipc_name, bind=True)
         self.pending_loads: dict[int, GetLoadReqOutput] = {}
         self.poller = zmq.Poller()
@@ -181,8 +183,6 @@ def run_data_parallel_controller_process(
     except Exception:
         msg = traceback.format_exc()
         logger.error("DataParallelController hit an exception: %s", msg)
-        try:
+        with contextlib.suppress(Exception):
             pipe_writer.send({"status": "error", "error": msg})
-        except Exception:
-            pass
         os.kill(parent, signal.SIGQUIT)
