@@ -10,6 +10,7 @@ Usage: python scripts/gen_sglang_flags.py PATH/TO/sglang/srt/server_args.py > \
 from __future__ import annotations
 
 import ast
+import contextlib
 import sys
 from typing import Any
 
@@ -56,72 +57,92 @@ def _eval(node: ast.expr, names: dict[str, Any]) -> Any:
         return eval(code, {"__builtins__": {}}, names)  # noqa: S307
 
 
+def _module_consts(tree: ast.Module) -> dict[str, Any]:
+    """Module-level NAME = literal assignments (what defaults may refer to)."""
+    consts: dict[str, Any] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target = node.targets[0]
+        if isinstance(target, ast.Name):
+            with contextlib.suppress(ValueError):
+                consts[target.id] = ast.literal_eval(node.value)
+    return consts
+
+
+def _field_defaults(cls: ast.ClassDef, consts: dict[str, Any]) -> dict[str, Any]:
+    """ServerArgs field -> its default (a default_factory list or dict is [] or {})."""
+    defaults: dict[str, Any] = {}
+    for node in cls.body:
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        value = node.value
+        if value is None:
+            continue
+        if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "field":
+            kw = {k.arg: k.value for k in value.keywords}
+            factory = ast.unparse(kw["default_factory"]) if "default_factory" in kw else ""
+            defaults[node.target.id] = {"list": [], "dict": {}}.get(factory)
+            continue
+        defaults[node.target.id] = _eval(value, consts)
+    return defaults
+
+
+def _flag(
+    call: ast.Call, defaults: dict[str, Any], consts: dict[str, Any]
+) -> tuple[tuple[str, ...], str, Any, str | None, str | None]:
+    """One add_argument call as (options, kind, default, nargs, help-for-deprecated)."""
+    options = tuple(a.value for a in call.args)
+    kw = {k.arg: k.value for k in call.keywords}
+    action = ast.unparse(kw["action"]) if "action" in kw else None
+    nargs = ast.literal_eval(kw["nargs"]) if "nargs" in kw else None
+    help_text = None
+    if action == "'store_true'":
+        kind = "store_true"
+    elif action == "DeprecatedAction":
+        kind, help_text = "deprecated", ast.literal_eval(kw["help"])
+    elif action == "LoRAPathAction":
+        kind = "str"
+    else:
+        kind = _KINDS[ast.unparse(kw["type"])] if "type" in kw else "str"
+    if "default" in kw:
+        d = kw["default"]
+        text = ast.unparse(d)
+        if text.startswith("ServerArgs."):
+            default = defaults[text.removeprefix("ServerArgs.")]
+        else:
+            default = _eval(d, consts)
+    else:
+        default = False if kind == "store_true" else None
+    return options, kind, default, nargs, help_text
+
+
 def sglang_flags(path: str) -> list[tuple[tuple[str, ...], str, Any, str | None, str | None]]:
     """(options, kind, default, nargs, help-for-deprecated) of every add_argument call in
     ServerArgs.add_cli_args, in order."""
     with open(path) as f:
         tree = ast.parse(f.read())
-    module_consts: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-            if isinstance(target, ast.Name):
-                try:
-                    module_consts[target.id] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
+    consts = _module_consts(tree)
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
-    defaults: dict[str, Any] = {}
-    for node in cls.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if node.value is None:
-                continue
-            value = node.value
-            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "field":
-                kw = {k.arg: k.value for k in value.keywords}
-                factory = ast.unparse(kw["default_factory"]) if "default_factory" in kw else ""
-                defaults[node.target.id] = {"list": [], "dict": {}}.get(factory)
-                continue
-            defaults[node.target.id] = _eval(value, module_consts)
+    defaults = _field_defaults(cls, consts)
     add_cli_args = next(
         n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "add_cli_args"
     )
-    out = []
-    for call in ast.walk(add_cli_args):
-        if not (isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument"):
-            continue
-        options = tuple(a.value for a in call.args)
-        kw = {k.arg: k.value for k in call.keywords}
-        action = ast.unparse(kw["action"]) if "action" in kw else None
-        nargs = ast.literal_eval(kw["nargs"]) if "nargs" in kw else None
-        help_text = None
-        if action == "'store_true'":
-            kind = "store_true"
-        elif action == "DeprecatedAction":
-            kind, help_text = "deprecated", ast.literal_eval(kw["help"])
-        elif action == "LoRAPathAction":
-            kind = "str"
-        else:
-            kind = _KINDS[ast.unparse(kw["type"])] if "type" in kw else "str"
-        if "default" in kw:
-            d = kw["default"]
-            text = ast.unparse(d)
-            if text.startswith("ServerArgs."):
-                default = defaults[text.removeprefix("ServerArgs.")]
-            else:
-                default = _eval(d, module_consts)
-        else:
-            default = False if kind == "store_true" else None
-        out.append((options, kind, default, nargs, help_text))
+    out = [
+        _flag(call, defaults, consts)
+        for call in ast.walk(add_cli_args)
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument"
+    ]
     # ast.walk is breadth-first; the source order is the readable one.
     return sorted(out, key=lambda f: _lineno(add_cli_args, f[0]))
 
 
 def _lineno(fn: ast.FunctionDef, options: tuple[str, ...]) -> int:
     for call in ast.walk(fn):
-        if isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument":
-            if tuple(a.value for a in call.args) == options:
-                return call.lineno
+        if not (isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "add_argument"):
+            continue
+        if tuple(a.value for a in call.args) == options:
+            return call.lineno
     return 0
 
 
