@@ -170,6 +170,10 @@ class Envs:
     MINI_SGLANG_CACHE_DIR = EnvStr(
         None, "Cache for the converted default model (unset or empty: ~/.cache/mini_sglang)."
     )
+    # Tests
+    MINI_SGLANG_TEST_FAIL_PREPARE_RID = EnvStr(
+        None, "Test hook: preparing the batch's sampling of the request with this rid raises."
+    )
     # Cloud and benchmark clients (their platforms' names)
     AIP_PREDICT_ROUTE = EnvStr(
         "/vertex_generate", "Path of the Vertex AI prediction route (set by Vertex AI)."

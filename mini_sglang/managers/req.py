@@ -79,6 +79,7 @@ class Req:
         self.finished_reason: BaseFinishReason | None = None
         self.to_abort = False
         self.to_abort_message: str | None = None
+        self.to_abort_status: tuple[int, str] | None = None  # (HTTP status, error type)
         # Streaming / detokenization bookkeeping
         self.send_token_offset = 0  # output ids already streamed
         self.sent_final = False  # the finishing message went out
@@ -142,7 +143,8 @@ class Req:
         if self.finished():
             return
         if self.to_abort:
-            self.finished_reason = FINISH_ABORT(message=self.to_abort_message or "Abort")
+            status, err_type = self.to_abort_status or (None, None)
+            self.finished_reason = FINISH_ABORT(self.to_abort_message or "Abort", status, err_type)
             return
         sp = self.sampling_params
         if sp.max_new_tokens is not None and len(self.output_ids) >= sp.max_new_tokens:
@@ -188,9 +190,13 @@ class Req:
         del self.output_token_logprobs_val[:]
         del self.output_token_logprobs_idx[:]
 
-    def abort(self, message: str) -> None:
+    def abort(self, message: str, status_code: int | None = None, err_type: str = "") -> None:
+        """Finish at the next check_finished with an abort reason; `status_code` (e.g. 500
+        for a request the scheduler failed to prepare) is the HTTP status the client gets."""
         self.to_abort = True
         self.to_abort_message = message
+        if status_code is not None:
+            self.to_abort_status = (status_code, err_type)
 
     def __repr__(self) -> str:
         return f"Req(rid={self.rid}, input_len={len(self.origin_input_ids)}, output_len={len(self.output_ids)})"

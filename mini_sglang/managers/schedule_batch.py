@@ -11,6 +11,8 @@ decode step be prepared before the previous step's tokens reach the host (overla
 
 from __future__ import annotations
 
+import copy
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,7 +20,8 @@ import torch
 
 from mini_sglang.managers.req import Req
 from mini_sglang.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
-from mini_sglang.sampling.sampling_batch_info import SamplingBatchInfo
+from mini_sglang.sampling.sampling_batch_info import NO_SEED, SamplingBatchInfo
+from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.device import to_device
 
 if TYPE_CHECKING:
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     from mini_sglang.mem_cache.memory_pool import ReqToTokenPool
 
 __all__ = ["BatchSnapshot", "Req", "ScheduleBatch", "OutOfKVMemoryError"]
+
+logger = logging.getLogger("mini_sglang")
 
 
 @dataclass
@@ -179,7 +184,28 @@ class ScheduleBatch:
             for r, p, e in zip(reqs, self.prefix_lens, self.extend_lens)
         ]
         self.decode_start = len(reqs)
-        self.sampling_info = SamplingBatchInfo.from_reqs(reqs, self.vocab_size, self.device)
+        self.sampling_info = self._build_sampling_info()
+
+    def _build_sampling_info(self) -> SamplingBatchInfo:
+        """The batch's sampling tensors. If building them fails, each request is prepared
+        alone: one that fails is a fault of that request, not of the engine, so it is
+        aborted (status 500, at its next check_finished) and samples this step with
+        neutral parameters; the rest of the batch runs as usual. A failure that no single
+        request explains still raises."""
+        try:
+            return SamplingBatchInfo.from_reqs(self.reqs, self.vocab_size, self.device)
+        except Exception:  # noqa: BLE001 - narrowed down to the requests below
+            logger.exception("Building a batch's sampling tensors failed; checking each request")
+        rows = []
+        for req in self.reqs:
+            try:
+                SamplingBatchInfo.from_reqs([req], self.vocab_size, "cpu")
+                rows.append(req)
+            except Exception as e:  # noqa: BLE001
+                logger.error("Request %s: preparing its sampling failed: %r", req.rid, e)
+                req.abort(f"Internal server error: {e}", 500, "InternalServerError")
+                rows.append(_neutral_stand_in(req))
+        return SamplingBatchInfo.from_reqs(rows, self.vocab_size, self.device)
 
     def prepare_for_decode(self) -> None:
         """Allocate one KV slot per request for the token sampled last step."""
@@ -322,3 +348,14 @@ class ScheduleBatch:
             if self.return_logprob
             else None,
         )
+
+
+def _neutral_stand_in(req: Req) -> Req:
+    """A copy of `req` that samples with default parameters (no bias, penalty, seed or
+    custom logit processor): the row of an aborted request in the batch's sampling tensors."""
+    stand_in = copy.copy(req)
+    stand_in.rid = ""
+    stand_in.sampling_params = SamplingParams()
+    stand_in.sampling_seed = NO_SEED
+    stand_in.custom_logit_processor = None
+    return stand_in

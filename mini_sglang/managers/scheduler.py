@@ -64,6 +64,7 @@ from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
 from mini_sglang.sampling.custom_logit_processor import CustomLogitProcessor
 from mini_sglang.sampling.sampling_batch_info import NO_SEED
+from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.gc_utils import freeze_gc
 
 logger = logging.getLogger("mini_sglang")
@@ -283,10 +284,32 @@ class Scheduler:
             self.handle_generate_request(r)
 
     def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
-        """Admit one new request: its prompt (from its session if it names one), its Req,
-        the checks (a failure is a 400 streamed at once), its defaults, and its place in
-        the waiting queue or the grammar queue. All work for one new request happens in
-        this call, so per-request error containment wraps it."""
+        """Admit one new request (`_admit`). An error raised while admitting it (its
+        session lookup, its Req, its grammar lookup, a bug) is a fault of this request, not
+        of the engine: the request ends with an abort reason and status 500, and the loop
+        goes on."""
+        try:
+            self._admit(recv)
+        except Exception as e:  # noqa: BLE001 - contained to this one request
+            logger.exception("Admitting request %s failed; it ends with an error", recv.rid)
+            self._fail_admission(recv, e)
+
+    def _fail_admission(self, recv: TokenizedGenerateReqInput, error: Exception) -> None:
+        # Wherever admission got to, the request leaves the queues and ends once, here.
+        self.waiting_queue = [r for r in self.waiting_queue if r.rid != recv.rid]
+        self.grammar.abort(lambda rid: rid == recv.rid, "")
+        sp = SamplingParams()
+        sp.normalize(None)
+        req = Req(recv.rid, "", [0], sp, vocab_size=self.model_config.vocab_size)
+        req.finished_reason = FINISH_ABORT(
+            f"Internal server error: {error}", status_code=500, err_type="InternalServerError"
+        )
+        self.output.stream([req])
+
+    def _admit(self, recv: TokenizedGenerateReqInput) -> None:
+        """Its prompt (from its session if it names one), its Req, the checks (a failure is
+        a 400 streamed at once), its defaults, and its place in the waiting queue or the
+        grammar queue."""
         input_ids, session_link, error = self.sessions.lookup(recv)
         req = self._new_req(recv, input_ids)
         error = error or self.input_error(req)

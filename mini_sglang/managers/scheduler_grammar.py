@@ -68,11 +68,13 @@ def grammar_key(sp: SamplingParams) -> GrammarKey | None:
     return None
 
 
-def _fail(req: Req, error: str) -> None:
-    """Finish a request that never got KV with a 400 (SGLang's set_finish_with_abort)."""
+def _fail(req: Req, error: str, status_code: int = 400) -> None:
+    """Finish a request that never got KV with a 400 (SGLang's set_finish_with_abort), or
+    a 500 when preparing its grammar failed for a reason other than the constraint."""
     logger.error("%s, rid=%s", error, req.rid)
     req.grammar = None
-    req.finished_reason = FINISH_ABORT(error, status_code=400, err_type="BadRequestError")
+    err_type = "BadRequestError" if status_code == 400 else "InternalServerError"
+    req.finished_reason = FINISH_ABORT(error, status_code=status_code, err_type=err_type)
 
 
 def accept_token(req: Req, token: int) -> None:
@@ -140,7 +142,11 @@ class GrammarQueue:
             if not wait and not future.done():
                 break
             num_done += 1
-            value = future.result()
+            try:
+                value = future.result()
+            except Exception as e:  # noqa: BLE001 - a fault of this request's grammar only
+                _fail(req, f"Internal server error: {e}", status_code=500)
+                continue
             self.backend.set_cache(req.grammar_key, value.copy())
             if isinstance(value, InvalidGrammar):
                 _fail(req, value.error)
@@ -184,5 +190,12 @@ class GrammarQueue:
             return None
         mask = allocate_token_bitmask(len(batch.reqs), self.vocab_size)
         for i, grammar in rows:
-            grammar.fill_vocab_mask(mask, i)
+            try:
+                grammar.fill_vocab_mask(mask, i)
+            except Exception as e:  # noqa: BLE001 - a fault of this row's grammar only
+                logger.exception("Request %s: filling its grammar mask failed", batch.reqs[i].rid)
+                mask[i] = -1  # unconstrained for its last step; it ends with a 500
+                req = batch.reqs[i]
+                req.grammar = None  # its sampled token is not fed to the broken grammar
+                req.abort(f"Internal server error: {e}", 500, "InternalServerError")
         return to_device(mask, self.device)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mini_sglang.constrained.bitmask import apply_token_bitmask
+from mini_sglang.environ import envs
 from mini_sglang.sampling.custom_logit_batch import CustomLogitBatch
 from mini_sglang.sampling.penaltylib.orchestrator import PenalizerOrchestrator
 from mini_sglang.utils.device import to_device
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from mini_sglang.managers.schedule_batch import Req
 
 NO_SEED = -1
+# Test hook (tests/server/test_hostile_requests.py): preparing a batch that holds the
+# request with this rid raises, as a bug in one request's preparation would.
+_FAIL_PREPARE_RID = envs.MINI_SGLANG_TEST_FAIL_PREPARE_RID.get() or None
 
 
 @dataclass
@@ -52,6 +56,8 @@ class SamplingBatchInfo:
 
     @classmethod
     def from_reqs(cls, reqs: list[Req], vocab_size: int, device) -> SamplingBatchInfo:
+        if _FAIL_PREPARE_RID and any(r.rid == _FAIL_PREPARE_RID for r in reqs):  # test hook
+            raise RuntimeError(f"test hook: preparing request {_FAIL_PREPARE_RID} fails")
         sps = [r.sampling_params for r in reqs]
         temps = torch.tensor([sp.temperature for sp in sps], dtype=torch.float32).view(-1, 1)
         host = {

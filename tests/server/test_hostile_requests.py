@@ -6,6 +6,8 @@ another client's work. One shared server (conftest `server`).
 - A refused batch with a repeated rid leaves nothing behind.
 - An abort reaches exactly the rid (and the sub-requests of the client's own batch), never
   another client's request whose rid merely starts with it; an empty rid is refused.
+- A request whose preparation fails in the scheduler ends alone with a 500 (a server
+  started with the MINI_SGLANG_TEST_FAIL_PREPARE_RID test hook).
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
-from tests.server.conftest import ServerHandle, parse_sse
+from tests.server.conftest import ServerHandle, TinyModel, launch_server, parse_sse
 
 INT64 = "[-9223372036854775808, 9223372036854775807]"
 FLOAT32 = "[-3.4028234663852886e+38, 3.4028234663852886e+38]"
@@ -188,3 +194,48 @@ def test_abort_by_the_batch_rid_reaches_its_own_sub_requests(server: ServerHandl
     assert finals == {0: "abort", 1: "abort"}
     assert _finish(res2) == {"type": "length", "length": 60}  # another client's rid
     assert server.wait_memory_all_free()["failures"] == 0
+
+
+# ---- containment ---------------------------------------------------------------------
+FAIL_RID = "prepare-fails"
+
+
+@pytest.fixture(scope="module")
+def failing_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
+    """A server whose test hook makes preparing the request FAIL_RID raise."""
+    handle = launch_server(
+        tiny_model.path, log_dir=server_logs, env={"MINI_SGLANG_TEST_FAIL_PREPARE_RID": FAIL_RID}
+    )
+    yield handle
+    handle.stop()
+
+
+def test_a_request_that_fails_in_preparation_ends_alone(failing_server: ServerHandle, tiny_model):
+    """Sent with others at once (so it is batched with them): it gets a 500 with the
+    error, the others get exactly their greedy output, and the server serves on."""
+    server = failing_server
+    greedy = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    bodies = [
+        {"input_ids": tiny_model.eos_prompt_ids, "rid": rid, "sampling_params": greedy}
+        for rid in ("ok-0", FAIL_RID, "ok-2", "ok-3")
+    ]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(pool.map(lambda b: server.post("/generate", json=b), bodies))
+    message = f"Internal server error: test hook: preparing request {FAIL_RID} fails"
+    assert replies[1].status_code == 500, replies[1].text
+    assert replies[1].json() == {
+        "object": "error",
+        "message": message,
+        "type": "500",
+        "param": None,
+        "code": 500,
+    }
+    for r in replies[:1] + replies[2:]:
+        assert r.status_code == 200, r.text
+        assert r.json()["output_ids"] == tiny_model.greedy_ids[:6]
+    chat = {"model": "m", "messages": MSGS, "max_tokens": 2, "rid": FAIL_RID}
+    r = server.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 500 and r.json()["message"] == message, r.text
+    assert_healthy(server)
+    assert server.wait_memory_all_free()["failures"] == 0
+    assert "Building a batch's sampling tensors failed" in server.log()
