@@ -25,6 +25,7 @@ reply has reasoning) and a message item with one output_text part.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -135,6 +136,31 @@ async def _last_output(gen: AsyncIterator[dict], last: dict | None = None) -> di
     return last
 
 
+def _input_message(item: dict[str, Any]) -> dict[str, Any]:
+    """One input item as a chat message; ValueError for what is not a text message."""
+    kind = item.get("type", "message")
+    if kind != "message":
+        raise ValueError(f"Input items of type '{kind}' are not supported.")
+    role = _INPUT_ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    if role is None:
+        raise ValueError(
+            f"Invalid input message role: {item.get('role')!r}; expected one of "
+            f"{sorted(_INPUT_ROLES)}."
+        )
+    content = item.get("content")
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in _TEXT_PART_TYPES:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"Only text input parts are supported, not {kind!r}.")
+            parts.append({"type": "text", "text": str(part.get("text", ""))})
+        content = parts
+    elif not isinstance(content, str):
+        raise ValueError("An input message's content must be a string or a list of parts.")
+    return {"role": role, "content": content}
+
+
 class _Turn:
     """One request on its way: the request, its chat form and its prompt's messages."""
 
@@ -156,6 +182,101 @@ class _Turn:
         )
 
 
+class _StreamEvents:
+    """The SSE events of one streamed response, numbered in order: its output items (a
+    reasoning item, a message) are opened, receive text deltas and are closed."""
+
+    def __init__(self, turn: _Turn) -> None:
+        self.turn = turn
+        self.sequence_number = 0
+        self.texts = {"reasoning": "", "message": ""}
+        self.open_item: str | None = None  # the kind of the item being streamed
+        self.output_index = -1
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        fields.update(sequence_number=self.sequence_number, type=kind)
+        self.sequence_number += 1
+        data = orjson.dumps(dict(sorted(fields.items())))
+        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+    def _item(self, kind: str, status: str) -> dict:
+        turn = self.turn
+        if kind == "reasoning":
+            return ResponseReasoningItem(id=turn.reasoning_id, status=status).model_dump()
+        return ResponseOutputMessage(id=turn.message_id, content=[], status=status).model_dump()
+
+    @staticmethod
+    def _part(kind: str, text: str) -> dict:
+        if kind == "reasoning":
+            return ResponseReasoningTextContent(text=text).model_dump()
+        return ResponseOutputText(text=text).model_dump()
+
+    def _ids(self, kind: str) -> dict:
+        item_id = self.turn.reasoning_id if kind == "reasoning" else self.turn.message_id
+        return {"item_id": item_id, "output_index": self.output_index, "content_index": 0}
+
+    def delta(self, kind: str, piece: str) -> list[bytes]:
+        """The events for `piece` of `kind`'s text: the item opened first (closing the
+        other) unless it is the one being streamed."""
+        if not piece:
+            return []
+        events = [] if self.open_item == kind else self._open(kind)
+        self.texts[kind] += piece
+        if kind == "reasoning":
+            events.append(
+                self.event("response.reasoning_text.delta", delta=piece, **self._ids(kind))
+            )
+        else:
+            events.append(
+                self.event(
+                    "response.output_text.delta", delta=piece, logprobs=[], **self._ids(kind)
+                )
+            )
+        return events
+
+    def _open(self, kind: str) -> list[bytes]:
+        events = self.close()
+        self.output_index += 1
+        self.open_item = kind
+        events.append(
+            self.event(
+                "response.output_item.added",
+                item=self._item(kind, "in_progress"),
+                output_index=self.output_index,
+            )
+        )
+        events.append(
+            self.event("response.content_part.added", part=self._part(kind, ""), **self._ids(kind))
+        )
+        return events
+
+    def close(self) -> list[bytes]:
+        """The events that complete the item being streamed (none if there is none)."""
+        kind, self.open_item = self.open_item, None
+        if kind is None:
+            return []
+        turn, text, ids = self.turn, self.texts[kind], self._ids(kind)
+        if kind == "reasoning":
+            done = self.event("response.reasoning_text.done", text=text, **ids)
+            final = ResponseReasoningItem(
+                id=turn.reasoning_id,
+                content=[ResponseReasoningTextContent(text=text)],
+                status="completed",
+            )
+        else:
+            done = self.event("response.output_text.done", text=text, logprobs=[], **ids)
+            final = ResponseOutputMessage(
+                id=turn.message_id, content=[ResponseOutputText(text=text)], status="completed"
+            )
+        return [
+            done,
+            self.event("response.content_part.done", part=self._part(kind, text), **ids),
+            self.event(
+                "response.output_item.done", item=final.model_dump(), output_index=self.output_index
+            ),
+        ]
+
+
 class OpenAIServingResponses:
     """The handler of POST /v1/responses, GET /v1/responses/{id} and
     POST /v1/responses/{id}/cancel; prompts are rendered by `chat` (the server's
@@ -172,14 +293,9 @@ class OpenAIServingResponses:
 
     # ---- create ----------------------------------------------------------------------
     async def create_responses(self, request: ResponsesRequest, raw_request: Request) -> Response:
-        prev: StoredResponse | None = None
-        if request.previous_response_id is not None:
-            prev_id = request.previous_response_id
-            if not prev_id.startswith("resp_"):
-                return _invalid_id_error(prev_id)
-            prev = self.store.get(prev_id)
-            if prev is None:
-                return _not_found_error(prev_id)
+        prev = self._previous(request)
+        if isinstance(prev, Response):
+            return prev
         if request.background and not request.store:
             return responses_error("background can only be used when `store` is true")
         try:
@@ -223,6 +339,17 @@ class OpenAIServingResponses:
         finally:
             await gen.aclose()
         return fastapi_json_response(self._finish(turn, last))
+
+    def _previous(self, request: ResponsesRequest) -> StoredResponse | Response | None:
+        """The stored response previous_response_id names (None without one), or the error
+        response for an id that is malformed or unknown."""
+        prev_id = request.previous_response_id
+        if prev_id is None:
+            return None
+        if not prev_id.startswith("resp_"):
+            return _invalid_id_error(prev_id)
+        prev = self.store.get(prev_id)
+        return _not_found_error(prev_id) if prev is None else prev
 
     def _prepare(
         self, request: ResponsesRequest, prev: StoredResponse | None
@@ -274,28 +401,7 @@ class OpenAIServingResponses:
         if isinstance(request.input, str):
             messages.append({"role": "user", "content": request.input})
             return messages
-        for item in request.input:
-            kind = item.get("type", "message")
-            if kind != "message":
-                raise ValueError(f"Input items of type '{kind}' are not supported.")
-            role = _INPUT_ROLES.get(item.get("role"))  # type: ignore[arg-type]
-            if role is None:
-                raise ValueError(
-                    f"Invalid input message role: {item.get('role')!r}; expected one of "
-                    f"{sorted(_INPUT_ROLES)}."
-                )
-            content = item.get("content")
-            if isinstance(content, list):
-                parts = []
-                for part in content:
-                    if not isinstance(part, dict) or part.get("type") not in _TEXT_PART_TYPES:
-                        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                        raise ValueError(f"Only text input parts are supported, not {kind!r}.")
-                    parts.append({"type": "text", "text": str(part.get("text", ""))})
-                content = parts
-            elif not isinstance(content, str):
-                raise ValueError("An input message's content must be a string or a list of parts.")
-            messages.append({"role": role, "content": content})
+        messages.extend(_input_message(item) for item in request.input)
         return messages
 
     # ---- finishing -------------------------------------------------------------------
@@ -340,82 +446,16 @@ class OpenAIServingResponses:
     async def _stream(
         self, turn: _Turn, first: dict | None, gen: AsyncIterator[dict]
     ) -> AsyncIterator[bytes]:
-        sequence_number = 0
-
-        def event(kind: str, **fields: Any) -> bytes:
-            nonlocal sequence_number
-            fields.update(sequence_number=sequence_number, type=kind)
-            sequence_number += 1
-            data = orjson.dumps(dict(sorted(fields.items())))
-            return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
-
+        events = _StreamEvents(turn)
         initial = turn.response("in_progress").model_dump()
-        yield event("response.created", response=initial)
-        yield event("response.in_progress", response=initial)
+        yield events.event("response.created", response=initial)
+        yield events.event("response.in_progress", response=initial)
         parser = ChoiceStreamParser(
             turn.chat_request,
             self.chat.reasoning_parser,
             None,
             self.chat.force_reasoning(turn.chat_request),
         )
-        texts = {"reasoning": "", "message": ""}
-        open_item: str | None = None  # the kind of the item being streamed
-        output_index = -1
-
-        def item(kind: str, status: str) -> dict:
-            if kind == "reasoning":
-                return ResponseReasoningItem(id=turn.reasoning_id, status=status).model_dump()
-            return ResponseOutputMessage(id=turn.message_id, content=[], status=status).model_dump()
-
-        def part(kind: str, text: str) -> dict:
-            if kind == "reasoning":
-                return ResponseReasoningTextContent(text=text).model_dump()
-            return ResponseOutputText(text=text).model_dump()
-
-        def ids(kind: str) -> dict:
-            item_id = turn.reasoning_id if kind == "reasoning" else turn.message_id
-            return {"item_id": item_id, "output_index": output_index, "content_index": 0}
-
-        def open_(kind: str) -> list[bytes]:
-            nonlocal output_index, open_item
-            events = close() if open_item is not None else []
-            output_index += 1
-            open_item = kind
-            events.append(
-                event(
-                    "response.output_item.added",
-                    item=item(kind, "in_progress"),
-                    output_index=output_index,
-                )
-            )
-            events.append(event("response.content_part.added", part=part(kind, ""), **ids(kind)))
-            return events
-
-        def close() -> list[bytes]:
-            nonlocal open_item
-            kind, open_item = open_item, None
-            assert kind is not None
-            text = texts[kind]
-            if kind == "reasoning":
-                done = event("response.reasoning_text.done", text=text, **ids(kind))
-                final = ResponseReasoningItem(
-                    id=turn.reasoning_id,
-                    content=[ResponseReasoningTextContent(text=text)],
-                    status="completed",
-                )
-            else:
-                done = event("response.output_text.done", text=text, logprobs=[], **ids(kind))
-                final = ResponseOutputMessage(
-                    id=turn.message_id, content=[ResponseOutputText(text=text)], status="completed"
-                )
-            return [
-                done,
-                event("response.content_part.done", part=part(kind, text), **ids(kind)),
-                event(
-                    "response.output_item.done", item=final.model_dump(), output_index=output_index
-                ),
-            ]
-
         last = first
         sent = 0
         try:
@@ -430,19 +470,8 @@ class OpenAIServingResponses:
                     ("reasoning", parsed.reasoning_text),
                     ("message", parsed.normal_text),
                 ):
-                    if not piece:
-                        continue
-                    if open_item != kind:
-                        for e in open_(kind):
-                            yield e
-                    texts[kind] += piece
-                    kind_event = (
-                        "response.reasoning_text.delta"
-                        if kind == "reasoning"
-                        else "response.output_text.delta"
-                    )
-                    extra = {} if kind == "reasoning" else {"logprobs": []}
-                    yield event(kind_event, delta=piece, **extra, **ids(kind))
+                    for e in events.delta(kind, piece):
+                        yield e
                 out = await gen.__anext__() if not finished else None
         except StopAsyncIteration:
             pass
@@ -451,15 +480,15 @@ class OpenAIServingResponses:
             return  # the client is gone; nobody reads further events
         except (ValueError, TypeError) as e:
             self._mark_unfinished(turn, "failed")
-            yield event("error", code=400, message=json_safe(str(e)), param=None)
+            yield events.event("error", code=400, message=json_safe(str(e)), param=None)
             return
         finally:
             await gen.aclose()
-        if open_item is not None:
-            for e in close():
-                yield e
+        for e in events.close():
+            yield e
+        texts = events.texts
         final = self._finish(turn, last, texts["reasoning"] or None, texts["message"])
-        yield event("response.completed", response=final.model_dump())
+        yield events.event("response.completed", response=final.model_dump())
 
     # ---- background ------------------------------------------------------------------
     def _start_background(self, turn: _Turn, adapted: GenerateReqInput) -> None:
@@ -511,8 +540,6 @@ class OpenAIServingResponses:
         task = self.background_tasks.get(response_id)
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
         return fastapi_json_response(stored.response)
