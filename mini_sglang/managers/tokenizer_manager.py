@@ -254,8 +254,8 @@ class TokenizerManager:
 
     def _check_logprob_args(self, obj: GenerateReqInput, n_in: int) -> None:
         """Range checks of the logprob options (types were checked at parsing). The
-        scheduler indexes logprob rows with them, so an out-of-range value used to crash it
-        (a token id past the vocab, top_logprobs_num above it)."""
+        scheduler indexes logprob rows with them, so an out-of-range value must not reach it
+        (a token id past the vocab, top_logprobs_num above it would crash it)."""
         vocab = self.model_config.vocab_size
         start = obj.logprob_start_len
         # A session request's prompt is built in the scheduler (history plus these ids);
