@@ -159,7 +159,7 @@ async def flush_cache(state: ServerStateDep) -> Response:
 @router.post("/abort_request")
 async def abort_request(request: Request, state: ServerStateDep) -> Response:
     """{"rid": str, "abort_all": bool} -> 200 (empty). A body that is no object or has a
-    wrong-typed field is a 400 (a list rid used to crash the scheduler's prefix match)."""
+    wrong-typed field is a 400 (a list rid would crash the scheduler's prefix match)."""
     try:
         body = orjson.loads(await request.body() or b"{}")
     except orjson.JSONDecodeError as e:

@@ -5,7 +5,7 @@ on failure; /get_weights_by_name returns the (truncated) nested list, or 400
 {"error": {"message"}}. A body that does not fit the request dataclass (a missing field, a
 wrong JSON type) is SGLang's validation 400 {"object": "error", "message": "body.<field>:
 ...", "type": "Bad Request", ...}, checked here so that no ill-typed value reaches the
-scheduler (where e.g. a list as group_name used to crash it).
+scheduler (where e.g. a list as group_name would crash its `in groups` check).
 """
 
 from __future__ import annotations
