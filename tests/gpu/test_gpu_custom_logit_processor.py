@@ -1,20 +1,24 @@
-"""Custom logit processors on the GPU server (default model, CUDA graphs and overlap
-scheduling on): the processors run on the logits the decode graph produced, per request, in
-batches that mix them with plain requests.
+"""Custom logit processors on the GPU server (the tiny random Llama on CUDA, Triton
+attention, CUDA graphs and overlap scheduling on): the processors run on the logits the decode
+graph produced, per request, in batches that mix them with plain requests.
 
-Skipped without CUDA or without the default model.
+Skipped without CUDA.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.server.conftest import GPU_STARTUP_TIMEOUT_S, ServerHandle, launch_server
+from tests.server.conftest import (
+    GPU_STARTUP_TIMEOUT_S,
+    ServerHandle,
+    build_tiny_model_dir,
+    launch_server,
+)
 from tests.server.test_custom_logit_processor_api import client_processor_strings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -23,20 +27,17 @@ PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,", "Dear fri
 
 @pytest.fixture(scope="module")
 def gpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    from mini_sglang.model_loader.default_model import resolve_default_model_path
-
-    try:
-        path = resolve_default_model_path()
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    logs: Path = tmp_path_factory.mktemp("gpu_clp_logs")
+    model = build_tiny_model_dir(tmp_path_factory.mktemp("gpu_clp_tiny_llama"))
     handle = launch_server(
-        path,
+        model.path,
         "--device",
         "cuda",
+        "--attention-backend",
+        "triton",
+        "--sampling-backend",
+        "pytorch",
         "--enable-custom-logit-processor",
-        log_dir=logs,
-        max_total_tokens=32768,
+        log_dir=tmp_path_factory.mktemp("gpu_clp_logs"),
         startup_timeout=GPU_STARTUP_TIMEOUT_S,
     )
     yield handle
