@@ -88,7 +88,6 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "attention_backend": _unsupported_backend,
     "prefill_attention_backend": _unsupported_backend,
     "decode_attention_backend": _unsupported_backend,
-    "grammar_backend": lambda v: v not in (None, "xgrammar", "none"),
     "schedule_policy": lambda v: v == "priority",
     "device": lambda v: v is not None and v.split(":")[0] not in ("cuda", "cpu"),
     "completion_template": _given,

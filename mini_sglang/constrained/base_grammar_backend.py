@@ -70,6 +70,17 @@ class InvalidGrammar:
         return self
 
 
+class GrammarNotSupported(ValueError):
+    """The backend cannot express this kind of constraint (e.g. ebnf on outlines); the
+    message names the backend, and the client gets it in a 400 like any invalid grammar."""
+
+    def __init__(self, backend: str, kind: str) -> None:
+        super().__init__(
+            f"The {backend} grammar backend does not support {kind} constraints; "
+            "launch the server with --grammar-backend xgrammar or llguidance for them."
+        )
+
+
 class GrammarBackendUnavailable(RuntimeError):
     """The backend cannot compile anything (e.g. its package is missing); the message says
     how to fix it and is sent to the client as is."""
@@ -89,9 +100,13 @@ class BaseGrammarBackend:
     """Compiles constraint keys into grammar objects on a worker thread and caches them.
 
     Subclasses implement ``dispatch_json`` / ``dispatch_regex`` / ``dispatch_ebnf``: return a
-    grammar object for the string, raise any exception for an invalid one, or raise
-    GrammarBackendUnavailable when they cannot compile at all.
+    grammar object for the string, raise any exception for an invalid one (the library's
+    own message becomes the 400's reason), GrammarNotSupported for a kind they cannot
+    express, or GrammarBackendUnavailable when they cannot compile at all. ``name`` is the
+    --grammar-backend value that selects the subclass.
     """
+
+    name = "base"
 
     def __init__(self) -> None:
         # Two workers: a slow schema must not hold up every other request's grammar.
@@ -99,13 +114,13 @@ class BaseGrammarBackend:
         self.cache: dict[GrammarKey, BaseGrammarObject | InvalidGrammar] = {}
 
     def dispatch_json(self, schema: str) -> BaseGrammarObject:
-        raise NotImplementedError
+        raise GrammarNotSupported(self.name, "json_schema")
 
     def dispatch_regex(self, regex: str) -> BaseGrammarObject:
-        raise NotImplementedError
+        raise GrammarNotSupported(self.name, "regex")
 
     def dispatch_ebnf(self, ebnf: str) -> BaseGrammarObject:
-        raise NotImplementedError
+        raise GrammarNotSupported(self.name, "ebnf")
 
     def compile(self, key: GrammarKey) -> BaseGrammarObject | InvalidGrammar:
         """Compile ``key`` now (any thread). Never raises."""

@@ -1,8 +1,8 @@
 """The --grammar-backend registry: backend name -> factory, and `create_grammar_backend`.
 
 A factory takes (GrammarConfig, tokenizer, vocab_size, eos_token_ids) and returns a
-backend. Registering costs nothing: a backend imports its grammar library (xgrammar) on
-its first compile, not when its module is imported.
+backend. Registering costs nothing: a backend imports its grammar library (xgrammar,
+llguidance, outlines-core) on its first compile, not when its module is imported.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mini_sglang.constrained.base_grammar_backend import BaseGrammarBackend
+from mini_sglang.constrained.llguidance_backend import GuidanceBackend
+from mini_sglang.constrained.outlines_backend import OutlinesGrammarBackend
 from mini_sglang.constrained.xgrammar_backend import XGrammarGrammarBackend
 
 if TYPE_CHECKING:
@@ -26,18 +28,26 @@ def register_grammar_backend(name: str, factory: GrammarBackendFactory) -> None:
     GRAMMAR_BACKEND_REGISTRY[name] = factory
 
 
-def _xgrammar_factory(
-    config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
-) -> BaseGrammarBackend:
-    return XGrammarGrammarBackend(
-        tokenizer,
-        vocab_size=vocab_size,
-        eos_token_ids=eos_token_ids,
-        any_whitespace=not config.constrained_json_disable_any_whitespace,
-    )
+def _factory(backend_cls: type) -> GrammarBackendFactory:
+    """A factory for a backend class taking (tokenizer, vocab_size, eos_token_ids,
+    any_whitespace), as the built-in ones do."""
+
+    def build(
+        config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
+    ) -> BaseGrammarBackend:
+        return backend_cls(
+            tokenizer,
+            vocab_size=vocab_size,
+            eos_token_ids=eos_token_ids,
+            any_whitespace=not config.constrained_json_disable_any_whitespace,
+        )
+
+    return build
 
 
-register_grammar_backend("xgrammar", _xgrammar_factory)
+register_grammar_backend("xgrammar", _factory(XGrammarGrammarBackend))
+register_grammar_backend("llguidance", _factory(GuidanceBackend))
+register_grammar_backend("outlines", _factory(OutlinesGrammarBackend))
 
 
 def create_grammar_backend(

@@ -60,6 +60,8 @@ class XGrammarGrammarBackend(BaseGrammarBackend):
     stop tokens: the only tokens allowed once the constraint is complete.
     """
 
+    name = "xgrammar"
+
     def __init__(
         self,
         tokenizer: Any,

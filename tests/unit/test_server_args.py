@@ -235,7 +235,6 @@ def test_resolved_server_args_are_frozen():
         (["--speculative-draft-model", "/d"], "speculative_draft_model_path", None),
         (["--load-format", "bitsandbytes"], "load_format", "auto"),
         (["--schedule-policy", "priority"], "schedule_policy", "fcfs"),
-        (["--grammar-backend", "outlines"], "grammar_backend", "xgrammar"),
         (["--attention-backend", "fa3"], "attention_backend", "torch_native"),
         (["--device", "xpu"], "device", "cpu"),
     ],
