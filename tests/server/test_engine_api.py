@@ -17,10 +17,12 @@ import psutil
 import pytest
 
 import mini_sglang
+from mini_sglang.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 from tests.server.conftest import EOS_PROMPT, ServerHandle, TinyModel
 
 PROMPTS = ["Hello world, this is", "The weather today", EOS_PROMPT]
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+BAN = DisallowedTokensLogitsProcessor.to_str()
 
 
 def _children() -> set[int]:
@@ -154,6 +156,23 @@ def test_generate_takes_sglangs_other_keywords(engine):
         engine.generate(PROMPTS[0], GREEDY, return_hidden_states=True)
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['tempreature'\\]"):
         engine.generate(PROMPTS[0], GREEDY, tempreature=0.5)
+    with pytest.raises(ValueError, match="not configured to enable custom logit processor"):
+        engine.generate(PROMPTS[0], GREEDY, custom_logit_processor=BAN)
+
+
+def test_generate_runs_custom_logit_processors(tiny_model: TinyModel):
+    """With enable_custom_logit_processor, Engine.generate takes a processor (one, or one
+    per prompt) and custom_params in the sampling params, as /generate does."""
+    with mini_sglang.Engine(
+        model_path=tiny_model.path, max_total_tokens=2048, enable_custom_logit_processor=True
+    ) as eng:
+        plain = eng.generate(PROMPTS[0], GREEDY)["output_ids"]
+        banned = {**GREEDY, "custom_params": {"token_ids": [plain[0]]}}
+        out = eng.generate(PROMPTS[0], banned, custom_logit_processor=BAN)["output_ids"]
+        assert out[0] != plain[0] and plain[0] not in out
+        both = eng.generate(PROMPTS[:2], [banned, GREEDY], custom_logit_processor=[BAN, None])
+        assert both[0]["output_ids"] == out
+        assert both[1]["output_ids"] == eng.generate(PROMPTS[1], GREEDY)["output_ids"]
 
 
 def test_score_matches_http(engine, server: ServerHandle):
