@@ -207,6 +207,17 @@ def test_n_must_agree_across_sampling_params():
         normalized(text="a", sampling_params={"n": 0})
 
 
+def test_custom_logit_processor_per_prompt_and_with_n():
+    """One processor string is shared by every sub-request; a list gives one per prompt,
+    which SGLang refuses together with n > 1."""
+    req = normalized(text=["a", "b"], custom_logit_processor=["P", None])
+    assert [req[i].custom_logit_processor for i in range(2)] == ["P", None]
+    req = normalized(text="a", sampling_params={"n": 2}, custom_logit_processor="P")
+    assert [req[i].custom_logit_processor for i in range(2)] == ["P", "P"]
+    with pytest.raises(ValueError, match="^Cannot use list custom_logit_processor with para"):
+        normalized(text=["a"], sampling_params={"n": 2}, custom_logit_processor=["P"])
+
+
 def test_from_json_dict_ignores_unknown_keys():
     req = GenerateReqInput.from_json_dict(
         {

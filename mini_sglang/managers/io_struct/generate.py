@@ -212,6 +212,8 @@ class GenerateReqInput:
             if value is not None:
                 setattr(self, name, self._per_prompt_to_expanded(value))
         self._expand_rids()
+        if isinstance(self.custom_logit_processor, list) and self.parallel_sample_num > 1:
+            raise ValueError("Cannot use list custom_logit_processor with parallel_sample_num > 1")
         for name, default in _PER_REQUEST_FIELDS.items():
             self._expand_per_request_field(name, default)
         self.sampling_params = [{} if p is None else p for p in self.sampling_params]  # type: ignore[union-attr]
