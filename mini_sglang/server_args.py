@@ -382,7 +382,7 @@ class ServerArgs:
 
 def _default_model_path() -> str:
     """The embedded default model (mini-sglang only; SGLang requires --model-path)."""
-    try:
+    try:  # Local: only a launch without --model-path needs the model loader's converter.
         from mini_sglang.model_loader.default_model import resolve_default_model_path
     except ImportError as e:
         raise ValueError(

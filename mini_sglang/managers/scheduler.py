@@ -33,6 +33,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import zmq
+
 from mini_sglang.managers.finish_reason import FINISH_ABORT
 from mini_sglang.managers.io_struct.control import (
     AbortReq,
@@ -66,6 +68,8 @@ from mini_sglang.sampling.custom_logit_processor import CustomLogitProcessor
 from mini_sglang.sampling.sampling_batch_info import NO_SEED
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.gc_utils import freeze_gc
+from mini_sglang.utils.hf_tokenizer import get_tokenizer
+from mini_sglang.utils.process import get_zmq_socket
 
 logger = logging.getLogger("mini_sglang")
 
@@ -93,8 +97,6 @@ class Scheduler:
         self.device = self.tp_worker.device
         self.tokenizer = None
         if not server_args.skip_tokenizer_init:
-            from mini_sglang.utils.hf_tokenizer import get_tokenizer
-
             self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
         self.req_to_token_pool, self.allocator = self.tp_worker.get_memory_pool()
         self.page_size = server_args.page_size or 1
@@ -465,10 +467,6 @@ class Scheduler:
             return out
         if self.tp_rank == 0:
             if self._load_report_sock is None:
-                import zmq
-
-                from mini_sglang.utils.process import get_zmq_socket
-
                 self._load_report_sock = get_zmq_socket(
                     zmq.Context.instance(), zmq.PUSH, recv.http_worker_ipc, bind=False
                 )
