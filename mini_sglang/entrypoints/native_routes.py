@@ -13,7 +13,7 @@ import logging
 import time
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
 from mini_sglang import __version__
@@ -209,3 +209,25 @@ async def generate_request(request: Request, state: ServerStateDep) -> Response:
     except SchedulerRefused as e:
         return http_exception_response(e.status_code, e.message)
     return fastapi_default_response(ret)  # SGLang returns the dict: json.dumps, not orjson
+
+
+@router.post("/generate_from_file")
+async def generate_from_file_request(
+    file: UploadFile, request: Request, state: ServerStateDep
+) -> Response:
+    """SGLang's /generate_from_file: the uploaded file (multipart field `file`) is a JSON
+    input_embeds, generated greedily with up to 512 new tokens; the reply is /generate's."""
+    try:
+        input_embeds = orjson.loads(await file.read())
+        obj = GenerateReqInput.from_json_dict(
+            {
+                "input_embeds": input_embeds,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 512},
+            }
+        )
+        ret = await state.tokenizer_manager.generate_request(obj, request).__anext__()
+    except (ValueError, TypeError, RequestAborted) as e:  # orjson's decode error too
+        return error_response(str(e))
+    except SchedulerRefused as e:
+        return http_exception_response(e.status_code, e.message)
+    return fastapi_default_response(ret)

@@ -12,15 +12,15 @@ from typing import Any
 
 
 def check_generate_features(obj: Any, server_args: Any) -> None:
-    """Raise ValueError for input_embeds, return_hidden_states or custom_logit_processor."""
-    if obj.input_embeds is not None:
-        if not server_args.disable_radix_cache:
-            raise ValueError(
-                "input_embeds is provided while disable_radix_cache is False. "
-                "Please add `--disable-radix-cache` when you launch the server "
-                "if you want to use input_embeds as inputs."
-            )
-        raise ValueError("input_embeds is not supported by mini-sglang; give text or input_ids.")
+    """Raise ValueError for input_embeds with the radix cache on, return_hidden_states or
+    custom_logit_processor."""
+    if obj.input_embeds is not None and not server_args.disable_radix_cache:
+        # The prefix cache keys on token ids, which an embedding prompt lacks (SGLang).
+        raise ValueError(
+            "input_embeds is provided while disable_radix_cache is False. "
+            "Please add `--disable-radix-cache` when you launch the server "
+            "if you want to use input_embeds as inputs."
+        )
     if obj.return_hidden_states and not server_args.enable_return_hidden_states:
         raise ValueError(
             "The server is not configured to return the hidden states. "

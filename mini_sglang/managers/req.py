@@ -46,6 +46,7 @@ class Req:
         stream: bool = False,
         sampling_seed: int = NO_SEED,
         custom_logit_processor: str | None = None,
+        input_embeds: torch.Tensor | None = None,
     ) -> None:
         self.rid = rid
         self.origin_input_text = origin_input_text
@@ -64,6 +65,9 @@ class Req:
             self.custom_params = {**self.custom_params, "__req__": self}
         self.output_ids: list[int] = []
         self.fill_ids: list[int] = []
+        # The prompt's embeddings ([len(origin_input_ids), hidden], CPU), used instead of
+        # the embedding table at prompt positions; None for a prompt of token ids.
+        self.input_embeds = input_embeds
         # Memory
         self.req_pool_idx: int | None = None
         self.prefix_indices: torch.Tensor = torch.empty((0,), dtype=torch.int64)

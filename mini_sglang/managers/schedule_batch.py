@@ -94,6 +94,10 @@ class ScheduleBatch:
         self.output_ids: torch.Tensor | None = None  # device, last sampled token per row
         self.sampling_info: SamplingBatchInfo | None = None
         self.return_logprob = False
+        # An extend with input_embeds prompts: their rows and where they go among the
+        # extend tokens (see _prompt_embeds); None otherwise, and always on decode.
+        self.input_embeds: torch.Tensor | None = None
+        self.input_embeds_loc: torch.Tensor | None = None
 
     @property
     def reqs(self) -> list[Req]:
@@ -173,6 +177,7 @@ class ScheduleBatch:
             table.device,
         )
         self.positions = cols_dev
+        self.input_embeds, self.input_embeds_loc = _prompt_embeds(reqs, self.prefix_lens, seq_lens)
         for r, p, s in zip(reqs, self.prefix_lens, seq_lens):
             # cached_tokens counts prompt tokens that came from the cache, once each.
             if p > r.already_computed:
@@ -230,6 +235,7 @@ class ScheduleBatch:
         self.seq_lens_dev = new_lens_dev
         self.seq_lens = self.seq_lens + 1
         self.input_ids = self.output_ids
+        self.input_embeds = self.input_embeds_loc = None
         self.return_logprob = self.has_logprob_reqs
         self.decode_start = 0
         self.prefix_lens, self.extend_lens, self.extend_logprob_start_lens = [], [], []
@@ -336,6 +342,8 @@ class ScheduleBatch:
             out_cache_loc=self.out_cache_loc,
             extend_seq_lens=self.extend_lens if extend else None,
             extend_prefix_lens=self.prefix_lens if extend else None,
+            input_embeds=self.input_embeds if extend else None,
+            input_embeds_loc=self.input_embeds_loc if extend else None,
             sampling_info=self.sampling_info,
             return_logprob=self.return_logprob,
             extend_logprob_start_lens=list(self.extend_logprob_start_lens)
@@ -359,3 +367,24 @@ def _neutral_stand_in(req: Req) -> Req:
     stand_in.sampling_seed = NO_SEED
     stand_in.custom_logit_processor = None
     return stand_in
+
+
+def _prompt_embeds(
+    reqs: list[Req], prefix_lens: list[int], seq_lens: list[int]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(rows, locations) of the given prompt embeddings this extend computes: request i
+    extends positions prefix_i .. seq_i - 1, the extend tokens laid out request after
+    request; the positions below its prompt length take its input_embeds rows (a chunk
+    takes its slice; output tokens re-run after a retraction keep the embedding table).
+    (None, None) when no request has input_embeds."""
+    rows, locs, offset = [], [], 0
+    for r, p, s in zip(reqs, prefix_lens, seq_lens):
+        embeds = r.input_embeds
+        end = min(s, len(embeds)) if embeds is not None else p
+        if end > p:
+            rows.append(embeds[p:end])
+            locs.append(torch.arange(offset, offset + end - p))
+        offset += s - p
+    if not rows:
+        return None, None
+    return torch.cat(rows), torch.cat(locs)

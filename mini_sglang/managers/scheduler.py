@@ -357,6 +357,7 @@ class Scheduler:
             custom_logit_processor=recv.custom_logit_processor
             if self.server_args.enable_custom_logit_processor
             else None,
+            input_embeds=recv.input_embeds,
         )
 
     def input_error(self, req: Req) -> str | None:

@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import torch
 import zmq
 import zmq.asyncio
 
@@ -193,15 +194,7 @@ class TokenizerManager:
     # ---- generation ----------------------------------------------------------------
     def _tokenize_one(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
         check_generate_features(obj, self.server_args)
-        if obj.input_ids is not None:
-            input_ids = list(obj.input_ids)
-            text = obj.text or ""
-        else:
-            if self.tokenizer is None:
-                raise ValueError("--skip-tokenizer-init is set: give input_ids instead of text.")
-            text = obj.text
-            ensure_valid_unicode(text, "text")
-            input_ids = self.tokenizer.encode(text)
+        text, input_ids = self._prompt_ids(obj)
         vocab = self.model_config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in input_ids):
             raise ValueError(f"input_ids must be integers in [0, {vocab - 1}].")
@@ -250,7 +243,38 @@ class TokenizerManager:
             data_parallel_rank=obj.data_parallel_rank,
             session_params=session,
             custom_logit_processor=obj.custom_logit_processor,
+            input_embeds=self._embeds_tensor(obj, n_in),
         )
+
+    def _prompt_ids(self, obj: GenerateReqInput) -> tuple[str, list[int]]:
+        """(input text, prompt ids). An input_embeds prompt has no ids: SGLang stands in
+        id 1 for each embedding (the radix cache is off, so nothing is keyed on them)."""
+        if obj.input_embeds is not None:
+            return "", [1] * len(obj.input_embeds)
+        if obj.input_ids is not None:
+            return obj.text or "", list(obj.input_ids)
+        if self.tokenizer is None:
+            raise ValueError("--skip-tokenizer-init is set: give input_ids instead of text.")
+        ensure_valid_unicode(obj.text, "text")
+        return obj.text, self.tokenizer.encode(obj.text)
+
+    def _embeds_tensor(self, obj: GenerateReqInput, n_in: int) -> torch.Tensor | None:
+        """One request's input_embeds (its first n_in vectors) as a float32 [n_in, hidden]
+        tensor, or None without them; ValueError unless each is a vector of numbers of the
+        model's hidden size (a misfit one would fail the forward)."""
+        if obj.input_embeds is None:
+            return None
+        if isinstance(obj.session_params, dict) and obj.session_params.get("id"):
+            raise ValueError("input_embeds cannot continue a session; give input_ids.")
+        hidden = self.model_config.hidden_size
+        message = f"input_embeds must be a list of vectors of {hidden} numbers (the hidden size)."
+        try:
+            embeds = torch.tensor(obj.input_embeds[:n_in], dtype=torch.float32)
+        except (TypeError, ValueError):
+            raise ValueError(message) from None
+        if embeds.dim() != 2 or embeds.shape[1] != hidden:
+            raise ValueError(message)
+        return embeds
 
     def _check_logprob_args(self, obj: GenerateReqInput, n_in: int) -> None:
         """Range checks of the logprob options (types were checked at parsing). The

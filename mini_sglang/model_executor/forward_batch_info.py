@@ -61,6 +61,10 @@ class ModelWorkerBatch:
     extend_logprob_start_lens: list[int] | None = None
     top_logprobs_nums: list[int] | None = None
     token_ids_logprobs: list[list[int] | None] | None = None
+    # Extend only: prompt embeddings (float32 [k, hidden]) for extend-token rows
+    # input_embeds_loc (int64 [k]), used instead of the embedding table there.
+    input_embeds: torch.Tensor | None = None
+    input_embeds_loc: torch.Tensor | None = None
 
 
 @dataclass
@@ -86,6 +90,8 @@ class ForwardBatch:
     extend_logprob_start_lens: list[int] | None = None
     top_logprobs_nums: list[int] | None = None
     token_ids_logprobs: list[list[int] | None] | None = None
+    input_embeds: torch.Tensor | None = None  # see ModelWorkerBatch
+    input_embeds_loc: torch.Tensor | None = None
 
     @classmethod
     def init_new(
@@ -124,4 +130,7 @@ class ForwardBatch:
             fb.extend_seq_lens = dev(lens)
             fb.extend_prefix_lens = dev(torch.tensor(batch.extend_prefix_lens, dtype=torch.int32))
             fb.extend_start_loc = dev(torch.cumsum(lens, 0, dtype=torch.int32) - lens)
+            if batch.input_embeds is not None:
+                fb.input_embeds = dev(batch.input_embeds)
+                fb.input_embeds_loc = dev(batch.input_embeds_loc)
         return fb

@@ -202,6 +202,8 @@ class LlamaModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
+        if fb.input_embeds is not None:  # an extend with input_embeds prompts (never decode)
+            hidden[fb.input_embeds_loc] = fb.input_embeds.to(hidden.dtype)
         if norms_in_gemvs(hidden):
             residual = hidden  # the embeddings start the residual stream
             for layer in self.layers:

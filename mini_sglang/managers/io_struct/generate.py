@@ -371,6 +371,8 @@ class TokenizedGenerateReqInput:
 
     ``sampling_params`` is already normalised and verified. ``logprob_start_len`` is as sent
     by the client (-1 = output tokens only); the scheduler resolves -1 to len(input_ids) - 1.
+    ``input_embeds`` (a float32 [len(input_ids), hidden] tensor) replaces the embeddings of
+    the prompt positions; its input_ids are then SGLang's stand-in 1s.
     """
 
     rid: str
@@ -384,7 +386,7 @@ class TokenizedGenerateReqInput:
     stream: bool = False
     mm_inputs: Optional[dict] = None
     return_hidden_states: bool = False
-    input_embeds: Optional[list[list[float]]] = None
+    input_embeds: Any = None  # torch.Tensor | None
     session_params: Optional[dict] = None
     lora_id: Optional[str] = None
     custom_logit_processor: Optional[str] = None
