@@ -63,22 +63,6 @@ class GetInternalStateReqOutput(BaseReq):
 
 
 @dataclass
-class SetInternalStateReq(BaseReq):
-    server_args: dict[str, Any]
-
-
-@dataclass
-class SetInternalStateReqOutput(BaseReq):
-    updated: bool
-    server_args: dict[str, Any]
-
-
-@dataclass
-class HealthCheckOutput(BaseReq):
-    """Scheduler -> TokenizerManager: alive, but too busy to run the health probe."""
-
-
-@dataclass
 class GetLoadReqInput(BaseReq):
     pass
 
@@ -156,17 +140,6 @@ class ProfileReq(BaseReq):
 class ProfileReqOutput(BaseReq):
     success: bool
     message: str
-
-
-@dataclass
-class PauseGenerationReqInput(BaseReq):
-    """/pause_generation. 0.5.4 takes no body: it aborts every in-flight request and holds
-    new generate requests in the TokenizerManager until /continue_generation."""
-
-
-@dataclass
-class ContinueGenerationReqInput(BaseReq):
-    """/continue_generation: release the generate requests held while paused."""
 
 
 @dataclass

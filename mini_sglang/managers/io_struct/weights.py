@@ -94,26 +94,6 @@ class GetWeightsByNameReqOutput(BaseReq):
 
 
 @dataclass
-class ReleaseMemoryOccupationReqInput(BaseReq):
-    tags: Optional[list[str]] = None
-
-
-@dataclass
-class ReleaseMemoryOccupationReqOutput(BaseReq):
-    pass
-
-
-@dataclass
-class ResumeMemoryOccupationReqInput(BaseReq):
-    tags: Optional[list[str]] = None
-
-
-@dataclass
-class ResumeMemoryOccupationReqOutput(BaseReq):
-    pass
-
-
-@dataclass
 class UpdateWeightsFromTensorReqInput(BaseReq):
     """Named full (unsharded) tensors, pickled as they are: on CPU pickle over ZMQ is the
     whole transport. SGLang sends one serialized list per TP rank; here every rank gets the
