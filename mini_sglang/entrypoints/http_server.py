@@ -2,7 +2,7 @@
 
 Routes live in their modules, each an APIRouter: native_routes (health, info, /generate;
 /metrics from metrics), openai/routes, openai/responses_routes, weight_routes,
-control_routes, cloud_routes and embedding_routes; what they share (responses, SSE, body parsing) is in http_helpers and the
+control_routes, cloud_routes, embedding_routes and dashboard_routes (/dashboard, /); what they share (responses, SSE, body parsing) is in http_helpers and the
 server's state (ServerState) on ``app.state.server``. FastAPI's 422 for a body that fails
 validation is SGLang's 400 (in OpenAI's nested envelope under /v1/responses).
 """
@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from mini_sglang.entrypoints import (
     cloud_routes,
     control_routes,
+    dashboard_routes,
     embedding_routes,
     native_routes,
     weight_routes,
@@ -52,7 +53,8 @@ async def validation_exception_handler(request: Request, exc: RequestValidationE
 
 
 class APIKeyMiddleware:
-    """`--api-key`: every path but /health*, /metrics* and OPTIONS needs
+    """`--api-key`: every path but /health*, /metrics*, the dashboard's page and assets
+    (dashboard_routes.is_public_path; its data needs the key) and OPTIONS needs
     `Authorization: Bearer <key>`; otherwise 401 {"error": "Unauthorized"}.
 
     A plain ASGI middleware on purpose: Starlette's BaseHTTPMiddleware (what
@@ -73,6 +75,7 @@ class APIKeyMiddleware:
             if (
                 not path.startswith("/health")
                 and not path.startswith("/metrics")
+                and not dashboard_routes.is_public_path(path)
                 and auth != f"Bearer {key}"
             ):
                 await orjson_response({"error": "Unauthorized"}, 401)(scope, receive, send)
@@ -90,6 +93,7 @@ for _router in (
     control_routes.router,
     cloud_routes.router,
     embedding_routes.router,
+    dashboard_routes.router,
 ):
     app.include_router(_router)
 
@@ -124,6 +128,7 @@ def _warmup(server_args, state: ServerState) -> None:
             return
     state.status = "Up"
     logger.info("The server is fired up and ready to roll!")
+    logger.info("Dashboard: %s/dashboard", url)
 
 
 def set_uvicorn_logging_configs() -> None:

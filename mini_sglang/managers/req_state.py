@@ -44,7 +44,8 @@ class ReqState:
     """A request between its send to the scheduler and its last output.
 
     ``event`` is set when an output arrived that the consumer has not taken yet;
-    ``finished`` once the last one arrived. ``metric_*`` belong to --enable-metrics.
+    ``finished`` once the last one arrived. ``metric_*`` belong to --enable-metrics, ``dash_*`` to
+    DashboardStats.
     """
 
     obj: GenerateReqInput
@@ -58,6 +59,8 @@ class ReqState:
     logprobs: dict[str, list] = field(default_factory=lambda: defaultdict(list))
     metric_tokens: int = 0  # completion tokens already counted by --enable-metrics
     metric_last_time: float | None = None
+    dash_tokens: int = 0  # completion tokens already counted by DashboardStats
+    dash_last_time: float | None = None
     # The rid the client sent, when this is one of its batch / n > 1 sub-requests (which
     # run as rid_0, rid_1, ...): /abort_request with that rid aborts them all.
     parent_rid: str | None = None

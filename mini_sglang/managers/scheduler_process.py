@@ -31,6 +31,17 @@ from mini_sglang.utils.process import (
 logger = logging.getLogger("mini_sglang")
 
 
+def device_name(device: Any) -> str:
+    """The card (or the host's CPU) this scheduler runs on, for the dashboard."""
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()})"
+
+
 class SchedulerIO:
     """Rank 0's sockets; other ranks only take part in the broadcast."""
 
@@ -111,6 +122,7 @@ def run_scheduler_process(
                 "max_req_input_len": scheduler.max_req_input_len,
                 "context_len": scheduler.model_config.context_len,
                 "internal_state": scheduler.internal_state(),
+                "device_name": device_name(scheduler.device),
             }
         )
         scheduler.event_loop(io.recv_requests)

@@ -29,6 +29,7 @@ import torch
 import zmq
 import zmq.asyncio
 
+from mini_sglang.managers.dashboard_stats import DashboardStats
 from mini_sglang.managers.input_checks import check_generate_features
 from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
@@ -93,6 +94,8 @@ class TokenizerManager:
             from mini_sglang.managers.tokenizer_metrics import ServerMetrics
 
             self.metrics = ServerMetrics(server_args.served_model_name, server_args.dp_size)
+        # /dashboard/data: recent latencies and token counts (O(1) per output message).
+        self.dashboard = DashboardStats()
         self.handle_loop_task: asyncio.Task | None = None
         self.last_receive_tstamp = time.time()
         self.preferred_sampling_params = None
@@ -136,7 +139,10 @@ class TokenizerManager:
             meta_info = state.add_output(recv, i, weight_version, self.tokenizer)
             if state.finished:
                 self.rid_to_state.pop(rid, None)
-            if self.metrics is not None and state.obj.log_metrics:
+            if not state.obj.log_metrics:
+                continue
+            self.dashboard.on_output(state, meta_info, state.finished, time.time())
+            if self.metrics is not None:
                 self.metrics.on_output(state, meta_info, state.finished)
 
     async def _send_to_scheduler(self, req: Any) -> None:

@@ -1,12 +1,16 @@
-"""/metrics: Prometheus text with SGLang's names, counting what the server really did."""
+"""/metrics: Prometheus text with SGLang's names, counting what the server really did; and
+/dashboard (its page, assets and data) on the same servers."""
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from tests.server.conftest import ServerHandle, TinyModel, launch_server
 
@@ -135,3 +139,134 @@ def test_metrics_are_sglangs_full_list(metrics_server: ServerHandle) -> None:
     assert "_created" not in text  # SGLang's multi-process export has none
     assert _value(text, "sglang:num_grammar_queue_reqs") == 0
     assert _value(text, "sglang:spec_accept_length") == 0
+
+
+# ---- /dashboard (on the same servers: no server start of its own) -------------------------
+DASH_AUTH = {"Authorization": "Bearer k"}
+
+
+def _data(server: ServerHandle, headers: dict | None = None) -> dict:
+    r = server.get("/dashboard/data", headers=headers or {})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/json"
+    return r.json()
+
+
+def test_dashboard_data_counts_tokens_and_adds_up_kv(metrics_server: ServerHandle) -> None:
+    assert metrics_server.get("/dashboard/data").status_code == 401  # the data needs the key
+    before = _data(metrics_server, DASH_AUTH)["tokenizer"]["totals"]
+    body = {
+        "input_ids": [9, 10, 11, 12, 13],
+        "sampling_params": {"max_new_tokens": 7, "temperature": 0, "ignore_eos": True},
+    }
+    for stream in (False, True):
+        r = metrics_server.post("/generate", json={**body, "stream": stream}, headers=DASH_AUTH)
+        assert r.status_code == 200
+    d = _data(metrics_server, DASH_AUTH)
+    tok = d["tokenizer"]
+    assert tok["totals"]["generation_tokens"] == before["generation_tokens"] + 14
+    assert tok["totals"]["prompt_tokens"] == before["prompt_tokens"] + 10
+    assert tok["totals"]["requests"] == before["requests"] + 2
+    assert tok["generation_tokens_window"] >= 14
+    # The second identical prompt hit the radix cache.
+    assert tok["cached_tokens_window"] > 0 and 0 < tok["cache_hit_rate_window"] <= 1
+    assert tok["ttft_s"]["count"] >= 2 and tok["ttft_s"]["p50"] > 0
+    assert tok["ttft_s"]["p50"] <= tok["ttft_s"]["p90"] <= tok["ttft_s"]["p99"]
+    # The streamed request's 7 tokens came in several messages: ITL samples.
+    assert tok["itl_s"]["count"] >= 1 and tok["itl_s"]["p99"] > 0
+    assert tok["gen_throughput"] >= 0
+    sch = d["scheduler"]
+    kv = sch["kv"]
+    info = metrics_server.get("/get_server_info", headers=DASH_AUTH).json()
+    assert kv["capacity"] == info["max_total_num_tokens"]
+    assert kv["used"] + kv["evictable"] + kv["free"] == kv["capacity"]
+    assert kv["evictable"] > 0  # the prompts stay cached
+    assert len(sch["replicas"]) == 1 and sch["num_queue_reqs"] == 0
+    srv = d["server"]
+    assert srv["enable_metrics"] is True and srv["dp_size"] == 1
+    assert srv["device_name"] and srv["max_total_num_tokens"] == kv["capacity"]
+    assert srv["flags"]["enable_metrics"] is True
+    assert "api_key" not in srv["flags"] and '"k"' not in json.dumps(srv)
+
+
+def test_dashboard_lists_a_streaming_request_in_flight(metrics_server: ServerHandle) -> None:
+    assert metrics_server.post(
+        "/slow_down", json={"forward_sleep_time": 0.05}, headers=DASH_AUTH
+    ).ok
+    got_first = threading.Event()
+    done = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "rid": "dash-inflight",
+            "input_ids": [3, 4, 5, 6],
+            "sampling_params": {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True},
+            "stream": True,
+        }
+        with requests.post(
+            metrics_server.base_url + "/generate",
+            json=body,
+            headers=DASH_AUTH,
+            stream=True,
+            timeout=120,
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data: {"):
+                    got_first.set()
+        done.set()
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    try:
+        assert got_first.wait(60)
+        rows = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not done.is_set():
+            d = _data(metrics_server, DASH_AUTH)
+            rows = [r for r in d["inflight"]["rows"] if r["rid"] == "dash-inflight"]
+            if rows and rows[0]["output_tokens"] >= 1:
+                break
+            time.sleep(0.05)
+        assert rows, "the streaming request is missing from the in-flight table"
+        row = rows[0]
+        assert row["prompt_tokens"] == 4 and 1 <= row["output_tokens"] < 60
+        assert row["age_s"] > 0 and row["stream"] is True
+        assert d["inflight"]["count"] >= 1 and d["scheduler"]["num_running_reqs"] >= 1
+        assert d["scheduler"]["kv"]["used"] > 0
+    finally:
+        metrics_server.post("/slow_down", json={"forward_sleep_time": None}, headers=DASH_AUTH)
+        t.join(120)
+    d = _data(metrics_server, DASH_AUTH)
+    assert all(r["rid"] != "dash-inflight" for r in d["inflight"]["rows"])
+
+
+def test_dashboard_page_assets_and_root(metrics_server: ServerHandle) -> None:
+    # The page and its assets load without the key (the page asks for it).
+    r = metrics_server.get("/dashboard")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "/dashboard/static/dashboard.js" in r.text and "<canvas" in r.text
+    assert "http://" not in r.text and "https://" not in r.text  # nothing from elsewhere
+    for name, ctype in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
+        r = metrics_server.get(f"/dashboard/static/{name}")
+        assert r.status_code == 200 and r.headers["content-type"].startswith(ctype)
+        assert "http://" not in r.text and "https://" not in r.text
+    assert "/dashboard/data" in metrics_server.get("/dashboard/static/dashboard.js").text
+    assert metrics_server.get("/dashboard/static/nope.js").status_code == 404
+    r = metrics_server.get("/", allow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/dashboard"
+    # Still protected: everything else.
+    assert metrics_server.get("/get_server_info").status_code == 401
+    # Not in the OpenAPI schema (SGLang has none of these routes).
+    paths = metrics_server.get("/openapi.json", headers=DASH_AUTH).json()["paths"]
+    assert not any(p == "/" or p.startswith("/dashboard") for p in paths)
+
+
+def test_dashboard_without_metrics_or_key(server: ServerHandle) -> None:
+    d = _data(server)
+    assert d["server"]["enable_metrics"] is False
+    assert d["scheduler"]["kv"]["capacity"] > 0
+    deadline = time.monotonic() + 10  # logged right after /health turns 200
+    while "Dashboard: http://" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert f"Dashboard: {server.base_url}/dashboard" in server.log()
+    assert server.get("/").url.endswith("/dashboard")
