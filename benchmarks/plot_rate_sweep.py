@@ -1,4 +1,5 @@
-"""Plot output throughput and median ITL against request rate from bench_serving JSONL.
+"""Plot output throughput, median / P99 TTFT and median / P99 ITL against request rate from
+bench_serving JSONL.
 
     python benchmarks/plot_rate_sweep.py docs/results/serving_llama8b_h200.jsonl \\
         -o docs/rate_sweep_llama8b_h200.png --title "Llama-3.1-8B (dummy weights), H200"
@@ -9,7 +10,8 @@ output lengths, range ratio), since points of different workloads on one rate ax
 read as one curve. The workload goes into the title. Each input file (``LABEL=PATH`` names
 it; otherwise the file name does) is a labelled series, split further by a row's
 ``engine`` or ``revision`` field where rows carry one, so several engines or revisions
-compare on one figure. Rows with request_rate inf are left out (they are not points on a
+compare on one figure. Each figure has three panels: output throughput, TTFT and ITL (a
+series' median as a solid line, its P99 dashed in the same colour). Rows with request_rate inf are left out (they are not points on a
 rate axis), and so are workloads with fewer than two rates. With one workload left the
 figure is written to the -o path; with several, each goes to the -o path with the workload
 added to its name (``sweep_in1024_out256_n100.png``).
@@ -66,25 +68,35 @@ def load(specs: list[str]) -> dict[tuple, dict[str, list[dict]]]:
     return out
 
 
+# (row field, axis label) of each latency panel; medians solid, P99 dashed.
+LATENCY_PANELS = (("ttft", "TTFT (ms)"), ("itl", "ITL (ms)"))
+
+
 def plot(key: tuple, series: dict[str, list[dict]], title: str, dst: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for label, rows in sorted(series.items()):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, rows) in enumerate(sorted(series.items())):
+        color = colors[i % len(colors)]
         rows = sorted(rows, key=lambda r: r["request_rate"])
         rates = [r["request_rate"] for r in rows]
-        ax1.plot(rates, [r["output_throughput"] for r in rows], "o-", label=label)
-        ax2.plot(rates, [r["median_itl_ms"] for r in rows], "s--", label=label)
-    ax1.set_xlabel("request rate (req/s)")
-    ax1.set_ylabel("output throughput (tok/s)")
-    ax1.set_ylim(bottom=0)
-    ax2.set_xlabel("request rate (req/s)")
-    ax2.set_ylabel("median ITL (ms)")
-    ax2.set_ylim(bottom=0)
-    for ax in (ax1, ax2):
+        axes[0].plot(rates, [r["output_throughput"] for r in rows], "o-", color=color, label=label)
+        for ax, (metric, _) in zip(axes[1:], LATENCY_PANELS):
+            ax.plot(rates, [r[f"median_{metric}_ms"] for r in rows], "o-", color=color,
+                    label=f"{label} median")  # fmt: skip
+            p99 = [r.get(f"p99_{metric}_ms") for r in rows]
+            if all(v is not None for v in p99):
+                ax.plot(rates, p99, "s--", color=color, label=f"{label} P99")
+    axes[0].set_ylabel("output throughput (tok/s)")
+    for ax, (_, ylabel) in zip(axes[1:], LATENCY_PANELS):
+        ax.set_ylabel(ylabel)
+    for ax in axes:
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     fig.suptitle(f"{title}\n{describe(key)}" if title else describe(key))
