@@ -44,7 +44,8 @@ class AttentionConfig:
 @dataclass(frozen=True)
 class ModelRunnerConfig:
     """What ModelRunner (weights, KV pools, sampler, CUDA graphs) needs from the launch
-    flags. `cuda_graph_bs` None means the default capture list for `cuda_graph_max_bs`."""
+    flags. `cuda_graph_bs` None means the default capture list for `cuda_graph_max_bs`;
+    `cpu_offload_gb` GiB of decoder-layer weights stay in host memory (CUDA only)."""
 
     device: str
     load_format: str = "auto"
@@ -59,6 +60,7 @@ class ModelRunnerConfig:
     cuda_graph_max_bs: int | None = None
     cuda_graph_bs: tuple[int, ...] | None = None
     disable_cuda_graph_padding: bool = False
+    cpu_offload_gb: float = 0
     attention: AttentionConfig = AttentionConfig()
 
     @classmethod
@@ -78,6 +80,7 @@ class ModelRunnerConfig:
             cuda_graph_max_bs=sa.cuda_graph_max_bs,
             cuda_graph_bs=tuple(sa.cuda_graph_bs) if sa.cuda_graph_bs else None,
             disable_cuda_graph_padding=sa.disable_cuda_graph_padding,
+            cpu_offload_gb=sa.cpu_offload_gb,
             attention=AttentionConfig.from_server_args(sa),
         )
 

@@ -112,6 +112,7 @@ class ServerArgs:
     schedule_conservativeness: float = 1.0
     page_size: int | None = None
     radix_eviction_policy: str = "lru"
+    cpu_offload_gb: int = 0  # GiB of decoder-layer weights kept in host memory (CUDA)
     # Runtime
     device: str | None = None
     tp_size: int = 1
@@ -201,6 +202,7 @@ class ServerArgs:
         self._handle_missing_default_values()
         self._handle_load_format_and_dtype()
         self._handle_memory_settings()
+        self._handle_cpu_offload()
         self._handle_backends()
         validate_resolved(self)
         object.__setattr__(self, "_resolved", True)
@@ -307,6 +309,14 @@ class ServerArgs:
                 f"--mem-fraction-static: the automatic value {m} for {mem_mb} MB of device "
                 "memory is not in (0, 1); pass --mem-fraction-static explicitly",
             )
+
+    def _handle_cpu_offload(self) -> None:
+        if self.is_cpu and self.cpu_offload_gb > 0:
+            # Reset, so a derived copy (dataclasses.replace) does not warn again.
+            logger.warning(
+                "--cpu-offload-gb has no effect on CPU: weights already live in CPU memory."
+            )
+            self.cpu_offload_gb = 0
 
     def _handle_backends(self) -> None:
         if self.is_cpu:

@@ -84,6 +84,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--schedule-conservativeness",), dict(type=_F, help="Larger is more conservative; raise it if requests are retracted often.")),
     (("--page-size",), dict(type=_I, help="The number of tokens in a KV page.")),
     (("--radix-eviction-policy",), dict(type=_S, choices=RADIX_EVICTION_POLICY_CHOICES, help="Radix tree eviction: lru or lfu.")),
+    (("--cpu-offload-gb",), dict(type=_I, help="GBs of decoder-layer weights to keep in (pinned) CPU memory, streamed to the GPU for each forward; the first layers are offloaded, whole. No effect on CPU.")),
     # Runtime
     (("--device",), dict(type=_S, help="'cuda' or 'cpu' (default: cuda if available).")),
     (("--tp-size", "--tensor-parallel-size"), dict(type=_I, help="The tensor parallelism size.")),

@@ -4,6 +4,8 @@ Memory sizing (SGLang's rule on GPU): after the weights load, the KV pool gets
   free_gpu_memory - total_gpu_memory * (1 - mem_fraction_static)
 bytes, i.e. weights + KV together stay within mem_fraction_static of the card. On CPU the
 pool gets MINI_SGLANG_CPU_KV_CACHE_GB (default 2) GiB. --max-total-tokens caps either.
+Weights offloaded to host memory (--cpu-offload-gb) are not on the card, so that free
+memory, measured after the allocator's cache is emptied, goes to the KV pool (as SGLang).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention import create_attention_backend
 from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
+from mini_sglang.layers.cpu_offload import offload_bytes_for_device
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -74,9 +77,14 @@ class ModelRunner:
         self.page_size = config.page_size
         torch.manual_seed(config.random_seed)
         before = gpu_memory_gib(self.device)[0] if self.device.type == "cuda" else 0.0
-        self.model = get_model(model_config, config.load_format, self.device)
+        offload_bytes = offload_bytes_for_device(config.cpu_offload_gb, self.device)
+        self.model = get_model(model_config, config.load_format, self.device, offload_bytes)
         self.weight_source = WeightSource(model_config.model_path, config.load_format)
         if self.device.type == "cuda":
+            if offload_bytes:
+                # The offloaded layers' device blocks sit in the caching allocator; hand them
+                # back so the weight usage and the KV pool sizing below see them free.
+                torch.cuda.empty_cache()
             after = gpu_memory_gib(self.device)[0]
             self.weight_gib = before - after
             logger.info(

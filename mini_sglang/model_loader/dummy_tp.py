@@ -62,12 +62,17 @@ def _shards(module: nn.Module, pname: str, param: nn.Parameter) -> list[tuple[tu
 
 @torch.no_grad()
 def fill_dummy_weights_tp(
-    model: nn.Module, seed: int, low: float = -1e-3, high: float = 1e-3
+    model: nn.Module,
+    seed: int,
+    low: float = -1e-3,
+    high: float = 1e-3,
+    device: torch.device | None = None,
 ) -> None:
     """Fill `model` (built at tp > 1) so each rank holds its shard of the tp=1 dummy model.
 
     Contract: for every parameter, the values equal what `fill_dummy_weights` gives the
-    same parameter at tp=1, restricted to this rank's shard.
+    same parameter at tp=1 with the same `device` (where values are drawn; default: the
+    parameter's own), restricted to this rank's shard.
     """
     done: set[int] = set()
     for module in model.modules():
@@ -75,15 +80,16 @@ def fill_dummy_weights_tp(
             if id(param) in done or not torch.is_floating_point(param):
                 continue
             done.add(id(param))
+            where = param.device if device is None else device
             pieces = _shards(module, pname, param)
             if not pieces:
-                param.data.copy_(full_dummy(tuple(param.shape), seed, low, high, param.device))
+                param.data.copy_(full_dummy(tuple(param.shape), seed, low, high, where))
                 continue
             # A tp=1 fused parameter is one tensor drawn from the seed; its pieces are
             # consecutive row blocks of it.
             rows = sum(shape[0] for shape, _ in pieces)
             full_shape = (rows, *pieces[0][0][1:])
-            full = full_dummy(full_shape, seed, low, high, param.device).to(param.dtype)
+            full = full_dummy(full_shape, seed, low, high, where).to(param.dtype)
             offset = 0
             for shape, shard_id in pieces:
                 piece = full.narrow(0, offset, shape[0])

@@ -2,6 +2,10 @@
 
 Weights stream one file (one tensor) at a time into `model.load_weights`, which routes each
 tensor to its parameter's `weight_loader`; nothing holds a second full copy of the model.
+With a CPU offload budget (--cpu-offload-gb, layers/cpu_offload.py) the model is built
+under that budget, so the first decoder layers move to pinned host memory as they are
+created, before any weight is loaded; the loaders then write those layers' weights straight
+into host memory, and the device never holds the whole model.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.layers.cpu_offload import GiB, cpu_offload
 from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp, full_dummy
 from mini_sglang.model_loader.gguf_loader import iterate_gguf_weights
 from mini_sglang.model_loader.progress import progress
@@ -62,14 +67,23 @@ def weight_iterator(model_path: str, load_format: str) -> Iterator[tuple[str, to
 
 
 @torch.no_grad()
-def fill_dummy_weights(model: nn.Module, low: float = -1e-3, high: float = 1e-3) -> None:
+def fill_dummy_weights(
+    model: nn.Module,
+    low: float = -1e-3,
+    high: float = 1e-3,
+    device: torch.device | None = None,
+) -> None:
     """SGLang's dummy format: every float parameter uniform in [low, high], seeded per param.
 
-    Norm weights get the same fill as everything else, so activations stay small and finite.
+    Values are drawn on `device` (default: each parameter's own), the device the model
+    computes on, so parameters offloaded to host memory get the values they would have on
+    the device. Norm weights get the same fill as everything else, so activations stay
+    small and finite.
     """
     for param in model.parameters():
         if torch.is_floating_point(param):
-            param.data.copy_(full_dummy(tuple(param.shape), DUMMY_SEED, low, high, param.device))
+            where = param.device if device is None else device
+            param.data.copy_(full_dummy(tuple(param.shape), DUMMY_SEED, low, high, where))
 
 
 def available_memory_gib(device: str | torch.device) -> float:
@@ -82,23 +96,37 @@ def available_memory_gib(device: str | torch.device) -> float:
     return psutil.virtual_memory().available / (1 << 30)
 
 
-def get_model(model_config, load_format: str, device: str | torch.device) -> nn.Module:
-    """Instantiate the model class for the config on `device` and load its weights."""
+def get_model(
+    model_config, load_format: str, device: str | torch.device, cpu_offload_bytes: int = 0
+) -> nn.Module:
+    """Instantiate the model class for the config on `device` and load its weights.
+
+    With `cpu_offload_bytes` > 0 (a CUDA device; see layers/cpu_offload.py) decoder layers
+    totalling at most that many bytes keep their weights in pinned host memory."""
+    device = torch.device(device)
     model_cls = resolve_model_class(model_config.architectures)
     logger.info("Load weight begin. avail mem=%.2f GB", available_memory_gib(device))
     t0 = time.perf_counter()
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), cpu_offload(cpu_offload_bytes, device) as offloader:
             model = model_cls(model_config.hf_config)
     finally:
         torch.set_default_dtype(old_dtype)
+    if offloader is not None:
+        logger.info(
+            "CPU offload: %d decoder layers (%.2f GB of weights) in pinned host memory, "
+            "budget %.2f GB.",
+            offloader.num_offloaded,
+            offloader.offloaded_bytes / GiB,
+            cpu_offload_bytes / GiB,
+        )
     if load_format == "dummy":
         if get_tp_size() > 1:  # shard the tp=1 dummy model (see dummy_tp)
-            fill_dummy_weights_tp(model, DUMMY_SEED)
+            fill_dummy_weights_tp(model, DUMMY_SEED, device=device)
         else:
-            fill_dummy_weights(model)
+            fill_dummy_weights(model, device=device)
     else:
         model.load_weights(weight_iterator(model_config.model_path, load_format))
     # RoPE caches are buffers computed in float32; keep them so (the dtype switch above

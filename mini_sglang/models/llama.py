@@ -18,6 +18,7 @@ from mini_sglang.environ import envs
 from mini_sglang.layers import fused_kernels, small_m_gemm
 from mini_sglang.layers.activation import SiluAndMul
 from mini_sglang.layers.attention.base_attn_backend import QKNormRope
+from mini_sglang.layers.cpu_offload import offload_layers
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
 from mini_sglang.layers.kernels import pdl_enabled
 from mini_sglang.layers.layernorm import RMSNorm
@@ -142,6 +143,10 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    # The methods LlamaModel calls; with --cpu-offload-gb each one runs on device copies of
+    # the layer's host weights (layers/cpu_offload.py).
+    offload_entry_points = ("forward", "forward_norms_in_gemvs")
+
     def __init__(self, config, layer_id: int, rotary_emb, qkv_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, qk_norm)
@@ -190,11 +195,14 @@ class LlamaModel(nn.Module):
     def __init__(self, config, qkv_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        # One cos/sin cache shared by every layer.
+        # One cos/sin cache shared by every layer (a buffer: never offloaded).
         rotary_emb = get_rope(config, head_dim_of(config), config.max_position_embeddings)
+        # Each layer leaves the device as soon as it is built if --cpu-offload-gb has room.
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm)
-            for i in range(config.num_hidden_layers)
+            offload_layers(
+                LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm)
+                for i in range(config.num_hidden_layers)
+            )
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import gzip
 import json
+import logging
 from collections.abc import Iterator
 
 import psutil
@@ -205,3 +206,24 @@ def test_context_manager(tiny_model: TinyModel):
         out = eng.generate(EOS_PROMPT, GREEDY)
         assert len(out["output_ids"]) == 6
     _assert_gone(pids)
+
+
+def test_cpu_offload_gb_is_a_noop_on_cpu_that_says_so_once(tiny_model: TinyModel, caplog):
+    """SGLang's --cpu-offload-gb keeps weights in host memory; on CPU they already are:
+    one warning, then the same greedy output (transformers'), also after a weight update."""
+    params = {**GREEDY, "max_new_tokens": len(tiny_model.greedy_ids)}
+    with caplog.at_level(logging.WARNING):
+        eng = mini_sglang.Engine(
+            model_path=tiny_model.path, max_total_tokens=2048, cpu_offload_gb=3
+        )
+    try:
+        lines = [r.getMessage() for r in caplog.records if "cpu-offload-gb" in r.getMessage()]
+        assert lines == [
+            "--cpu-offload-gb has no effect on CPU: weights already live in CPU memory."
+        ]
+        assert eng.generate(EOS_PROMPT, params)["output_ids"] == tiny_model.greedy_ids
+        ok, message = eng.update_weights_from_disk(tiny_model.path)
+        assert ok, message
+        assert eng.generate(EOS_PROMPT, params)["output_ids"] == tiny_model.greedy_ids
+    finally:
+        eng.shutdown()

@@ -45,7 +45,7 @@ def test_cli_defaults_match_sglang():
         load_format="auto", dtype="float32", kv_cache_dtype="auto", quantization=None,
         host="127.0.0.1", port=30000, nccl_port=None, tp_size=1, pp_size=1, dp_size=1,
         load_balance_method="round_robin", max_prefill_tokens=16384, schedule_policy="fcfs",
-        schedule_conservativeness=1.0, page_size=1, radix_eviction_policy="lru",
+        schedule_conservativeness=1.0, page_size=1, radix_eviction_policy="lru", cpu_offload_gb=0,
         max_running_requests=None, max_queued_requests=None, max_total_tokens=None,
         stream_interval=1, stream_output=False, watchdog_timeout=300, dist_timeout=None,
         base_gpu_id=0, gpu_id_step=1, log_level="info", log_level_http=None,
