@@ -1,9 +1,9 @@
 """Sampler: logits -> next token ids (and the logprobs SGLang reports).
 
-Order of operations (SGLang's): penalties, the grammar mask and logit_bias on raw logits, then
-the requests' custom logit processors (their failures are reported, not raised); greedy rows take the
-argmax; other rows divide by temperature, softmax, then top-k, top-p and min-p filtering
-(renormalised), then draw. Reported output logprobs are log_softmax(penalised logits /
+Order of operations (SGLang's): penalties, the grammar mask and logit_bias on raw logits,
+then the requests' custom logit processors (their failures are reported, not raised); greedy
+rows take the argmax; other rows divide by temperature, softmax, then top-k, top-p and min-p
+filtering (renormalised), then draw. Reported output logprobs are log_softmax(penalised logits /
 temperature), taken before the top-k/p/min-p filtering, as SGLang 0.5.4 computes them
 (greedy rows have temperature 1). Prompt logprobs are not made here: they are
 log_softmax(raw logits), without temperature or penalties (scheduler_output_processor).
