@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.req import Req
@@ -317,6 +318,27 @@ def test_chunked_prefill_one_request_at_a_time(model_path: str) -> None:
             extends.append(sum(b.extend_lens))
             assert sum(1 for r in b.reqs if r.is_chunked) <= 1
     assert max(extends) <= 32 and sum(extends) == 200, extends
+    assert_memory_all_free(sched)
+
+
+def test_input_embeds_chunked_and_mixed_with_ids(model_path: str) -> None:
+    """A prompt given as its own embedding-table rows gives its ids' greedy output, also
+    when 8-token chunks split it and when it shares batches with id prompts; its stand-in
+    ids (1s) never reach the model at prompt positions."""
+    rng = random.Random(11)
+    prompts = [_rand_ids(rng, 20), _rand_ids(rng, 13)]
+    ref = make_scheduler(model_path, disable_radix_cache=True)
+    expected = [r.output_ids for r in run_prompts(ref, prompts, 6)]
+    sched = make_scheduler(model_path, disable_radix_cache=True, chunked_prefill_size=8)
+    table = sched.tp_worker.model_runner.model.model.embed_tokens.weight.detach().float()
+    for i, ids in enumerate(prompts):
+        embeds = table[torch.tensor(ids)].clone()
+        sched.add_request(make_req(f"e{i}", [1] * len(ids), 6, True, input_embeds=embeds))
+        sched.add_request(make_req(f"i{i}", ids, 6, ignore_eos=True))
+    sched.run_until_idle()
+    outs = collect_outputs(sched.test_outputs)
+    for i in range(2):
+        assert outs[f"e{i}"].output_ids == expected[i] == outs[f"i{i}"].output_ids
     assert_memory_all_free(sched)
 
 
