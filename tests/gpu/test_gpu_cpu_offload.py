@@ -35,6 +35,7 @@ def model_dir(tmp_path_factory) -> str:
     from transformers import LlamaConfig
 
     cfg = LlamaConfig(
+        architectures=["LlamaForCausalLM"],
         vocab_size=32000,
         hidden_size=2048,
         intermediate_size=8192,
