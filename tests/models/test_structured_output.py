@@ -5,7 +5,9 @@ constraint is the grammar mask at work. Checked with and without overlap schedul
 constrained outputs match, non-grammar requests batched with them keep their greedy tokens,
 sampling and logprobs work under the mask, chunked prefill and retraction keep the matcher in
 step, invalid constraints and --grammar-backend none finish with a 400 and hold no memory,
-and aborts reach requests still waiting for their grammar.
+and aborts reach requests still waiting for their grammar. The constraint tests run once per
+grammar backend (xgrammar in every scheduling mode, llguidance and outlines with overlap);
+outlines has no ebnf and ignores the schema's integer bounds.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def prompts() -> list[list[int]]:
 
 
 _CONSTRAINTS = ("regex", "json_schema", "ebnf")
+BACKENDS = ["xgrammar", "llguidance", "outlines"]
 
 
 def _req(rid: str, ids, max_new: int = 48, **kw):
@@ -71,24 +74,42 @@ def _text(tok, ids: list[int]) -> str:
     return text[: -len(EOS_TEXT)]
 
 
-def _assert_constraints_hold(tok, out: dict, i: int) -> None:
+def _assert_constraints_hold(tok, out: dict, i: int, backend: str) -> None:
     """Prompt i's regex (re{i}), ebnf (eb{i}) and json_schema (js{i}) outputs obey them."""
     assert re.fullmatch(GRAMMAR_REGEX, _text(tok, out[f"re{i}"].output_ids))
-    assert re.fullmatch(GRAMMAR_EBNF_RE, _text(tok, out[f"eb{i}"].output_ids))
-    check_person_json(_text(tok, out[f"js{i}"].output_ids))
+    if backend != "outlines":
+        assert re.fullmatch(GRAMMAR_EBNF_RE, _text(tok, out[f"eb{i}"].output_ids))
+    check_person_json(_text(tok, out[f"js{i}"].output_ids), bounds=backend != "outlines")
+
+
+def _person_schema(backend: str) -> dict:
+    """PERSON_SCHEMA; llguidance follows JSON Schema and allows unlisted properties unless
+    additionalProperties is false (xgrammar and outlines never allow them)."""
+    if backend == "llguidance":
+        return {**PERSON_SCHEMA, "additionalProperties": False}
+    return PERSON_SCHEMA
 
 
 @pytest.mark.parametrize(
-    "overlap, mixed",
-    [(True, False), (False, False), (True, True)],
-    ids=["overlap", "no_overlap", "mixed_chunk"],
+    "backend, overlap, mixed",
+    [
+        ("xgrammar", True, False),
+        ("xgrammar", False, False),
+        ("xgrammar", True, True),
+        ("llguidance", True, False),
+        ("outlines", True, False),
+    ],
+    ids=["overlap", "no_overlap", "mixed_chunk", "llguidance", "outlines"],
 )
-def test_constraints_hold_and_plain_requests_keep_their_tokens(model_path, prompts, overlap, mixed):
+def test_constraints_hold_and_plain_requests_keep_their_tokens(
+    model_path, prompts, backend, overlap, mixed
+):
     """Every constraint kind next to plain requests; with mixed chunked prefill the
     prompts are chunked and their chunks share forwards with grammar rows decoding."""
     chunk = {"chunked_prefill_size": 16, "enable_mixed_chunk": True} if mixed else {}
     sched = make_scheduler(
         model_path,
+        grammar_backend=backend,
         disable_overlap_schedule=not overlap,
         constrained_json_disable_any_whitespace=True,
         **chunk,
@@ -99,13 +120,14 @@ def test_constraints_hold_and_plain_requests_keep_their_tokens(model_path, promp
     for i, p in enumerate(prompts):
         reqs += [
             _req(f"re{i}", p, regex=GRAMMAR_REGEX),
-            _req(f"js{i}", p, json_schema=json.dumps(PERSON_SCHEMA)),
-            _req(f"eb{i}", p, ebnf=GRAMMAR_EBNF),
+            _req(f"js{i}", p, json_schema=json.dumps(_person_schema(backend))),
             _req(f"p{i}", p, 12),
         ]
+        if backend != "outlines":  # outlines has no ebnf
+            reqs.append(_req(f"eb{i}", p, ebnf=GRAMMAR_EBNF))
     out = _run(sched, reqs)
     for i in range(len(prompts)):
-        _assert_constraints_hold(tok, out, i)
+        _assert_constraints_hold(tok, out, i, backend)
         assert out[f"re{i}"].finish_reason["type"] == "stop"
         # Same greedy tokens as when they ran without grammar requests in the batch.
         assert out[f"p{i}"].output_ids == alone[f"p{i}"].output_ids
@@ -113,8 +135,9 @@ def test_constraints_hold_and_plain_requests_keep_their_tokens(model_path, promp
     assert_memory_all_free(sched)
 
 
-def test_sampling_and_logprobs_under_the_mask(model_path, prompts):
-    sched = make_scheduler(model_path)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampling_and_logprobs_under_the_mask(model_path, prompts, backend):
+    sched = make_scheduler(model_path, grammar_backend=backend)
     tok = sched.tokenizer
     reqs = []
     for i, p in enumerate(prompts):
@@ -153,8 +176,17 @@ def test_chunked_prefill_and_retraction_keep_the_matcher_in_step(model_path, ove
     assert_memory_all_free(sched)
 
 
-def test_invalid_constraints_are_400_and_hold_nothing(model_path, prompts):
-    sched = make_scheduler(model_path)
+# Each backend's own text for the bad regex, after SGLang's "Invalid grammar request" prefix.
+_BAD_REGEX_REASON = {
+    "xgrammar": "Regex parsing error",
+    "llguidance": "unclosed group",
+    "outlines": "Failed to build DFA",
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_invalid_constraints_are_400_and_hold_nothing(model_path, prompts, backend):
+    sched = make_scheduler(model_path, grammar_backend=backend)
     bad = {"regex": "(ab", "json_schema": '{"type": "nope"}', "ebnf": "root ::= undefined"}
     for attempt in range(2):  # the second time the invalid grammar comes from the cache
         out = _run(sched, [_req(f"{k}{attempt}", prompts[0], **{k: v}) for k, v in bad.items()])
@@ -163,7 +195,10 @@ def test_invalid_constraints_are_400_and_hold_nothing(model_path, prompts):
             assert reason["type"] == "abort" and reason["status_code"] == 400, reason
             assert reason["message"].startswith("Invalid grammar request: req.grammar_key=")
         assert all(not r.output_ids for r in out.values())
-    assert "Regex parsing error" in out["regex1"].finish_reason["message"]
+    assert _BAD_REGEX_REASON[backend] in out["regex1"].finish_reason["message"]
+    if backend == "outlines":  # any ebnf is refused by name
+        ok = _run(sched, [_req("eb", prompts[0], ebnf=GRAMMAR_EBNF)])["eb"].finish_reason
+        assert ok["status_code"] == 400 and "outlines grammar backend" in ok["message"]
     assert_memory_all_free(sched)
 
 

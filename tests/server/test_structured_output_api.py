@@ -3,7 +3,9 @@ json_schema / regex / ebnf, OpenAI response_format (json_schema, json_object, te
 SGLang extras, mixed batches, and the 400s (invalid or conflicting constraints).
 
 One module server on the tiny random Llama with --constrained-json-disable-any-whitespace
-(a random model given free whitespace inside JSON may emit it forever).
+(a random model given free whitespace inside JSON may emit it forever). A representative
+subset (json_schema, regex, ebnf, invalid constraints) also runs on one server per other
+grammar backend (llguidance, outlines).
 """
 
 from __future__ import annotations
@@ -184,3 +186,56 @@ def test_masked_token_logprobs_are_null_not_a_500(gserver: ServerHandle) -> None
     values = list(top.values())
     assert values[0] is not None and values[0] == pytest.approx(0.0, abs=1e-5)
     assert None in values[1:], top
+
+
+# ---- every grammar backend ------------------------------------------------------------------
+# Each backend's own reasons after "Invalid grammar request: req.grammar_key=...".
+BACKEND_REASONS = {
+    "xgrammar": {"schema": "nope", "regex": "Regex parsing error"},
+    "llguidance": {"schema": "Invalid type: nope", "regex": "unclosed group"},
+    "outlines": {"schema": "Unsupported type: nope", "regex": "Failed to build DFA"},
+}
+
+
+@pytest.fixture(scope="module", params=list(BACKEND_REASONS))
+def backend_server(request, tiny_model: TinyModel, server_logs: Path) -> Iterator[tuple]:
+    """(backend name, its server); xgrammar's is the module server."""
+    name = request.param
+    if name == "xgrammar":
+        yield name, request.getfixturevalue("gserver")
+        return
+    handle = launch_server(
+        tiny_model.path,
+        "--constrained-json-disable-any-whitespace",
+        "--grammar-backend",
+        name,
+        log_dir=server_logs,
+    )
+    yield name, handle
+    handle.stop()
+
+
+def test_every_backend_constrains_and_reports_its_own_errors(backend_server) -> None:
+    name, server = backend_server
+    # llguidance allows unlisted properties unless the schema forbids them (JSON Schema).
+    schema = {**SCHEMA, "additionalProperties": False}
+    jobs = [{"regex": REGEX}, {"json_schema": json.dumps(schema)}]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        regex_out, json_out = pool.map(lambda sp: _generate(server, PROMPTS[1], **sp), jobs)
+    assert re.fullmatch(REGEX, regex_out["text"]), regex_out
+    check_person_json(json_out["text"], bounds=name != "outlines")  # outlines: no bounds
+    body = {"text": "hi", "sampling_params": {"ebnf": EBNF, "max_new_tokens": 16}}
+    r = server.post("/generate", json=body)
+    if name == "outlines":  # no ebnf: a 400 naming the backend
+        assert r.status_code == 400, r.text
+        assert "The outlines grammar backend does not support ebnf" in r.json()["error"]["message"]
+    else:
+        assert r.status_code == 200 and re.fullmatch(GRAMMAR_EBNF_RE, r.json()["text"]), r.text
+    for kind, value in [("json_schema", '{"type": "nope"}'), ("regex", "(ab")]:
+        r = server.post("/generate", json={"text": "hi", "sampling_params": {kind: value}})
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith("Invalid grammar request: req.grammar_key="), message
+        assert BACKEND_REASONS[name]["schema" if kind == "json_schema" else "regex"] in message
+    assert server.get("/health").status_code == 200
+    assert server.wait_memory_all_free()["failures"] == 0
