@@ -3,9 +3,12 @@ logprobs it serves without offloading, with CUDA graphs on (SGLang's default), a
 weight update that lands in an offloaded layer; the device holds about a budget's worth of
 weights less and the KV pool gets that memory.
 
-The model: a Llama of dummy weights (drawn on the device, so both runs hold the same values)
-of about 2.2 GB in bf16: 16 layers of 122 MB, so a 1 GB budget (the flag is an int, as in
-SGLang) takes exactly the first 8. Skipped without CUDA; run on the GPU machine by
+The model: a Llama of about 2.2 GB in bf16, 16 layers of 122 MB, so a 1 GB budget (the flag
+is an int, as in SGLang) takes exactly the first 8. It starts from dummy weights (cheap, no
+checkpoint to write), whose uniform [-1e-3, 1e-3] values give a flat next-token
+distribution; every weight is then replaced, through update_weights_from_tensor, by seeded
+random values of HF's initializer scale, drawn on the device: the same model in both runs,
+with outputs that depend on every layer. Skipped without CUDA; run on the GPU machine by
 scripts/run_gpu_suite.sh.
 """
 
@@ -28,6 +31,7 @@ LAYERS, OFFLOADED = 16, 8
 PROMPTS = [list(range(100, 105)), list(range(300, 340)), list(range(1000, 1077))]
 NEW_TOKENS = 16
 UPDATED = "model.layers.0.mlp.down_proj.weight"  # in an offloaded layer
+HIDDEN, INTERMEDIATE, VOCAB, Q, KV = 2048, 8192, 32000, 16 * 128, 4 * 128
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +40,9 @@ def model_dir(tmp_path_factory) -> str:
 
     cfg = LlamaConfig(
         architectures=["LlamaForCausalLM"],
-        vocab_size=32000,
-        hidden_size=2048,
-        intermediate_size=8192,
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTERMEDIATE,
         num_hidden_layers=LAYERS,
         num_attention_heads=16,
         num_key_value_heads=4,
@@ -54,6 +58,35 @@ def model_dir(tmp_path_factory) -> str:
     return str(out)
 
 
+def _random_weights(seed: int) -> list[tuple[str, torch.Tensor]]:
+    """Every checkpoint tensor of the model: N(0, 0.02) matrices, norm weights near 1."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape: int, std: float = 0.02, mean: float = 0.0) -> torch.Tensor:
+        t = torch.randn(*shape, generator=gen, device="cuda", dtype=torch.float32)
+        return (t * std + mean).to(torch.bfloat16)
+
+    named = [
+        ("model.embed_tokens.weight", rnd(VOCAB, HIDDEN)),
+        ("lm_head.weight", rnd(VOCAB, HIDDEN)),
+        ("model.norm.weight", rnd(HIDDEN, std=0.05, mean=1.0)),
+    ]
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        named += [
+            (p + "self_attn.q_proj.weight", rnd(Q, HIDDEN)),
+            (p + "self_attn.k_proj.weight", rnd(KV, HIDDEN)),
+            (p + "self_attn.v_proj.weight", rnd(KV, HIDDEN)),
+            (p + "self_attn.o_proj.weight", rnd(HIDDEN, Q)),
+            (p + "mlp.gate_proj.weight", rnd(INTERMEDIATE, HIDDEN)),
+            (p + "mlp.up_proj.weight", rnd(INTERMEDIATE, HIDDEN)),
+            (p + "mlp.down_proj.weight", rnd(HIDDEN, INTERMEDIATE)),
+            (p + "input_layernorm.weight", rnd(HIDDEN, std=0.05, mean=1.0)),
+            (p + "post_attention_layernorm.weight", rnd(HIDDEN, std=0.05, mean=1.0)),
+        ]
+    return named
+
+
 def _generate(sched, tag: str) -> list[tuple[list[int], list[float]]]:
     start = len(sched.test_outputs)
     for i, p in enumerate(PROMPTS):
@@ -65,8 +98,8 @@ def _generate(sched, tag: str) -> list[tuple[list[int], list[float]]]:
 
 
 def _serve(model_dir: str, cpu_offload_gb: int) -> dict:
-    """Both runs of one configuration (before and after a weight update) and the memory
-    figures; the scheduler is gone when this returns."""
+    """The outputs of one configuration (on the random weights, then after an update of one
+    offloaded tensor) and its memory figures; the scheduler is gone when this returns."""
     from mini_sglang.managers.scheduler import Scheduler
     from mini_sglang.server_args import ServerArgs
 
@@ -91,9 +124,10 @@ def _serve(model_dir: str, cpu_offload_gb: int) -> dict:
     on_host = [all(p.device.type == "cpu" for p in layer.parameters()) for layer in layers]
     host_bytes = param_bytes(p for p in runner.model.parameters() if p.device.type == "cpu")
     layer_bytes = param_bytes(layers[0].parameters())
+    ok, message = update_weights_from_tensor(runner, _random_weights(0))
+    assert ok, message
     before = _generate(sched, "a")
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    new = torch.randn(2048, 8192, generator=gen, device="cuda", dtype=torch.bfloat16) * 0.05
+    new = dict(_random_weights(1))[UPDATED]  # another model's layer 0 down_proj
     ok, message = update_weights_from_tensor(runner, [(UPDATED, new)])
     assert ok, message
     assert sched.flush_cache()
