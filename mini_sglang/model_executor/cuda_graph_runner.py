@@ -104,6 +104,10 @@ class CudaGraphRunner:
             fb = self._static_batch(bs, torch.ones(bs, dtype=torch.int64))
             self.runner.attn_backend.init_forward_metadata_capture_cuda_graph(bs, fb)
             model = self.runner.model
+            # The static buffers and the metadata above are written on the current stream;
+            # the capture stream must not read them before those writes land (SGLang's
+            # graph_capture waits the same way).
+            stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up runs outside the graph (lazy inits, autotune)
                     model(fb.input_ids, fb.positions, fb)
