@@ -87,10 +87,12 @@ class ModelRunnerConfig:
 
 @dataclass(frozen=True)
 class GrammarConfig:
-    """--grammar-backend ("none": no constrained decoding) and its JSON whitespace rule."""
+    """--grammar-backend ("none": no constrained decoding) and its JSON whitespace rules
+    (``constrained_json_whitespace_pattern`` is read by outlines and llguidance only, as in SGLang)."""
 
     grammar_backend: str = "xgrammar"
     constrained_json_disable_any_whitespace: bool = False
+    constrained_json_whitespace_pattern: str | None = None
 
     @classmethod
     def from_server_args(cls, server_args: ServerArgs) -> GrammarConfig:
@@ -99,4 +101,5 @@ class GrammarConfig:
             constrained_json_disable_any_whitespace=(
                 server_args.constrained_json_disable_any_whitespace
             ),
+            constrained_json_whitespace_pattern=server_args.constrained_json_whitespace_pattern,
         )

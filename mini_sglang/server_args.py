@@ -170,6 +170,7 @@ class ServerArgs:
     sampling_backend: str | None = None
     grammar_backend: str | None = None
     constrained_json_disable_any_whitespace: bool = False
+    constrained_json_whitespace_pattern: str | None = None
     # Optimizations
     disable_radix_cache: bool = False
     enable_hierarchical_cache: bool = False

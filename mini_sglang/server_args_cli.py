@@ -142,6 +142,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--sampling-backend",), dict(type=_S, choices=SAMPLING_BACKEND_CHOICES, help="Sampling kernels.")),
     (("--grammar-backend",), dict(type=_S, choices=GRAMMAR_BACKEND_CHOICES, help="Grammar-guided decoding backend.")),
     (("--constrained-json-disable-any-whitespace",), dict(action=_T, help="(xgrammar) Compact JSON: no free whitespace between JSON tokens.")),
+    (("--constrained-json-whitespace-pattern",), dict(type=_S, help="(outlines and llguidance) Regex of the whitespace allowed between JSON tokens.")),
     # Optimizations
     (("--disable-radix-cache",), dict(action=_T, help="Disable prefix caching (use ChunkCache).")),
     (("--enable-hierarchical-cache",), dict(action=_T, help="Hierarchical (host) KV cache (not supported).")),

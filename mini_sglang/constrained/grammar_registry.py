@@ -28,26 +28,33 @@ def register_grammar_backend(name: str, factory: GrammarBackendFactory) -> None:
     GRAMMAR_BACKEND_REGISTRY[name] = factory
 
 
-def _factory(backend_cls: type) -> GrammarBackendFactory:
+def _factory(backend_cls: type, whitespace_pattern: bool) -> GrammarBackendFactory:
     """A factory for a backend class taking (tokenizer, vocab_size, eos_token_ids,
-    any_whitespace), as the built-in ones do."""
+    any_whitespace[, whitespace_pattern]), as the built-in ones do."""
 
     def build(
         config: GrammarConfig, tokenizer: Any, vocab_size: int, eos_token_ids: set[int] | None
     ) -> BaseGrammarBackend:
+        extra = (
+            {"whitespace_pattern": config.constrained_json_whitespace_pattern}
+            if whitespace_pattern
+            else {}
+        )
         return backend_cls(
             tokenizer,
             vocab_size=vocab_size,
             eos_token_ids=eos_token_ids,
             any_whitespace=not config.constrained_json_disable_any_whitespace,
+            **extra,
         )
 
     return build
 
 
-register_grammar_backend("xgrammar", _factory(XGrammarGrammarBackend))
-register_grammar_backend("llguidance", _factory(GuidanceBackend))
-register_grammar_backend("outlines", _factory(OutlinesGrammarBackend))
+# --constrained-json-whitespace-pattern reaches outlines and llguidance only (SGLang).
+register_grammar_backend("xgrammar", _factory(XGrammarGrammarBackend, whitespace_pattern=False))
+register_grammar_backend("llguidance", _factory(GuidanceBackend, whitespace_pattern=True))
+register_grammar_backend("outlines", _factory(OutlinesGrammarBackend, whitespace_pattern=True))
 
 
 def create_grammar_backend(

@@ -72,8 +72,9 @@ class GuidanceGrammar(BaseGrammarObject):
 class GuidanceBackend(BaseGrammarBackend):
     """Compiles with one llguidance tokenizer built from the HF tokenizer.
 
-    ``vocab_size`` is the model's (ids past the tokenizer are never allowed) and
-    ``eos_token_ids`` the model's EOS ids, the grammar's stop tokens. Errors are
+    ``vocab_size`` is the model's (ids past the tokenizer are never allowed),
+    ``eos_token_ids`` the model's EOS ids, the grammar's stop tokens, and
+    ``whitespace_pattern`` (a regex) replaces JSON's whitespace rule when given. Errors are
     llguidance's own texts (e.g. "Invalid type: nope", "regex parse error: ... unclosed
     group"), after SGLang's "Invalid grammar request" prefix.
     """
@@ -86,12 +87,14 @@ class GuidanceBackend(BaseGrammarBackend):
         vocab_size: int,
         eos_token_ids: set[int] | None = None,
         any_whitespace: bool = True,
+        whitespace_pattern: str | None = None,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids) if eos_token_ids else None
         self.any_whitespace = any_whitespace
+        self.whitespace_pattern = whitespace_pattern
         self._ll_tokenizer: Any = None
         self._lock = threading.Lock()  # the tokenizer is built once, by whichever worker
 
@@ -125,7 +128,11 @@ class GuidanceBackend(BaseGrammarBackend):
         import llguidance
 
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_flexible": self.any_whitespace}
+            schema,
+            defaults={
+                "whitespace_flexible": self.any_whitespace,
+                "whitespace_pattern": self.whitespace_pattern,
+            },
         )
         return self._from_serialized(grammar)
 

@@ -139,6 +139,7 @@ class OutlinesGrammarBackend(BaseGrammarBackend):
         vocab_size: int,
         eos_token_ids: set[int] | None = None,
         any_whitespace: bool = True,
+        whitespace_pattern: str | None = None,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -147,8 +148,10 @@ class OutlinesGrammarBackend(BaseGrammarBackend):
         if not stops and tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
         self.stop_ids = frozenset(stops)
-        # outlines' own default between JSON tokens is one optional space.
-        self.whitespace_pattern = None if any_whitespace else ""
+        # An explicit pattern wins; outlines' own default (None) is one optional space.
+        if whitespace_pattern is None and not any_whitespace:
+            whitespace_pattern = ""
+        self.whitespace_pattern = whitespace_pattern
         self._vocabulary: Any = None
         self._lock = threading.Lock()  # the vocabulary is built once, by whichever worker
 

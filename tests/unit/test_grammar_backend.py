@@ -266,3 +266,18 @@ def test_missing_package_is_a_400_naming_the_install(
     fresh = cls(qwen_tokenizer, vocab_size=len(qwen_tokenizer))
     value = fresh.compile(("regex", "a"))
     assert isinstance(value, InvalidGrammar) and hint in value.error
+
+
+@pytest.mark.parametrize("name", ["llguidance", "outlines"])
+def test_whitespace_pattern_reaches_outlines_and_llguidance(qwen_tokenizer, name):
+    """--constrained-json-whitespace-pattern replaces the whitespace between JSON tokens."""
+    config = GrammarConfig(grammar_backend=name, constrained_json_whitespace_pattern=r"[\n]?")
+    backend = create_grammar_backend(config, qwen_tokenizer, len(qwen_tokenizer), QWEN_STOPS)
+    schema = '{"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}'
+    grammar = backend.compile(("json", schema))
+    (brace,) = qwen_tokenizer.encode("{", add_special_tokens=False)
+    assert grammar.accept_token(brace)
+    allowed = _allowed(grammar, len(qwen_tokenizer))
+    (newline,) = qwen_tokenizer.encode("\n", add_special_tokens=False)
+    (space,) = qwen_tokenizer.encode(" ", add_special_tokens=False)
+    assert newline in allowed and space not in allowed
