@@ -13,6 +13,7 @@ function $(id) { return document.getElementById(id); }
 function fmt(x, digits) { return x == null ? "–" : Number(x).toFixed(digits); }
 function ms(x) { return x == null ? null : x * 1000; }
 function pct(a, b) { return b ? (100 * a) / b : 0; }
+function compact(n) { return n >= 1e6 ? (n / 1e6).toFixed(1) + "M" : n >= 1e4 ? (n / 1e3).toFixed(0) + "k" : String(n); }
 
 function push(name, value) {
   const arr = history[name];
@@ -115,7 +116,8 @@ function update(d) {
   push("itl50", ms(tok.itl_s.p50)); push("itl90", ms(tok.itl_s.p90)); push("itl99", ms(tok.itl_s.p99));
   $("t-tput").textContent = fmt(tok.gen_throughput, 1) + " tok/s";
   $("t-reqs").textContent = `${sch.num_running_reqs} / ${sch.num_queue_reqs}`;
-  $("t-kv").textContent = `${kv.used} / ${kv.evictable} / ${kv.free}`;
+  $("t-kv").textContent = `${compact(kv.used)} / ${compact(kv.evictable)} / ${compact(kv.free)}`;
+  $("t-kv").title = `${kv.used} / ${kv.evictable} / ${kv.free} of ${kv.capacity} tokens`;
   $("t-hit").textContent = tok.cache_hit_rate_window == null ? "–" : fmt(100 * tok.cache_hit_rate_window, 1) + " %";
   $("t-ttft").textContent = `${fmt(ms(tok.ttft_s.p50), 0)} / ${fmt(ms(tok.ttft_s.p99), 0)} ms`;
   $("t-itl").textContent = `${fmt(ms(tok.itl_s.p50), 1)} / ${fmt(ms(tok.itl_s.p99), 1)} ms`;
