@@ -113,7 +113,7 @@ class GuidanceBackend(BaseGrammarBackend):
     def _stop_ids(self) -> frozenset[int]:
         if self.eos_token_ids:
             return frozenset(self.eos_token_ids)
-        return frozenset({self._get_tokenizer().eos_token})
+        return frozenset(self._get_tokenizer().eos_tokens)
 
     def _from_serialized(self, grammar: str) -> GuidanceGrammar:
         import llguidance
