@@ -105,7 +105,10 @@ def test_dp2_control_replies_list_every_replica(dp2_server, tiny_model):
     body["sampling_params"] = {"max_new_tokens": 400, "ignore_eos": True}
     r = requests.post(dp2_server.base_url + "/generate", json=body, stream=True, timeout=60)
     try:
-        next(line for line in r.iter_lines() if line.startswith(b"data: {"))
+        # One line iterator, kept alive: a discarded one closes the response (a disconnect,
+        # which aborts the request before the states are read).
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith(b"data: {"))
         states = dp2_server.get("/get_server_info").json()["internal_states"]
         loads = dp2_server.get("/get_load").json()
     finally:
@@ -119,6 +122,28 @@ def test_dp2_control_replies_list_every_replica(dp2_server, tiny_model):
     assert [load["dp_rank"] for load in loads] == [0, 1]
     assert set(loads[0]) == {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
     assert loads[0]["num_reqs"] == 0 and loads[1]["num_reqs"] == 1, loads
+
+
+def test_dp2_dashboard_merges_every_replica(dp2_server, tiny_model):
+    """/dashboard/data sums both replicas and keeps each one's numbers."""
+    assert dp2_server.post("/slow_down", json={"forward_sleep_time": 0.05}).ok
+    body = {"input_ids": tiny_model.eos_prompt_ids, "data_parallel_rank": 1, "stream": True}
+    body["sampling_params"] = {"max_new_tokens": 100, "ignore_eos": True}
+    r = requests.post(dp2_server.base_url + "/generate", json=body, stream=True, timeout=60)
+    try:
+        # One line iterator, kept alive: a discarded one closes the response (a disconnect).
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith(b"data: {"))
+        dash = dp2_server.get("/dashboard/data").json()
+        states = dp2_server.get("/get_server_info").json()["internal_states"]
+    finally:
+        r.close()
+        dp2_server.post("/slow_down", json={"forward_sleep_time": None})
+    sch = dash["scheduler"]
+    assert [rep["num_running_reqs"] for rep in sch["replicas"]] == [0, 1], sch
+    assert sch["num_running_reqs"] == 1 and sch["replicas"][1]["kv"]["used"] > 0
+    assert sch["kv"]["capacity"] == sum(s["memory_accounting"]["capacity"] for s in states)
+    assert dash["server"]["dp_size"] == 2 and dash["inflight"]["count"] == 1
 
 
 # ---- two nodes ----------------------------------------------------------------------
