@@ -78,6 +78,6 @@ def test_constraints_hold_on_cuda(gpu_llama_path, backend):
     out = _run(sched, reqs)
     tok = sched.tokenizer
     for i in range(len(prompts)):
-        _assert_constraints_hold(tok, out, i)
+        _assert_constraints_hold(tok, out, i, "xgrammar")
         assert len(out[f"p{i}"].output_ids) == 12
     assert sched.stats.check_memory()
