@@ -1,7 +1,8 @@
 """Tests for ``python -m mini_sglang.bench_serving`` (the SGLang-compatible benchmark client).
 
 The client is the thing under test: datasets and metrics are checked directly (and against
-SGLang 0.5.4's own functions when its source is unpacked at /work/ref), and full runs go
+SGLang 0.5.4's own functions when $SGLANG_SOURCE_DIR names its unpacked `sglang` package
+folder), and full runs go
 against a small in-process aiohttp server speaking SGLang's wire format.
 """
 
@@ -37,7 +38,10 @@ from mini_sglang.benchmark.datasets import (
 )
 from mini_sglang.benchmark.metrics import calculate_metrics, format_report
 
-REF_BENCH = Path("/work/ref/sglang054/sglang/bench_serving.py")
+# SGLang 0.5.4's unpacked `sglang` package folder (`pip download --no-deps sglang==0.5.4`,
+# unzip): the reference-function tests skip without it.
+_REF_DIR = os.environ.get("SGLANG_SOURCE_DIR")
+REF_BENCH = Path(_REF_DIR) / "bench_serving.py" if _REF_DIR else None
 WORD = " hello"  # One Qwen token, so retokenized counts equal generated counts.
 
 
@@ -209,8 +213,8 @@ def test_report_layout(tokenizer: Any) -> None:
 
 def _load_reference() -> dict[str, Any]:
     """Exec selected top-level defs of SGLang 0.5.4's bench_serving (no sglang imports)."""
-    if not REF_BENCH.exists():
-        pytest.skip("SGLang 0.5.4 source not unpacked")
+    if REF_BENCH is None or not REF_BENCH.exists():
+        pytest.skip("SGLANG_SOURCE_DIR does not name SGLang 0.5.4's unpacked sglang folder")
     wanted = {
         "DatasetRow", "RequestFuncOutput", "BenchmarkMetrics", "sample_random_requests",
         "calculate_metrics",
