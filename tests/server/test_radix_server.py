@@ -125,17 +125,21 @@ def _stream_until_running(handle: ServerHandle, rid: str, max_new: int) -> reque
 
 def test_max_queued_requests_refused_at_once(reference_server: ServerHandle) -> None:
     """--max-running-requests 1 --max-queued-requests 2 and a burst of 12 requests of 48
-    tokens (half /generate, half /v1/completions): one runs, two wait, and the ones beyond
-    are answered at once with SGLang's HTTP 503 "The request queue is full." (its
-    HTTPException body, on both APIs) while accepted work is still running; each accepted
-    request completes in full, and nothing of the refused ones stays behind."""
+    tokens (/generate, /v1/completions and /v1/responses in turn): one runs, two wait, and
+    the ones beyond are answered at once with SGLang's HTTP 503 "The request queue is
+    full." (its HTTPException body; /v1/responses' nested envelope) while accepted work is
+    still running; each accepted request completes in full, and nothing of the refused ones
+    stays behind."""
     n = 12
 
     def send(i: int) -> tuple[requests.Response, float]:
         t0 = time.perf_counter()
-        if i % 2:
+        if i % 3 == 1:
             body = {"prompt": [1000 + i, 7, 8], "max_tokens": 48, "temperature": 0}
             r = reference_server.post("/v1/completions", json={**body, "ignore_eos": True})
+        elif i % 3 == 2:
+            body = {"input": f"Say {i}", "max_output_tokens": 48, "temperature": 0}
+            r = reference_server.post("/v1/responses", json=body)
         else:
             r = _generate(reference_server, [1000 + i, 7, 8], 48)
         return r, time.perf_counter() - t0
@@ -146,20 +150,25 @@ def test_max_queued_requests_refused_at_once(reference_server: ServerHandle) -> 
     refused = [(r, t) for r, t in results if r.status_code != 200]
     assert len(accepted) + len(refused) == n
     assert len(accepted) >= 3 and refused, [r.status_code for r, _ in results]
+    full = "The request queue is full."
     for r, _ in refused:
         assert r.status_code == 503
-        assert r.json() == {
-            "object": "error",
-            "message": "The request queue is full.",
-            "type": "503",
-            "param": None,
-            "code": 503,
-        }
+        if r.url.endswith("/v1/responses"):
+            error = {"message": full, "type": "Service Unavailable", "param": None, "code": 503}
+            assert r.json() == {"error": error}
+        else:
+            error = {"object": "error", "message": full, "type": "503", "param": None}
+            assert r.json() == {**error, "code": 503}
     for r, _ in accepted:
         body = r.json()
-        n_out = (
-            len(body["output_ids"]) if "output_ids" in body else body["usage"]["completion_tokens"]
-        )
+        if "output_ids" in body:
+            n_out = len(body["output_ids"])
+        elif body.get("object") == "response":  # no ignore_eos here: EOS may end it early
+            assert body["status"] in ("completed", "incomplete"), body
+            assert 0 < body["usage"]["output_tokens"] <= 48
+            continue
+        else:
+            n_out = body["usage"]["completion_tokens"]
         assert n_out == 48
     # Refusals did not wait for a turn: they came back before the accepted work finished.
     assert max(t for _, t in refused) < max(t for _, t in accepted)

@@ -30,6 +30,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import Any
 
 import orjson
@@ -58,7 +59,7 @@ from mini_sglang.entrypoints.openai.serving_base import (
 from mini_sglang.entrypoints.openai.serving_chat import OpenAIServingChat
 from mini_sglang.entrypoints.openai.serving_completions import _extra_key
 from mini_sglang.managers.io_struct.generate import GenerateReqInput
-from mini_sglang.managers.tokenizer_manager import RequestAborted
+from mini_sglang.managers.tokenizer_manager import RequestAborted, SchedulerRefused
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.unicode_check import json_safe
 
@@ -93,6 +94,15 @@ def _not_found_error(response_id: str) -> Response:
     return responses_error(
         f"Response with id '{response_id}' not found.", status_code=404, param="response_id"
     )
+
+
+def _refusal(e: Exception) -> Response:
+    """A request refused before it ran: a 400 for bad input; the scheduler's own status
+    (503 "The request queue is full.", 500) in the nested envelope, typed by the status's
+    phrase as SGLang's HTTPException handler types it for /v1/responses."""
+    if isinstance(e, SchedulerRefused):
+        return responses_error(e.message, HTTPStatus(e.status_code).phrase, e.status_code)
+    return responses_error(str(e))
 
 
 def _new_item_id(prefix: str) -> str:
@@ -314,10 +324,10 @@ class OpenAIServingResponses:
             first = await gen.__anext__()  # errors before generation are a plain 400
         except StopAsyncIteration:
             first = None
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, SchedulerRefused) as e:
             await gen.aclose()
             self.store.pop(request.request_id)  # refused before it ran: nothing to keep
-            return responses_error(str(e))
+            return _refusal(e)
         except RequestAborted:
             await gen.aclose()
             self._mark_unfinished(turn, "cancelled")
