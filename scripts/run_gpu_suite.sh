@@ -3,7 +3,7 @@
 # Needs: an NVIDIA GPU (nvidia-smi) and the GPU packages importable (torch with CUDA,
 # flashinfer, triton; where the machine lacks some, stage them as wheels and put them on
 # PYTHONPATH first). Usage, from the repository root:
-#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [compare] [tp] [default_model] [kernels] [save_jit]
+#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [compare] [tp] [default_model] [kernels] [startup] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -175,6 +175,19 @@ for step in "${steps[@]}"; do
       done
       for m in $MODELS; do  # and the decode GEMMs (cuBLAS) per batch size
         python benchmarks/bench_linear.py --model "$m" --triton --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
+      done ;;
+    startup)
+      # Server start-up, spawn to first token, ours beside sgl-project/mini-sglang (staged by
+      # scripts/stage_minisgl.sh, on PYTHONPATH) when importable: STARTUP_KINDS "fresh warm"
+      # (fresh = compile caches removed before each arm, as on a new machine), rounds
+      # alternating the engines. Server logs (with each phase's duration) under $OUT/startup.
+      engines=ours; python -c "import minisgl" 2>/dev/null && engines=ours,minisgl
+      for kind in ${STARTUP_KINDS:-fresh warm}; do
+        for m in $MODELS; do
+          python benchmarks/bench_startup.py --model-dir "$MODEL_ROOT/$m" --engines "$engines" \
+            --rounds "${STARTUP_ROUNDS:-2}" $([ "$kind" = fresh ] && echo --fresh) \
+            --out "$OUT/startup.jsonl" --log-dir "$OUT/startup" 2>&1 | tee -a "$OUT/startup.log"
+        done
       done ;;
     save_jit)
       # pack the JIT caches (flashinfer's and Triton's) into $OUT; put both .tgz files into

@@ -1,0 +1,143 @@
+"""Server start-up time: from `python -m ...` to the first generated token, fresh and warm.
+
+    python benchmarks/bench_startup.py --model-dir /tmp/m/llama-3.1-8b \
+        [--engines ours,minisgl] [--rounds 2] [--fresh] [--out startup.jsonl] [--log-dir DIR]
+
+Each arm spawns the engine's HTTP server with dummy weights and polls its /generate until one
+token comes back; the time from spawn to that reply is the start-up time a user waits. The
+arms alternate per round, so machine drift hits each alike. With --fresh every arm starts
+with the on-disk compile caches removed (Triton's, FlashInfer's, torch's and mini-sglang's
+kernel-choice cache), as on a new machine; without it, the caches the previous runs left are
+used (a warm start). The server's log goes to DIR/<engine>_<round>.log: mini-sglang logs each
+start-up phase with its duration, which says where the time went.
+
+The second engine is sgl-project/mini-sglang (`minisgl`, importable from PYTHONPATH); it is
+never a dependency of this project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+CACHE_DIRS = ["~/.triton/cache", "~/.cache/flashinfer", "~/.cache/mini_sglang/kernel_choices"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_command(engine: str, model_dir: str, port: int) -> list[str]:
+    if engine == "ours":
+        return [sys.executable, "-m", "mini_sglang.launch_server", "--model-path", model_dir,
+                "--load-format", "dummy", "--port", str(port)]  # fmt: skip
+    if engine == "minisgl":
+        # flashinfer named explicitly: its "auto" picks FA3 (sgl_kernel) on Hopper
+        return [sys.executable, "-m", "minisgl", "--model-path", model_dir, "--dummy-weight",
+                "--port", str(port), "--attention-backend", "fi"]  # fmt: skip
+    raise SystemExit(f"unknown engine {engine!r} (ours, minisgl)")
+
+
+def probe(engine: str, port: int) -> bool:
+    """One token from the server's /generate, True once it answers 200."""
+    body = (
+        {"text": "Hello", "sampling_params": {"max_new_tokens": 1}}
+        if engine == "ours"
+        else {"prompt": "Hello", "max_tokens": 1}
+    )
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            resp.read()
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def clear_caches() -> None:
+    for d in CACHE_DIRS:
+        shutil.rmtree(os.path.expanduser(d), ignore_errors=True)
+    tmp = "/tmp"
+    for name in os.listdir(tmp):
+        if name.startswith("torchinductor_"):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def time_start(engine: str, model_dir: str, log_path: str, timeout: float) -> float | None:
+    """Seconds from spawn to the first token, or None if the server died or timed out."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            launch_command(engine, model_dir, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            while time.perf_counter() - t0 < timeout:
+                if proc.poll() is not None:
+                    return None
+                if probe(engine, port):
+                    return time.perf_counter() - t0
+                time.sleep(0.25)
+            return None
+        finally:
+            stop(proc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--engines", default="ours,minisgl")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--fresh", action="store_true", help="remove compile caches before each arm")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--out", default=None, help="append one JSON line per arm")
+    ap.add_argument("--log-dir", default=".")
+    args = ap.parse_args()
+    os.makedirs(args.log_dir, exist_ok=True)
+    model = os.path.basename(os.path.normpath(args.model_dir))
+    kind = "fresh" if args.fresh else "warm"
+    for rnd in range(args.rounds):
+        for engine in args.engines.split(","):
+            if args.fresh:
+                clear_caches()
+            log_path = os.path.join(args.log_dir, f"startup_{engine}_{model}_{kind}_{rnd}.log")
+            secs = time_start(engine, args.model_dir, log_path, args.timeout)
+            row = {"engine": engine, "model": model, "start": kind, "round": rnd, "seconds": secs}
+            shown = "failed (see log)" if secs is None else f"{secs:.1f} s"
+            print(f"startup {kind} round {rnd} {engine} {model}: {shown}  [{log_path}]", flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
