@@ -1,11 +1,13 @@
 """RadixAttention: the attention layer models call; the backend does the work.
 
-It holds the per-layer shape facts the backends need (heads on this rank, head_dim, scaling,
-layer_id into the KV pool) and forwards to `forward_batch.attn_backend`.
+It holds the per-layer facts the backends need (heads on this rank, head_dim, scaling,
+layer_id into the KV pool, and whether extend attention is causal) and forwards to
+`forward_batch.attn_backend`.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,9 +17,24 @@ if TYPE_CHECKING:
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
 
+class AttentionType(Enum):
+    """SGLang's attention types. DECODER: a query sees the cached prefix and the new tokens up
+    to itself (causal). ENCODER_ONLY: a query sees every token of its sequence (bidirectional;
+    the whole sequence is one extend without a cached prefix, and there is no decode)."""
+
+    DECODER = "decoder"
+    ENCODER_ONLY = "encoder_only"
+
+
 class RadixAttention(nn.Module):
     def __init__(
-        self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int
+        self,
+        num_heads: int,
+        head_dim: int,
+        scaling: float,
+        num_kv_heads: int,
+        layer_id: int,
+        attn_type: AttentionType = AttentionType.DECODER,
     ) -> None:
         super().__init__()
         self.tp_q_head_num = num_heads
@@ -26,6 +43,13 @@ class RadixAttention(nn.Module):
         self.head_dim = head_dim
         self.scaling = scaling
         self.layer_id = layer_id
+        self.attn_type = attn_type
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether extend attention masks keys after each query (every type but
+        ENCODER_ONLY)."""
+        return self.attn_type != AttentionType.ENCODER_ONLY
 
     def forward(
         self,

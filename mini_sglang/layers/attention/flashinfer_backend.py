@@ -7,6 +7,12 @@ NHD paged layout [num_pages, page_size, kv_heads, head_dim]; a request's pages a
 req_to_token slots at multiples of page_size divided by page_size (kv_indices.py). Prefill
 runs "paged throughout": the new tokens' K/V are written to the pool first, then one causal
 prefill kernel attends over cached prefix and new tokens alike.
+
+Causality is part of flashinfer's prefill plan, while it is a property of each layer
+(RadixAttention.is_causal: False for encoder-only layers). The plan takes the causality the
+last extend layer asked for; a layer that wants the other one re-plans the batch with the
+saved arguments. Every layer of a model has the same type, so this re-plans at most once,
+on a model's first extend batch.
 """
 
 from __future__ import annotations
@@ -72,6 +78,9 @@ class FlashInferAttnBackend(AttentionBackend):
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.graph_wrappers: dict[int, object] = {}
         self.active_decode = None
+        # The current batch's prefill plan arguments (all but causal) and its causality.
+        self._prefill_plan_args: tuple = ()
+        self._prefill_causal = True
         self._last_plan_copied: torch.cuda.Event | None = None
 
     def _tensor_cores_for(self, bs: int) -> bool:
@@ -146,18 +155,20 @@ class FlashInferAttnBackend(AttentionBackend):
         ext = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int32)
         qo_indptr = torch.zeros(len(ext) + 1, dtype=torch.int32)
         torch.cumsum(ext, 0, out=qo_indptr[1:])
+        self._prefill_plan_args = (self._pinned(qo_indptr), indptr, self.kv_indices, last)
+        self._plan_prefill(self._prefill_causal)
+
+    def _plan_prefill(self, causal: bool) -> None:
         self._plan(
             self.prefill_wrapper,
-            self._pinned(qo_indptr),
-            indptr,
-            self.kv_indices,
-            last,
+            *self._prefill_plan_args,
             *self._heads(),
-            causal=True,
+            causal=causal,
             q_data_type=self.q_dtype,
             kv_data_type=self.kv_dtype,
             non_blocking=True,
         )
+        self._prefill_causal = causal
 
     # ---- kernels -------------------------------------------------------------------
     def _paged(self, fb: ForwardBatch, layer_id: int):
@@ -168,6 +179,8 @@ class FlashInferAttnBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer, fb, save_kv_cache=True):
         if save_kv_cache:
             fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+        if layer.is_causal != self._prefill_causal:
+            self._plan_prefill(layer.is_causal)
         o = self.prefill_wrapper.run(
             q.view(-1, layer.tp_q_head_num, layer.head_dim), self._paged(fb, layer.layer_id)
         )

@@ -3,7 +3,8 @@
 Runs on CPU and CUDA and is the correctness reference for the GPU backends.
 Decode batches every request into one SDPA call, padding K/V to the longest sequence with a
 key mask; extend runs one SDPA call per request with an explicit causal mask offset by the
-cached prefix (SDPA's own is_causal aligns top-left, which is wrong when q_len < kv_len).
+cached prefix (SDPA's own is_causal aligns top-left, which is wrong when q_len < kv_len), or
+with no mask at all for an ENCODER_ONLY layer (every query sees every key of its request).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 qi.unsqueeze(0),
                 ki.unsqueeze(0),
                 vi.unsqueeze(0),
-                attn_mask=mask,
+                attn_mask=mask if layer.is_causal else None,
                 scale=layer.scaling,
                 enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
             )

@@ -1,9 +1,10 @@
 """triton: mini-sglang's own Triton attention kernels over the paged KV pool.
 
 Decode runs the two-stage split-KV kernel (triton_ops/decode_attention.py); extend runs one
-causal-with-prefix kernel (triton_ops/extend_attention.py). Both write the new tokens' K/V
-into the pool first and then read every key through req_to_token, so any page size works:
-the slots of a request are listed per token in req_to_token whatever the page size.
+causal-with-prefix kernel (triton_ops/extend_attention.py), non-causal for encoder-only
+layers. Both write the new tokens' K/V into the pool first and then read every key through
+req_to_token, so any page size works: the slots of a request are listed per token in
+req_to_token whatever the page size.
 
 Per-batch metadata is small and shared by all layers: for decode, the float32 split scratch
 (partial outputs and log-sum-exps); for extend, the longest extend length (a host int that
@@ -114,6 +115,7 @@ class TritonAttnBackend(AttentionBackend):
             fb.extend_start_loc,
             self.max_extend_len,
             layer.scaling,
+            causal=layer.is_causal,
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 

@@ -12,6 +12,9 @@ block's last visible key. Worked example: prefix 5, ext 3, BLOCK_M = 2. Program 
 queries j = 0, 1 (positions 5, 6) and reads keys [0, 7): row j = 0 sees keys 0..5, row
 j = 1 keys 0..6. Program m = 1 holds j = 2 (position 7; its second row is padding past
 ext) and reads keys [0, 8).
+
+Non-causal (CAUSAL=False, encoder-only layers): every query row of request b sees all
+seq_len keys of b, so each program reads keys [0, seq_len) with no position mask.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     IEEE: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     m_blk = tl.program_id(0)
     b = tl.program_id(1)
@@ -77,12 +81,15 @@ def _extend_kernel(
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        kv_end = tl.minimum(seq_len, prefix + (m_blk + 1) * BLOCK_M)
+        kv_end = tl.minimum(seq_len, prefix + (m_blk + 1) * BLOCK_M) if CAUSAL else seq_len
         # The first key block holds key 0, visible to every row, so m_i is finite after it.
         for n0 in range(0, kv_end, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < kv_end
-            visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            if CAUSAL:
+                visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            else:
+                visible = mask_n[None, :] & (q_pos[:, None] >= 0)
             acc, m_i, l_i = _attend_key_block(
                 q, acc, m_i, l_i, visible, offs_n, mask_n, req_to_token + row * stride_r2t,
                 K + kv_head * stride_kh, V + kv_head * stride_vh, stride_kn, stride_vn,
@@ -109,8 +116,11 @@ def extend_attention_fwd(
     extend_start_loc: torch.Tensor,
     max_extend_len: int,
     sm_scale: float,
+    causal: bool = True,
 ) -> None:
-    """Causal-with-prefix attention for a batch of extends, written into `o`.
+    """Causal-with-prefix attention for a batch of extends, written into `o`; with
+    causal=False every new query of request b attends to all seq_len keys of b instead
+    (encoder-only layers).
 
     q, o: [num_new_tokens, q_heads, head_dim] (last dim contiguous), the new tokens of all
     requests concatenated; request b's rows start at extend_start_loc[b] and number
@@ -154,6 +164,7 @@ def extend_attention_fwd(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         IEEE=q.dtype == torch.float32,
+        CAUSAL=causal,
         num_warps=4 if block_d <= 64 else 8,
         num_stages=2,
     )
