@@ -1,5 +1,8 @@
-"""Tensor-parallel linear layers with per-parameter weight loaders.
+"""Tensor-parallel linear layers with per-parameter weight loaders and a quantization method.
 
+Each layer asks its method (layers/quantization: `get_linear_method(quant_config, prefix)`;
+unquantized unless the model's QuantizationConfig says otherwise) to create its parameters
+and to compute its output; the sharding below is the layer's, the same for every method.
 Each parameter carries `weight_loader(param, loaded_weight, shard_id=None)` that copies this
 rank's slice of a full checkpoint tensor into it, so the model loader never needs to know how
 a layer is sharded. Column-parallel layers split the output dimension, row-parallel layers the
@@ -26,16 +29,16 @@ from mini_sglang.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from mini_sglang.layers.small_m_gemm import linear, linear_add_, linear_rmsnorm, linear_silu_mul
+from mini_sglang.layers.quantization.base import (
+    QuantizationConfig,
+    load_column_shard,
+    load_row_shard,
+    make_param,
+)
+from mini_sglang.layers.quantization.registry import get_linear_method
 
 if TYPE_CHECKING:
     from mini_sglang.layers.layernorm import RMSNorm
-
-
-def _make_param(shape: tuple[int, ...], loader) -> nn.Parameter:
-    param = nn.Parameter(torch.empty(shape), requires_grad=False)
-    param.weight_loader = loader
-    return param
 
 
 class ColumnParallelLinear(nn.Module):
@@ -47,31 +50,51 @@ class ColumnParallelLinear(nn.Module):
         output_size: int,
         bias: bool = False,
         gather_output: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.input_size = input_size
         self.output_size_per_partition = divide(output_size, self.tp_size)
         self.gather_output = gather_output
-        self.weight = _make_param((self.output_size_per_partition, input_size), self.weight_loader)
+        self.quant_method = get_linear_method(quant_config, prefix)
+        self.quant_method.create_weights(
+            self,
+            input_size,
+            [divide(size, self.tp_size) for size in self.logical_output_sizes(output_size)],
+            input_size,
+            output_size,
+            torch.get_default_dtype(),
+        )
         self.bias = (
-            _make_param((self.output_size_per_partition,), self.weight_loader) if bias else None
+            make_param(self, "bias", torch.empty(self.output_size_per_partition)) if bias else None
         )
 
+    def logical_output_sizes(self, output_size: int) -> list[int]:
+        """The full output sizes of the projections fused in this layer."""
+        return [output_size]
+
+    def shard_rows(self, shard_id) -> tuple[int, int, int]:
+        """(offset, size, source start) in weight rows: the checkpoint tensor of `shard_id`
+        fills rows [offset, offset + size) of this rank's weight from its rows
+        [source start, source start + size)."""
+        size = self.output_size_per_partition
+        return 0, size, self.tp_rank * size
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        size = param.shape[0]
-        param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
+        load_column_shard(param, loaded, *self.shard_rows(shard_id))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, self.bias)
+        out = self.quant_method.apply(self, x, self.bias)
         return tensor_model_parallel_all_gather(out) if self.gather_output else out
 
     def forward_rmsnorm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
-        """forward(norm(x)); at small batches the norm happens inside the GEMV
-        (small_m_gemm.linear_rmsnorm)."""
+        """forward(norm(x)); at small batches the norm may happen inside the GEMV
+        (the method's apply_rmsnorm, e.g. small_m_gemm.linear_rmsnorm)."""
         fused = None
         if self.bias is None and not self.gather_output:
-            fused = linear_rmsnorm(x, self.weight, norm.weight.data, norm.variance_epsilon)
+            fused = self.quant_method.apply_rmsnorm(self, x, norm)
         return self.forward(norm(x)) if fused is None else fused
 
 
@@ -81,28 +104,41 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     shard_id is the index of the projection in `output_sizes`.
     """
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(
+            input_size, sum(output_sizes), bias, quant_config=quant_config, prefix=prefix
+        )
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def logical_output_sizes(self, output_size: int) -> list[int]:
+        return list(self.output_sizes)
+
+    def shard_rows(self, shard_id) -> tuple[int, int, int]:
         assert shard_id is not None, "merged weights are loaded one projection at a time"
         shard = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        param.data.narrow(0, offset, shard).copy_(loaded.narrow(0, self.tp_rank * shard, shard))
+        return offset, shard, self.tp_rank * shard
 
     def forward_silu_mul(
         self, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:
         """act(forward(x)) for a [gate; up] projection and act = SiLU-and-multiply; at small
-        batches the activation happens in the GEMV's epilogue (small_m_gemm.linear_silu_mul)."""
+        batches the activation may happen in the GEMV's epilogue (the method's
+        apply_silu_mul, e.g. small_m_gemm.linear_silu_mul)."""
         fused = None
         if (
             self.bias is None
             and len(self.output_sizes) == 2
             and self.output_sizes[0] == self.output_sizes[1]
         ):
-            fused = linear_silu_mul(x, self.weight)
+            fused = self.quant_method.apply_silu_mul(self, x, act)
         return act(self.forward(x)) if fused is None else fused
 
 
@@ -116,6 +152,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_heads: int,
         total_num_kv_heads: int,
         bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         tp_size = get_tp_size()
         self.head_size = head_size
@@ -129,9 +167,14 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = divide(total_num_kv_heads, tp_size)
             self.num_kv_replicas = 1
         output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
-        super().__init__(hidden_size, output_size, bias)
+        super().__init__(hidden_size, output_size, bias, quant_config=quant_config, prefix=prefix)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    def logical_output_sizes(self, output_size: int) -> list[int]:
+        tp_size = get_tp_size()
+        kv = self.num_kv_heads * tp_size * self.head_size
+        return [self.num_heads * tp_size * self.head_size, kv, kv]
+
+    def shard_rows(self, shard_id) -> tuple[int, int, int]:
         q_size = self.num_heads * self.head_size
         kv_size = self.num_kv_heads * self.head_size
         if shard_id == "q":
@@ -141,39 +184,53 @@ class QKVParallelLinear(ColumnParallelLinear):
             size, rank = kv_size, self.tp_rank // self.num_kv_replicas
         else:
             raise ValueError(f"QKVParallelLinear shard_id must be q, k or v, got {shard_id!r}")
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+        return offset, size, rank * size
 
 
 class RowParallelLinear(nn.Module):
     """Y = X A^T with A's columns (input features) split across ranks, then all-reduced."""
 
     def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        reduce_results: bool = True,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_size()
         self.input_size_per_partition = divide(input_size, self.tp_size)
         self.reduce_results = reduce_results
-        self.weight = _make_param((output_size, self.input_size_per_partition), self.weight_loader)
-        self.bias = _make_param((output_size,), self._bias_loader) if bias else None
+        self.quant_method = get_linear_method(quant_config, prefix)
+        self.quant_method.create_weights(
+            self,
+            self.input_size_per_partition,
+            [output_size],
+            input_size,
+            output_size,
+            torch.get_default_dtype(),
+        )
+        self.bias = make_param(self, "bias", torch.empty(output_size)) if bias else None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        size = param.shape[1]
-        param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
-
-    def _bias_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        param.data.copy_(loaded)
+        load_row_shard(param, loaded, self.tp_rank)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight)
+        out = self.quant_method.apply(self, x)
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         # The bias is added once, after the reduction, so it is not counted tp_size times.
         return out + self.bias if self.bias is not None else out
 
     def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        """residual += forward(x), in place; on one rank at small batches the add happens in
-        the GEMV's epilogue (small_m_gemm.linear_add_)."""
-        if self.tp_size == 1 and self.bias is None and linear_add_(x, self.weight, residual):
+        """residual += forward(x), in place; on one rank at small batches the add may happen
+        in the GEMV's epilogue (the method's apply_add_, e.g. small_m_gemm.linear_add_)."""
+        if (
+            self.tp_size == 1
+            and self.bias is None
+            and self.quant_method.apply_add_(self, x, residual)
+        ):
             return
         residual.add_(self.forward(x))

@@ -33,6 +33,7 @@ from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 if TYPE_CHECKING:
+    from mini_sglang.layers.quantization.base import QuantizationConfig
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -50,10 +51,26 @@ def head_dim_of(config) -> int:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size,
+            [intermediate_size] * 2,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size,
+            hidden_size,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +79,14 @@ class LlamaMLP(nn.Module):
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self, config, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool
+        self,
+        config,
+        layer_id: int,
+        rotary_emb: RotaryEmbedding,
+        qkv_bias: bool,
+        qk_norm: bool,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
         tp = get_tp_size()
@@ -73,13 +97,18 @@ class LlamaAttention(nn.Module):
             config.num_attention_heads,
             config.num_key_value_heads,
             bias=qkv_bias,
+            quant_config=quant_config,
+            prefix=f"{prefix}.qkv_proj",
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.head_dim, config.hidden_size
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
+            quant_config=quant_config,
+            prefix=f"{prefix}.o_proj",
         )
         assert self.num_heads * tp == config.num_attention_heads
         self.rotary_emb = rotary_emb
@@ -147,10 +176,32 @@ class LlamaDecoderLayer(nn.Module):
     # the layer's host weights (layers/cpu_offload.py).
     offload_entry_points = ("forward", "forward_norms_in_gemvs")
 
-    def __init__(self, config, layer_id: int, rotary_emb, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self,
+        config,
+        layer_id: int,
+        rotary_emb,
+        qkv_bias: bool,
+        qk_norm: bool,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, qk_norm)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.self_attn = LlamaAttention(
+            config,
+            layer_id,
+            rotary_emb,
+            qkv_bias,
+            qk_norm,
+            quant_config=quant_config,
+            prefix=f"{prefix}.self_attn",
+        )
+        self.mlp = LlamaMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            quant_config=quant_config,
+            prefix=f"{prefix}.mlp",
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -192,7 +243,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self,
+        config,
+        qkv_bias: bool,
+        qk_norm: bool,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "model",
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One cos/sin cache shared by every layer (a buffer: never offloaded).
@@ -200,7 +258,15 @@ class LlamaModel(nn.Module):
         # Each layer leaves the device as soon as it is built if --cpu-offload-gb has room.
         self.layers = nn.ModuleList(
             offload_layers(
-                LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm)
+                LlamaDecoderLayer(
+                    config,
+                    i,
+                    rotary_emb,
+                    qkv_bias,
+                    qk_norm,
+                    quant_config=quant_config,
+                    prefix=f"{prefix}.layers.{i}",
+                )
                 for i in range(config.num_hidden_layers)
             )
         )
@@ -236,11 +302,15 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, quant_config: QuantizationConfig | None = None) -> None:
+        """The LM head and the embeddings are never quantized (quant_config reaches the
+        decoder's linear layers only)."""
         super().__init__()
         self.config = config
         qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
-        self.model = LlamaModel(config, qkv_bias=qkv_bias, qk_norm=self.qk_norm)
+        self.model = LlamaModel(
+            config, qkv_bias=qkv_bias, qk_norm=self.qk_norm, quant_config=quant_config
+        )
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
