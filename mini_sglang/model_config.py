@@ -1,7 +1,9 @@
 """ModelConfig: the facts about a model that the runtime needs, read from config.json.
 
 The HF config is read with transformers' AutoConfig (GGUF files through the gguf loader);
-context length, head counts and EOS ids are resolved here once.
+context length, head counts and EOS ids are resolved here once, and so is whether the model
+generates or embeds (`is_generation`, SGLang's is_generation_model) and how an embedding
+model pools (`pooling`, from sentence-transformers' files in the model directory).
 """
 
 from __future__ import annotations
@@ -13,9 +15,38 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 
+from mini_sglang.layers.pooler import PoolingConfig, read_sentence_transformers_pooling
 from mini_sglang.model_loader.gguf_loader import gguf_config_dict
 from mini_sglang.server_args_defaults import resolve_dtype as resolve_cli_dtype
 from mini_sglang.utils.gguf_path import is_gguf_path
+
+# Architectures that only embed or score (SGLang 0.5.4's is_generation_model list); any
+# other architecture generates unless --is-embedding is given.
+EMBEDDING_ARCHITECTURES = frozenset(
+    {
+        "LlamaEmbeddingModel",
+        "MistralModel",
+        "LlamaForSequenceClassification",
+        "LlamaForSequenceClassificationWithNormal_Weights",
+        "InternLM2ForRewardModel",
+        "Qwen2ForRewardModel",
+        "Qwen2ForSequenceClassification",
+        "Qwen3ForSequenceClassification",
+        "CLIPModel",
+        "BertModel",
+        "Contriever",
+        "BertForSequenceClassification",
+        "XLMRobertaModel",
+        "XLMRobertaForSequenceClassification",
+    }
+)
+
+
+def is_generation_model(architectures: list[str], is_embedding: bool = False) -> bool:
+    """SGLang's rule: an embedding architecture never generates; others unless --is-embedding."""
+    if any(arch in EMBEDDING_ARCHITECTURES for arch in architectures):
+        return False
+    return not is_embedding
 
 
 def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -> PretrainedConfig:
@@ -63,6 +94,11 @@ class ModelConfig:
     architectures: list[str]
     eos_token_ids: set[int] = field(default_factory=set)
     generation_defaults: dict = field(default_factory=dict)
+    # False: an embedding / score model (/encode, /v1/embeddings, /classify), not /generate.
+    is_generation: bool = True
+    # sentence-transformers' pooling of the model directory, overriding the model class's
+    # default pooler; None when the directory has none.
+    pooling: PoolingConfig | None = None
 
     @classmethod
     def from_server_args(cls, server_args) -> ModelConfig:
@@ -98,6 +134,7 @@ class ModelConfig:
                     }
             except OSError:
                 pass
+        architectures = list(getattr(hf, "architectures", None) or [])
         return cls(
             model_path=server_args.model_path,
             hf_config=text_cfg,
@@ -110,9 +147,13 @@ class ModelConfig:
             head_dim=head_dim,
             hidden_size=text_cfg.hidden_size,
             vocab_size=text_cfg.vocab_size,
-            architectures=list(getattr(hf, "architectures", None) or []),
+            architectures=architectures,
             eos_token_ids=eos_ids,
             generation_defaults=gen_defaults,
+            is_generation=is_generation_model(
+                architectures, bool(getattr(server_args, "is_embedding", False))
+            ),
+            pooling=read_sentence_transformers_pooling(server_args.model_path),
         )
 
     def num_kv_heads_per_rank(self, tp_size: int) -> int:

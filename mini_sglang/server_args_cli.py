@@ -63,7 +63,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--load-format",), dict(type=_S, choices=LOAD_FORMAT_CHOICES, help="Weight format. 'dummy' initialises random weights (profiling); 'gguf' reads a GGUF file.")),
     (("--trust-remote-code",), dict(action=_T, help="Allow custom models defined on the Hub in their own modeling files.")),
     (("--context-length",), dict(type=_I, help="The model's maximum context length (default: from config.json).")),
-    (("--is-embedding",), dict(action=_T, help="Use a CausalLM as an embedding model (not supported).")),
+    (("--is-embedding",), dict(action=_T, help="Whether to use a CausalLM as an embedding model.")),
     # HTTP server
     (("--host",), dict(type=_S, help="The host of the HTTP server.")),
     (("--port",), dict(type=_I, help="The port of the HTTP server.")),

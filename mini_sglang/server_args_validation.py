@@ -70,7 +70,6 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "quantization": lambda v: v not in (None, "gguf"),  # gguf weights are dequantized at load
     "kv_cache_dtype": lambda v: v != "auto",
     "load_format": lambda v: v not in SUPPORTED_LOAD_FORMATS,
-    "is_embedding": bool,
     "enable_torch_compile": bool,
     "enable_dp_attention": bool,
     "enable_hierarchical_cache": bool,

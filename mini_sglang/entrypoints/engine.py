@@ -36,7 +36,7 @@ from mini_sglang.entrypoints.startup import (
 )
 from mini_sglang.managers.detokenizer_manager import run_detokenizer_process
 from mini_sglang.managers.io_struct.control import ProfileReqInput
-from mini_sglang.managers.io_struct.generate import GenerateReqInput
+from mini_sglang.managers.io_struct.generate import EmbeddingReqInput, GenerateReqInput
 from mini_sglang.managers.scheduler_process import run_scheduler_process
 from mini_sglang.managers.scoring import score_request
 from mini_sglang.server_args import PortArgs, ServerArgs
@@ -279,6 +279,28 @@ class Engine(EngineWeightsMixin):
         if stream:
             return gen
         return await gen.__anext__()
+
+    # ---- embedding -----------------------------------------------------------------
+    def encode(
+        self,
+        prompt: str | list[str] | None = None,
+        image_data: Any = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+    ) -> dict | list[dict]:
+        """SGLang's Engine.encode on an embedding / score model: {"embedding": [...],
+        "meta_info": {...}} for one input, a list of them for a batch (text or input_ids).
+        Bad input, or a generation model, raises ValueError."""
+        return self.loop.run_until_complete(self.async_encode(prompt, image_data, input_ids))
+
+    async def async_encode(
+        self,
+        prompt: str | list[str] | None = None,
+        image_data: Any = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+    ) -> dict | list[dict]:
+        """encode, awaitable."""
+        obj = EmbeddingReqInput(text=prompt, image_data=image_data, input_ids=input_ids)
+        return await self.tokenizer_manager.generate_request(obj, None).__anext__()
 
     def score(self, *args: Any, **kwargs: Any) -> list[list[float]]:
         """async_score, waited for."""

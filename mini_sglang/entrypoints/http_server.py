@@ -100,7 +100,7 @@ for _router in (
 
 # ---- launching ---------------------------------------------------------------------------
 def _warmup(server_args, state: ServerState) -> None:
-    """Wait for the HTTP server, send one /generate, then flip /health to 200."""
+    """Wait for the HTTP server, send one /generate (/encode), then flip /health to 200."""
     import requests
 
     url = server_args.url()
@@ -112,14 +112,19 @@ def _warmup(server_args, state: ServerState) -> None:
         except requests.RequestException:
             time.sleep(0.2)
     if not server_args.skip_server_warmup:
-        body = {"sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+        # An embedding model warms up with /encode (SGLang).
+        is_generation = state.tokenizer_manager.is_generation
+        path = "/generate" if is_generation else "/encode"
+        body: dict = (
+            {"sampling_params": {"temperature": 0, "max_new_tokens": 8}} if is_generation else {}
+        )
         if server_args.skip_tokenizer_init:
             body["input_ids"] = [10, 11, 12]
         else:
             body["text"] = "The capital city of France is"
         start = time.perf_counter()
         try:
-            res = requests.post(f"{url}/generate", json=body, timeout=600, headers=headers)
+            res = requests.post(f"{url}{path}", json=body, timeout=600, headers=headers)
             res.raise_for_status()
             logger.info("Warm-up request done in %.2f s", time.perf_counter() - start)
         except Exception as e:

@@ -31,7 +31,7 @@ from mini_sglang.entrypoints.http_helpers import (
 from mini_sglang.entrypoints.server_state import ServerStateDep
 from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import AbortReq
-from mini_sglang.managers.io_struct.generate import GenerateReqInput
+from mini_sglang.managers.io_struct.generate import EmbeddingReqInput, GenerateReqInput
 from mini_sglang.managers.tokenizer_manager import RequestAborted, SchedulerRefused
 from mini_sglang.utils.dataclass_validation import BodyValidationError
 from mini_sglang.utils.json_body import fastapi_default_response
@@ -54,12 +54,16 @@ async def health_generate(state: ServerStateDep) -> Response:
         return Response(status_code=503)
     tm = state.tokenizer_manager
     tic = time.time()
-    obj = GenerateReqInput(
-        rid=f"HEALTH_CHECK_{tic}",
-        input_ids=[0],
-        sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-        log_metrics=False,
-    )
+    obj: GenerateReqInput | EmbeddingReqInput
+    if tm.is_generation:
+        obj = GenerateReqInput(
+            rid=f"HEALTH_CHECK_{tic}",
+            input_ids=[0],
+            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            log_metrics=False,
+        )
+    else:
+        obj = EmbeddingReqInput(rid=f"HEALTH_CHECK_{tic}", input_ids=[0], log_metrics=False)
 
     async def probe() -> None:
         async for _ in tm.generate_request(obj, None):
@@ -86,7 +90,7 @@ async def get_model_info(state: ServerStateDep) -> Response:
         {
             "model_path": runtime.model_path,
             "tokenizer_path": sa.tokenizer_path,
-            "is_generation": True,
+            "is_generation": state.tokenizer_manager.is_generation,
             "preferred_sampling_params": sa.preferred_sampling_params,
             "weight_version": runtime.weight_version,
             "served_model_name": sa.served_model_name,

@@ -38,6 +38,7 @@ from mini_sglang.managers.io_struct.control import (
 )
 from mini_sglang.managers.io_struct.generate import (
     BatchTokenizedGenerateReqInput,
+    TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
 )
 from mini_sglang.utils.process import (
@@ -102,6 +103,7 @@ class DataParallelController:
         self.poller.register(self.recv_loads, zmq.POLLIN)
         self._dispatch = {
             TokenizedGenerateReqInput: self.dispatch_generate,
+            TokenizedEmbeddingReqInput: self.dispatch_generate,
             BatchTokenizedGenerateReqInput: self.dispatch_batch,
             WatchLoadUpdateReq: lambda req: self.budget.update_budget(req.loads),
         }

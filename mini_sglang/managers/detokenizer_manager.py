@@ -18,6 +18,7 @@ from mini_sglang.managers.incremental_detok import IncrementalDetokenizer
 from mini_sglang.managers.io_struct.control import FreezeGCReq
 from mini_sglang.managers.io_struct.output import (
     PASSTHROUGH_FIELDS,
+    BatchEmbeddingOutput,
     BatchStrOutput,
     BatchTokenIDOutput,
 )
@@ -49,6 +50,7 @@ class DetokenizerManager:
         self._dispatch = {
             BatchTokenIDOutput: self.handle_batch_token_id_out,
             FreezeGCReq: lambda recv: freeze_gc("Detokenizer Manager"),
+            BatchEmbeddingOutput: lambda recv: recv,  # nothing to decode: passed on as is
         }
 
     def handle_batch_token_id_out(self, recv: BatchTokenIDOutput) -> Any:

@@ -10,6 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+# An embedding request on a generation model (SGLang 0.5.4's text).
+NOT_AN_EMBEDDING_MODEL = (
+    "This model does not appear to be an embedding model by default. "
+    "Please add `--is-embedding` when launching the server or try another model."
+)
+# A generate request on an embedding / score model (SGLang 0.5.4 has no check there).
+NOT_A_GENERATION_MODEL = (
+    "This model is an embedding model, not a generation model "
+    "(launched with `--is-embedding` or an embedding architecture). "
+    "Use /encode, /classify, /v1/embeddings or /v1/classify instead."
+)
+
 
 def check_generate_features(obj: Any, server_args: Any) -> None:
     """Raise ValueError for input_embeds with the radix cache on, return_hidden_states or

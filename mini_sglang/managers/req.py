@@ -68,6 +68,11 @@ class Req:
         # The prompt's embeddings ([len(origin_input_ids), hidden], CPU), used instead of
         # the embedding table at prompt positions; None for a prompt of token ids.
         self.input_embeds = input_embeds
+        # An embedding request (TokenizedEmbeddingReqInput): prefill only, and its output is
+        # `embedding` (its pooled row, a list of floats, set when its last chunk ran).
+        self.is_embedding = False
+        self.embedding: list[float] | None = None
+        self.token_type_ids: list[int] | None = None
         # Memory
         self.req_pool_idx: int | None = None
         self.prefix_indices: torch.Tensor = torch.empty((0,), dtype=torch.int64)

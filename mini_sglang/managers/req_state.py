@@ -3,7 +3,8 @@
 The detokenizer's BatchStrOutput messages are folded in as they arrive (``add_output``);
 the request's consumer takes the latest output when it wakes (``take_output``):
 ``{"text": cumulative text, "output_ids": ..., "meta_info": {...}}``, the text left out
-under --skip-tokenizer-init. meta_info's key order is SGLang's (byte-exact clients read
+under --skip-tokenizer-init; for an embedding request (EmbeddingReqInput) it is
+``{"embedding": [...], "meta_info": {...}}``. meta_info's key order is SGLang's (byte-exact clients read
 it); logprobs are triples [logprob, token_id, text | None].
 """
 
@@ -15,8 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mini_sglang.managers.io_struct.generate import GenerateReqInput
-from mini_sglang.managers.io_struct.output import BatchStrOutput
+from mini_sglang.managers.io_struct.generate import EmbeddingReqInput, GenerateReqInput
+from mini_sglang.managers.io_struct.output import BatchEmbeddingOutput, BatchStrOutput
 
 # (meta_info key, value field, index field, one list per position) of each logprob kind.
 _LOGPROB_KINDS = (
@@ -48,7 +49,7 @@ class ReqState:
     DashboardStats.
     """
 
-    obj: GenerateReqInput
+    obj: GenerateReqInput | EmbeddingReqInput
     created_time: float
     event: asyncio.Event = field(default_factory=asyncio.Event)
     finished: bool = False
@@ -64,6 +65,29 @@ class ReqState:
     # The rid the client sent, when this is one of its batch / n > 1 sub-requests (which
     # run as rid_0, rid_1, ...): /abort_request with that rid aborts them all.
     parent_rid: str | None = None
+    embedding: Optional[list[float]] = None  # an embedding request's output
+
+    @property
+    def is_embedding(self) -> bool:
+        return isinstance(self.obj, EmbeddingReqInput)
+
+    def add_embedding_output(
+        self, recv: BatchEmbeddingOutput, i: int, weight_version: Optional[str]
+    ) -> dict[str, Any]:
+        """Fold in entry i of `recv` (the request's only, final output), wake the consumer
+        and return the meta_info (SGLang's keys for an embedding: no completion counts)."""
+        self.embedding = recv.embeddings[i]
+        meta: dict[str, Any] = {
+            "id": recv.rids[i],
+            "finish_reason": recv.finished_reasons[i],
+            "prompt_tokens": recv.prompt_tokens[i],
+            "weight_version": weight_version,
+        }
+        self.finished = True
+        meta["e2e_latency"] = time.time() - self.created_time
+        self.meta_info = meta
+        self.event.set()
+        return meta
 
     def add_output(
         self, recv: BatchStrOutput, i: int, weight_version: Optional[str], tokenizer: Any
@@ -122,6 +146,8 @@ class ReqState:
         carries the output ids new since the previous event the client got (0.5.4; counted
         here, when taken, so events merged by a slow consumer lose nothing); otherwise all."""
         self.event.clear()
+        if self.is_embedding:
+            return {"embedding": self.embedding, "meta_info": self.meta_info}
         if self.obj.stream:
             ids = self.output_ids[self.last_output_offset :]
             self.last_output_offset = len(self.output_ids)

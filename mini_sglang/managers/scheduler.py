@@ -35,6 +35,7 @@ from typing import Any
 
 import zmq
 
+from mini_sglang.layers.pooler import supports_prefix_reuse
 from mini_sglang.managers.finish_reason import FINISH_ABORT
 from mini_sglang.managers.io_struct.control import (
     AbortReq,
@@ -48,6 +49,7 @@ from mini_sglang.managers.io_struct.control import (
 )
 from mini_sglang.managers.io_struct.generate import (
     BatchTokenizedGenerateReqInput,
+    TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
 )
 from mini_sglang.managers.req import Req
@@ -94,13 +96,18 @@ class Scheduler:
         self.dp_rank = dp_rank
         self.tp_worker = TpModelWorker(server_args, gpu_id=gpu_id)
         self.model_config = self.tp_worker.model_config
+        # An embedding / score model runs prefill-only batches through forward_batch_embedding
+        # (layers/pooler.py); one that cannot reuse prefixes (non-causal) shares no KV and
+        # prefills every input whole.
+        self.is_generation = self.model_config.is_generation
+        reuse = supports_prefix_reuse(self.tp_worker.model_runner.model, self.is_generation)
         self.device = self.tp_worker.device
         self.tokenizer = None
         if not server_args.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
         self.req_to_token_pool, self.allocator = self.tp_worker.get_memory_pool()
         self.page_size = server_args.page_size or 1
-        if server_args.disable_radix_cache:
+        if server_args.disable_radix_cache or not reuse:
             self.tree_cache = ChunkCache(self.req_to_token_pool, self.allocator, self.page_size)
         else:
             self.tree_cache = RadixCache(
@@ -119,7 +126,7 @@ class Scheduler:
         self.max_req_len = min(context_len - 1, self.max_total_num_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5
         chunk = server_args.chunked_prefill_size
-        chunked_prefill_size = chunk if chunk is not None and chunk > 0 else None
+        chunked_prefill_size = chunk if chunk is not None and chunk > 0 and reuse else None
 
         # The queues (see the module docstring) and the loop's state.
         self.waiting_queue: list[Req] = []
@@ -184,6 +191,7 @@ class Scheduler:
         )
         self._dispatch: dict[type, Callable[[Any], Any]] = {
             TokenizedGenerateReqInput: self.handle_generate_request,
+            TokenizedEmbeddingReqInput: self.handle_embedding_request,
             BatchTokenizedGenerateReqInput: self.handle_batch_generate_request,
             AbortReq: self.abort_request,
             FlushCacheReqInput: self.flush_cache_wrapped,
@@ -258,7 +266,9 @@ class Scheduler:
 
     @property
     def overlap(self) -> bool:
-        return not self.server_args.disable_overlap_schedule
+        # An embedding batch's result is the whole of its requests' output: nothing to
+        # overlap with the next step (SGLang disables it for embedding models too).
+        return not self.server_args.disable_overlap_schedule and self.is_generation
 
     # ---- in-process driving (tests, tools) -----------------------------------------
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -296,13 +306,47 @@ class Scheduler:
             logger.exception("Admitting request %s failed; it ends with an error", recv.rid)
             self._fail_admission(recv, e)
 
-    def _fail_admission(self, recv: TokenizedGenerateReqInput, error: Exception) -> None:
+    def handle_embedding_request(self, recv: TokenizedEmbeddingReqInput) -> None:
+        """Admit one embedding request: a prefill-only Req whose output is its pooled row.
+        A bad input ends it at once with a 400 (as a generate request's), a full queue with
+        a 503; a failure while admitting it is contained as in handle_generate_request."""
+        try:
+            req = Req(
+                recv.rid,
+                recv.input_text,
+                recv.input_ids,
+                recv.sampling_params,
+                vocab_size=self.model_config.vocab_size,
+            )
+            req.is_embedding = True
+            req.token_type_ids = recv.token_type_ids
+            error = self.input_error(req)
+            if error is None and self.is_generation:
+                error = "This model is not an embedding model."
+            if error is not None:
+                req.finished_reason = FINISH_ABORT(
+                    error, status_code=400, err_type="BadRequestError"
+                )
+                self.output.stream([req])
+            elif self.queue_full():
+                req.finished_reason = FINISH_ABORT("The request queue is full.", status_code=503)
+                self.output.stream([req])
+            else:
+                self.waiting_queue.append(req)
+        except Exception as e:  # noqa: BLE001 - contained to this one request
+            logger.exception("Admitting request %s failed; it ends with an error", recv.rid)
+            self._fail_admission(recv, e)
+
+    def _fail_admission(
+        self, recv: TokenizedGenerateReqInput | TokenizedEmbeddingReqInput, error: Exception
+    ) -> None:
         # Wherever admission got to, the request leaves the queues and ends once, here.
         self.waiting_queue = [r for r in self.waiting_queue if r.rid != recv.rid]
         self.grammar.abort(lambda rid: rid == recv.rid, "")
         sp = SamplingParams()
         sp.normalize(None)
         req = Req(recv.rid, "", [0], sp, vocab_size=self.model_config.vocab_size)
+        req.is_embedding = isinstance(recv, TokenizedEmbeddingReqInput)
         req.finished_reason = FINISH_ABORT(
             f"Internal server error: {error}", status_code=500, err_type="InternalServerError"
         )
@@ -365,10 +409,12 @@ class Scheduler:
         n = len(req.origin_input_ids)
         if n == 0:
             return "The input is empty."
-        if n > self.max_req_input_len:
+        # A prefill-only embedding request needs no room for output tokens.
+        limit = self.max_req_len if req.is_embedding else self.max_req_input_len
+        if n > limit:
             return (
                 f"The input ({n} tokens) is longer than the model's "
-                f"context length ({self.max_req_input_len} tokens)."
+                f"context length ({limit} tokens)."
             )
         start = req.logprob_start_len
         prefill_only = req.sampling_params.max_new_tokens == 0
@@ -583,6 +629,9 @@ class Scheduler:
         """Launch the forward; the decode input of the next step is this step's device
         output, so the next step can be prepared before these tokens reach the host."""
         self.profiler.on_step(batch)  # the profiler starts/stops between steps
+        if not self.is_generation:
+            # Every batch of an embedding model is a prefill: its rows' pooled vectors.
+            return self.tp_worker.forward_batch_embedding(batch.get_model_worker_batch())
         batch.sampling_info.vocab_mask = self.grammar.vocab_mask(batch)
         result = self.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
         for failure in result.processor_failures:
@@ -594,6 +643,10 @@ class Scheduler:
 
     def process_batch_result(self, batch, result) -> None:
         """Append the step's tokens, finish requests, and stream (OutputProcessor)."""
+        if not self.is_generation:
+            self.output.process_embedding(batch, result)
+            self.output.stream(batch.reqs)
+            return
         num_decoded = self.output.process(batch, result)
         if batch.forward_mode.is_decode():
             self.retraction.decay()

@@ -7,6 +7,10 @@ never the scheduler's queues (finished requests leave the running batch when the
 filters it), and returns the number of decode tokens; `stream(reqs)` sends what is new
 for each request that is due (also used for requests finished before they ran).
 
+An embedding model's batches go through `process_embedding(batch, embeddings)` instead:
+each request whose last prefill chunk ran takes its pooled row and finishes; embedding
+requests are streamed once, finished, as BatchEmbeddingOutput.
+
 Streaming rule (SGLang's): a request is sent when it finishes, and while streaming when it
 got its first token or every --stream-interval tokens. Each message carries only what is
 new for that request (its decode ids, output ids and logprobs since the last message).
@@ -19,7 +23,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mini_sglang.managers.io_struct.output import LOGPROB_FIELDS, BatchTokenIDOutput
+from mini_sglang.managers.io_struct.output import (
+    LOGPROB_FIELDS,
+    BatchEmbeddingOutput,
+    BatchTokenIDOutput,
+)
 from mini_sglang.managers.scheduler_grammar import accept_token
 
 if TYPE_CHECKING:
@@ -100,6 +108,27 @@ class OutputProcessor:
                 # The prompt just got its KV: insert it so later requests can share it.
                 self.tree_cache.cache_unfinished_req(req)
         return num_decoded
+
+    def process_embedding(self, batch: BatchSnapshot, embeddings: torch.Tensor) -> None:
+        """An embedding model's prefill step: ``embeddings`` has one row per request (CPU).
+        A request still being chunked keeps going (its row is not its embedding yet: only
+        the final chunk's last token sees the whole input, SGLang 0.5.4's rule); the rest
+        take their row and finish (max_new_tokens 0: FINISH_LENGTH, or their abort)."""
+        rows = embeddings.tolist()
+        self.allocator.free_group_begin()
+        try:
+            for i, req in enumerate(batch.reqs):
+                if req.is_chunked > 0:
+                    req.is_chunked -= 1
+                    continue
+                if req.finished():
+                    continue
+                req.embedding = rows[i]
+                req.output_ids.append(0)  # a stand-in token: check_finished drops it
+                req.check_finished()
+                self.tree_cache.cache_finished_req(req)
+        finally:
+            self.allocator.free_group_end()
 
     def free_surplus_slot(self, batch: BatchSnapshot, i: int) -> None:
         """Free the KV slot a finished request took in a step launched before its finish
@@ -200,6 +229,10 @@ class OutputProcessor:
 
     def stream(self, reqs: list[Req]) -> None:
         to_send = [r for r in reqs if self.should_stream(r) and not r.sent_final]
+        embedded = [r for r in to_send if r.is_embedding]
+        if embedded:
+            self.stream_embedding(embedded)
+            to_send = [r for r in to_send if not r.is_embedding]
         if not to_send:
             return
         out = BatchTokenIDOutput(
@@ -250,6 +283,20 @@ class OutputProcessor:
             if req.finished():
                 req.sent_final = True
         self.send_to_detokenizer(out)
+
+    def stream_embedding(self, reqs: list[Req]) -> None:
+        """Finished embedding requests as one BatchEmbeddingOutput (SGLang's fields)."""
+        out = BatchEmbeddingOutput(
+            rids=[r.rid for r in reqs if r.finished()],
+            finished_reasons=[r.finished_reason.to_json() for r in reqs if r.finished()],
+            embeddings=[r.embedding for r in reqs if r.finished()],
+            prompt_tokens=[len(r.origin_input_ids) for r in reqs if r.finished()],
+            cached_tokens=[r.cached_tokens for r in reqs if r.finished()],
+        )
+        for r in reqs:
+            r.sent_final = r.finished()
+        if out.rids:
+            self.send_to_detokenizer(out)
 
     def _append_logprob_deltas(self, out: BatchTokenIDOutput, req: Req) -> None:
         for name in LOGPROB_FIELDS:

@@ -30,10 +30,19 @@ import zmq
 import zmq.asyncio
 
 from mini_sglang.managers.dashboard_stats import DashboardStats
-from mini_sglang.managers.input_checks import check_generate_features
+from mini_sglang.managers.input_checks import (
+    NOT_A_GENERATION_MODEL,
+    NOT_AN_EMBEDDING_MODEL,
+    check_generate_features,
+)
 from mini_sglang.managers.io_struct.control import AbortReq
-from mini_sglang.managers.io_struct.generate import GenerateReqInput, TokenizedGenerateReqInput
-from mini_sglang.managers.io_struct.output import BatchStrOutput
+from mini_sglang.managers.io_struct.generate import (
+    EmbeddingReqInput,
+    GenerateReqInput,
+    TokenizedEmbeddingReqInput,
+    TokenizedGenerateReqInput,
+)
+from mini_sglang.managers.io_struct.output import BatchEmbeddingOutput, BatchStrOutput
 from mini_sglang.managers.parallel_sampling import prefix_caching_requests
 from mini_sglang.managers.req_state import ReqState
 from mini_sglang.managers.request_logging import RequestLogger
@@ -72,6 +81,7 @@ class TokenizerManager:
         self.runtime_state = ServerRuntimeState.from_server_args(server_args)
         self.model_config = ModelConfig.from_server_args(server_args)
         self.context_len = self.model_config.context_len
+        self.is_generation = self.model_config.is_generation
         self.tokenizer = None
         if not server_args.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
@@ -109,7 +119,10 @@ class TokenizerManager:
             runtime_state=self.runtime_state,
             abort_all=lambda: self.abort_request(abort_all=True),
         )
-        self._dispatch = {BatchStrOutput: self._handle_batch_output}
+        self._dispatch = {
+            BatchStrOutput: self._handle_batch_output,
+            BatchEmbeddingOutput: self._handle_embedding_output,
+        }
         self._dispatch.update({t: self.communicator.handle_reply for t in REPLY_TYPES})
         # /pause_generation: new generate requests wait on this (see the module docstring).
         self.is_pause = False
@@ -144,6 +157,21 @@ class TokenizerManager:
             self.dashboard.on_output(state, meta_info, state.finished, time.time())
             if self.metrics is not None:
                 self.metrics.on_output(state, meta_info, state.finished)
+
+    def _handle_embedding_output(self, recv: BatchEmbeddingOutput) -> None:
+        weight_version = self.runtime_state.weight_version
+        for i, rid in enumerate(recv.rids):
+            state = self.rid_to_state.pop(rid, None)
+            if state is None:
+                continue
+            meta_info = state.add_embedding_output(recv, i, weight_version)
+            if not state.obj.log_metrics:
+                continue
+            # No completion tokens; the prompt and cache counts still go to the dashboard.
+            counts = {**meta_info, "completion_tokens": 0, "cached_tokens": recv.cached_tokens[i]}
+            self.dashboard.on_output(state, counts, True, time.time())
+            if self.metrics is not None:
+                self.metrics.on_output(state, counts, True)
 
     async def _send_to_scheduler(self, req: Any) -> None:
         """Send one message to the scheduler, the receive loop running for its reply."""
@@ -309,11 +337,21 @@ class TokenizerManager:
                     f"got {t!r} in it."
                 )
 
-    async def generate_request(self, obj: GenerateReqInput, request: Any = None) -> AsyncIterator:
+    async def generate_request(
+        self, obj: GenerateReqInput | EmbeddingReqInput, request: Any = None
+    ) -> AsyncIterator:
         """Yields output dicts: one per stream event (single request), or for a batch one
-        per event with "index" (stream) or one list of every result (non-stream)."""
+        per event with "index" (stream) or one list of every result (non-stream). An
+        EmbeddingReqInput yields once: its {"embedding", "meta_info"} dict, or a list of
+        them for a batch. A request for the other kind of model raises ValueError."""
         self.auto_create_handle_loop()
         created = time.time()
+        if isinstance(obj, EmbeddingReqInput):
+            async for out in self._embedding_request(obj, request, created):
+                yield out
+            return
+        if not self.is_generation:
+            raise ValueError(NOT_A_GENERATION_MODEL)
         obj.normalize_batch_and_arguments()
         self.request_logger.receive(obj)
         await self._wait_while_paused()
@@ -338,8 +376,65 @@ class TokenizerManager:
         async for out in self._merge_streams(states, request):
             yield out
 
+    async def _embedding_request(
+        self, obj: EmbeddingReqInput, request: Any, created: float
+    ) -> AsyncIterator:
+        obj.normalize_batch_and_arguments()
+        self.request_logger.receive(obj)
+        subs = [obj] if obj.is_single else [obj[i] for i in range(len(obj))]
+        # Validate everything before sending anything: a bad input fails the batch.
+        tokenized = [self._tokenize_embedding(sub) for sub in subs]
+        if self.is_generation:
+            raise ValueError(NOT_AN_EMBEDDING_MODEL)
+        await self._wait_while_paused()
+        states = self._register(subs, [None] * len(subs), created)  # type: ignore[arg-type]
+        for tok in tokenized:
+            await self.send_to_scheduler.send_pyobj(tok)
+        results = await asyncio.gather(
+            *(self._collect(self._wait_one_response(s, request)) for s in states)
+        )
+        yield results[0][-1] if obj.is_single else [r[-1] for r in results]
+
+    def _tokenize_embedding(self, obj: EmbeddingReqInput) -> TokenizedEmbeddingReqInput:
+        """One input's ids (tokenized text, or the ids given), checked as a generate
+        prompt's: in the vocab, not empty, shorter than the context (else truncated with
+        --allow-auto-truncate, as SGLang)."""
+        if obj.input_ids is not None:
+            text, input_ids = "", list(obj.input_ids)
+        elif self.tokenizer is None:
+            raise ValueError("--skip-tokenizer-init is set: give input_ids instead of text.")
+        else:
+            ensure_valid_unicode(obj.text, "text")
+            text, input_ids = obj.text, self.tokenizer.encode(obj.text)
+        if not input_ids:
+            raise ValueError("The input is empty.")
+        vocab = self.model_config.vocab_size
+        if any(t >= vocab for t in input_ids):
+            raise ValueError(f"input_ids must be integers in [0, {vocab - 1}].")
+        n_in = len(input_ids)
+        if n_in >= self.context_len:
+            if not self.server_args.allow_auto_truncate:
+                raise ValueError(
+                    f"The input ({n_in} tokens) is longer than the model's context length "
+                    f"({self.context_len} tokens)."
+                )
+            input_ids = input_ids[: self.context_len - 1]
+        sp = SamplingParams(max_new_tokens=0)
+        sp.normalize(None)
+        return TokenizedEmbeddingReqInput(
+            rid=obj.rid,  # type: ignore[arg-type]
+            input_text=text,  # type: ignore[arg-type]
+            input_ids=input_ids,
+            sampling_params=sp,
+            data_parallel_rank=obj.data_parallel_rank,
+            priority=obj.priority,
+        )
+
     def _register(
-        self, subs: list[GenerateReqInput], parents: list[str | None], created: float
+        self,
+        subs: list[GenerateReqInput] | list[EmbeddingReqInput],
+        parents: list[str | None],
+        created: float,
     ) -> list[ReqState]:
         """Add the sub-requests' states, all or none: a rid already in flight, or twice in
         the batch, refuses the whole request (400) and leaves nothing behind."""

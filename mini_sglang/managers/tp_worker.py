@@ -1,4 +1,5 @@
-"""TpModelWorker: one TP rank's model execution (forward + sample) for the scheduler."""
+"""TpModelWorker: one TP rank's model execution for the scheduler: forward + sample
+(forward_batch_generation) or forward + pool (forward_batch_embedding)."""
 
 from __future__ import annotations
 
@@ -112,6 +113,13 @@ class TpModelWorker:
     def get_memory_pool(self):
         r = self.model_runner
         return r.req_to_token_pool, r.token_to_kv_pool_allocator
+
+    def forward_batch_embedding(self, batch: ModelWorkerBatch) -> torch.Tensor:
+        """One prefill (EXTEND) batch through the model and its pooler: a float32 CPU tensor
+        with one row per request, in batch order (see layers/pooler.py)."""
+        fb = self.model_runner.make_forward_batch(batch)
+        out = self.model_runner.forward(fb, get_embedding=True)
+        return out.embeddings.float().cpu()
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         fb = self.model_runner.make_forward_batch(batch)

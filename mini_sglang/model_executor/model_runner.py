@@ -98,7 +98,12 @@ class ModelRunner:
         self.attn_backend = self.create_attention_backend()
         self.sampler = Sampler(config.sampling_backend)
         self.graph_runner = None
-        if self.device.type == "cuda" and not config.disable_cuda_graph:
+        # CUDA graphs capture decode steps, which an embedding model never runs (SGLang).
+        if (
+            self.device.type == "cuda"
+            and not config.disable_cuda_graph
+            and model_config.is_generation
+        ):
             if self.attn_backend.supports_cuda_graph:
                 self.init_cuda_graphs()
             else:
@@ -232,7 +237,12 @@ class ModelRunner:
         )
 
     @torch.no_grad()
-    def forward(self, fb: ForwardBatch):
+    def forward(self, fb: ForwardBatch, get_embedding: bool = False):
+        """The model's output: LogitsProcessorOutput, or with ``get_embedding`` (an EXTEND
+        batch) the EmbeddingPoolerOutput of layers/pooler.py's contract."""
+        if get_embedding:
+            self.attn_backend.init_forward_metadata(fb)
+            return self.model(fb.input_ids, fb.positions, fb, get_embedding=True)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
         self.attn_backend.init_forward_metadata(fb)

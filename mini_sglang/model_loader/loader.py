@@ -21,6 +21,7 @@ from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.layers.cpu_offload import GiB, cpu_offload
+from mini_sglang.layers.pooler import Pooler
 from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp, full_dummy
 from mini_sglang.model_loader.gguf_loader import iterate_gguf_weights
 from mini_sglang.model_loader.progress import progress
@@ -129,6 +130,10 @@ def get_model(
             fill_dummy_weights(model, device=device)
     else:
         model.load_weights(weight_iterator(model_config.model_path, load_format))
+    pooling = getattr(model_config, "pooling", None)
+    if pooling is not None and hasattr(model, "pooler"):
+        # sentence-transformers' files in the model directory decide (ModelConfig.pooling).
+        model.pooler = Pooler(pooling.pooling_type, pooling.normalize)
     # RoPE caches are buffers computed in float32; keep them so (the dtype switch above
     # only affects parameters created under it, which is what we want).
     model.eval()

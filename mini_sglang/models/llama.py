@@ -28,6 +28,7 @@ from mini_sglang.layers.linear import (
     RowParallelLinear,
 )
 from mini_sglang.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from mini_sglang.layers.pooler import EmbeddingPoolerOutput, Pooler, PoolingType
 from mini_sglang.layers.radix_attention import RadixAttention
 from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -291,8 +292,15 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    """The decoder with an LM head; with ``get_embedding`` (``--is-embedding``) the decoder's
+    last-token state, L2-normalized (SGLang's pooler for Llama / Qwen3 embedders such as
+    e5-mistral and Qwen3-Embedding; a sentence-transformers directory may override it)."""
+
     qkv_bias_default = False
     qk_norm = False
+    # Causal: a request's states depend only on earlier tokens, so cached prefixes and
+    # chunked prefill leave its last token's state unchanged (see layers/pooler.py).
+    supports_prefix_reuse = True
     # checkpoint name fragment -> (fused parameter fragment, shard id)
     stacked_params_mapping = [
         ("qkv_proj", "q_proj", "q"),
@@ -317,12 +325,19 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.pooler = Pooler(PoolingType.LAST, normalize=True)
 
     @torch.no_grad()
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
-    ) -> LogitsProcessorOutput:
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        fb: ForwardBatch,
+        get_embedding: bool = False,
+    ) -> LogitsProcessorOutput | EmbeddingPoolerOutput:
         hidden = self.model(input_ids, positions, fb)
+        if get_embedding:
+            return self.pooler(hidden, fb)
         return self.logits_processor(hidden, self.lm_head, fb)
 
     def load_weights(

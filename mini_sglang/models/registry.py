@@ -1,18 +1,37 @@
-"""Maps HF `architectures` names to model classes."""
+"""Maps HF `architectures` names to model classes.
+
+A model class may set ``supports_prefix_reuse = False`` (non-causal encoders): the
+scheduler then runs it without the radix cache's prefix sharing and without chunked
+prefill (see layers/pooler.py); the default is True.
+"""
 
 from __future__ import annotations
 
 from torch import nn
 
 from mini_sglang.models.llama import LlamaForCausalLM
+from mini_sglang.models.llama_embedding import LlamaEmbeddingModel, MistralModel
 from mini_sglang.models.qwen2 import Qwen2ForCausalLM
 from mini_sglang.models.qwen3 import Qwen3ForCausalLM
+from mini_sglang.models.sequence_classification import (
+    LlamaForSequenceClassification,
+    Qwen2ForRewardModel,
+    Qwen2ForSequenceClassification,
+    Qwen3ForSequenceClassification,
+)
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    # Embedding and score models (model_config.EMBEDDING_ARCHITECTURES).
+    "LlamaEmbeddingModel": LlamaEmbeddingModel,
+    "MistralModel": MistralModel,
+    "LlamaForSequenceClassification": LlamaForSequenceClassification,
+    "Qwen2ForSequenceClassification": Qwen2ForSequenceClassification,
+    "Qwen3ForSequenceClassification": Qwen3ForSequenceClassification,
+    "Qwen2ForRewardModel": Qwen2ForRewardModel,
 }
 
 

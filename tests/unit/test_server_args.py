@@ -228,7 +228,6 @@ def test_resolved_server_args_are_frozen():
         (["--quantization", "fp8"], "quantization", None),
         (["--enable-torch-compile"], "enable_torch_compile", False),
         (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype", "auto"),
-        (["--is-embedding"], "is_embedding", False),
         (["--enable-lora"], "enable_lora", False),
         (["--lora-paths", "a=/x"], "lora_paths", None),
         (["--speculative-algorithm", "EAGLE"], "speculative_algorithm", None),

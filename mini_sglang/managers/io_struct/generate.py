@@ -414,11 +414,138 @@ class BatchTokenizedGenerateReqInput:
         return iter(self.batch)
 
 
+# The most inputs one /encode, /classify or /v1/embeddings request may carry.
+MAX_EMBEDDING_BATCH_SIZE = 2048
+
+
 @dataclass
 class EmbeddingReqInput:
-    """/encode and /classify's body (SGLang's fields). Only the inputs matter: mini-sglang
-    serves generation models, so such a request is checked, then refused."""
+    """An /encode, /classify or /v1/embeddings request: one input or a batch (SGLang's
+    fields; ``sampling_params`` and ``input_embeds`` are its dummies, ignored).
+
+    Call ``normalize_batch_and_arguments()`` once before use. Afterwards ``is_single`` tells
+    one input from a batch of ``batch_size``; ``rid`` is a string (single) or one string per
+    input, and ``self[i]`` is input i as a single request. Raises ValueError with SGLang's
+    messages for a missing or doubled input, and a clear message for ill-typed or empty
+    inputs or more than MAX_EMBEDDING_BATCH_SIZE of them, so nothing malformed reaches the
+    scheduler.
+    """
 
     text: Optional[Union[list[list[str]], list[str], str]] = None
     image_data: Optional[Any] = None
     input_ids: Optional[Union[list[list[int]], list[int]]] = None
+    rid: Optional[Union[list[str], str]] = None
+    sampling_params: Optional[Union[list[dict], dict]] = None
+    input_embeds: Optional[Any] = None
+    log_metrics: bool = True
+    priority: Optional[int] = None
+    data_parallel_rank: Optional[int] = None
+
+    is_single: bool = field(default=True, init=False)
+    batch_size: int = field(default=1, init=False)
+
+    def normalize_batch_and_arguments(self) -> None:
+        if self.text is None and self.input_ids is None and self.image_data is None:
+            raise ValueError("At least one of text, input_ids, or image should be provided")
+        if self.text is not None and self.input_ids is not None:
+            raise ValueError("text and input_ids cannot be provided at the same time")
+        if self.text is None and self.input_ids is None:
+            raise ValueError("Image inputs are not supported; give text or input_ids.")
+        if self.text is not None:
+            self._check_text()
+        else:
+            self._check_input_ids()
+        if self.batch_size > MAX_EMBEDDING_BATCH_SIZE:
+            raise ValueError(
+                f"The request has {self.batch_size} inputs; at most "
+                f"{MAX_EMBEDDING_BATCH_SIZE} are allowed."
+            )
+        self._normalize_rids()
+
+    def _normalize_rids(self) -> None:
+        if self.is_single:
+            if self.rid is None:
+                self.rid = uuid.uuid4().hex
+            elif not isinstance(self.rid, str):
+                raise ValueError("The rid should be a string for a single request.")
+            _check_not_empty(self.rid)
+            return
+        if self.rid is None:
+            self.rid = [uuid.uuid4().hex for _ in range(self.batch_size)]
+        elif isinstance(self.rid, str):
+            _check_not_empty(self.rid)
+            self.rid = [f"{self.rid}_{k}" for k in range(self.batch_size)]
+        elif len(self.rid) != self.batch_size:
+            raise ValueError(
+                "The specified rids length mismatch with the batch_size for batch processing."
+            )
+        else:
+            for rid in self.rid:
+                _check_not_empty(rid)
+
+    def _check_text(self) -> None:
+        if isinstance(self.text, str):
+            self.is_single, self.batch_size = True, 1
+            return
+        if not isinstance(self.text, list) or not self.text:
+            raise ValueError("text should be a non-empty string or list of strings.")
+        if not all(isinstance(t, str) for t in self.text):
+            raise ValueError("text should be a string or a list of strings.")
+        self.is_single, self.batch_size = False, len(self.text)
+
+    def _check_input_ids(self) -> None:
+        ids = self.input_ids
+        if not isinstance(ids, list) or not ids:
+            raise ValueError("input_ids cannot be empty.")
+        if all(_is_token_id(t) for t in ids):
+            self.is_single, self.batch_size = True, 1
+            return
+        for item in ids:
+            if not isinstance(item, list) or not item:
+                raise ValueError("input_ids cannot be empty.")
+            if not all(_is_token_id(t) for t in item):
+                raise ValueError("input_ids should be a list of integers or a list of lists.")
+        self.is_single, self.batch_size = False, len(ids)
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    def __getitem__(self, i: int) -> EmbeddingReqInput:
+        """Input i of a normalised request, as a normalised single request."""
+        if self.is_single:
+            return self
+        sub = EmbeddingReqInput(
+            text=self.text[i] if self.text is not None else None,  # type: ignore[arg-type]
+            input_ids=self.input_ids[i] if self.input_ids is not None else None,  # type: ignore[arg-type]
+            rid=self.rid[i],  # type: ignore[index]
+            log_metrics=self.log_metrics,
+            priority=self.priority,
+            data_parallel_rank=self.data_parallel_rank,
+        )
+        sub.is_single, sub.batch_size = True, 1
+        return sub
+
+    # GenerateReqInput's fields that the TokenizerManager reads from any request.
+    stream = False
+    return_logprob = False
+    parallel_sample_num = 1
+
+
+def _is_token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
+@dataclass
+class TokenizedEmbeddingReqInput:
+    """One tokenized embedding request, TokenizerManager -> scheduler. It runs as a
+    prefill-only request (``sampling_params.max_new_tokens`` is 0); ``token_type_ids`` is
+    for encoders that read them (None: all zeros)."""
+
+    rid: str
+    input_text: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    token_type_ids: Optional[list[int]] = None
+    data_parallel_rank: Optional[int] = None
+    priority: Optional[int] = None
+    http_worker_ipc: Optional[str] = None

@@ -93,3 +93,17 @@ class BatchStrOutput(LogprobLists):
     completion_tokens: list[int]
     cached_tokens: list[int]
     http_worker_ipcs: Optional[list[Optional[str]]] = None
+
+
+@dataclass
+class BatchEmbeddingOutput:
+    """Scheduler -> detokenizer -> TokenizerManager (passed on unchanged): finished
+    embedding requests. ``embeddings[i]`` is request i's vector (scores for a classifier),
+    None for a request that ended without one (an abort)."""
+
+    rids: list[str]
+    finished_reasons: list[Optional[dict[str, Any]]]
+    embeddings: list[Optional[list[float]]]
+    prompt_tokens: list[int]
+    cached_tokens: list[int]
+    http_worker_ipcs: Optional[list[Optional[str]]] = None
