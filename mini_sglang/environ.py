@@ -162,6 +162,9 @@ class Envs:
     MINI_SGLANG_GEMV_PDL_CREDIT_US = EnvFloat(
         1.0, "Microseconds of credit a PDL-launched Triton GEMV gets when timed against cuBLAS."
     )
+    MINI_SGLANG_KERNEL_RETUNE = _flag(
+        "1: ignore shipped and cached kernel picks (GEMV configs) and time them again."
+    )
     MINI_SGLANG_GEMV_CONFIGS = EnvStr(
         "", 'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas".'
     )

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mini_sglang.environ import envs
+from mini_sglang.layers import kernel_choices
 from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled, silu_mul
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
@@ -326,8 +327,30 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
             _choice[key] = _FORCED[tuple(w.shape)]
             logger.debug("small-M GEMM N=%d K=%d %s: %s (forced)", *w.shape, variant, _choice[key])
         else:
-            _choice[key] = _pick(x.new_zeros((bucket, x.shape[1])), w, variant)
+            _choice[key] = _stored_or_timed(key, x, w, variant)
     return _choice[key]
+
+
+def _choice_key(key: tuple) -> str:
+    """kernel_choices' key for a _choice key, e.g. "M8|N4096|K4096|bfloat16|silu_mul"."""
+    bucket, n, k, dtype, variant = key
+    return f"M{bucket}|N{n}|K{k}|{str(dtype).removeprefix('torch.')}|{'+'.join(variant) or 'plain'}"
+
+
+def _stored_or_timed(
+    key: tuple, x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]
+) -> tuple | None:
+    """The pick for `key`: shipped or cached for this card (kernel_choices) when it names a
+    current candidate, else timed now and cached for the next start."""
+    name, card = _choice_key(key), kernel_choices.device_name(x.device)
+    stored = kernel_choices.lookup("gemv", card, name)
+    if stored is None:
+        return None
+    if isinstance(stored, list) and tuple(stored) in _CONFIGS:
+        return tuple(stored)
+    best = _pick(x.new_zeros((key[0], x.shape[1])), w, variant)
+    kernel_choices.record("gemv", card, name, list(best) if best else None)
+    return best
 
 
 def norm_fusion_config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple | None:

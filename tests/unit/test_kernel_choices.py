@@ -1,0 +1,65 @@
+"""Kernel picks kept across starts (layers/kernel_choices.py): shipped tables, the user's
+cache, precedence, retuning, and files that cannot be read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mini_sglang.layers import kernel_choices as kc
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+    """An empty user cache and shipped folder, and no table read yet in this process."""
+    monkeypatch.setenv("MINI_SGLANG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MINI_SGLANG_KERNEL_RETUNE", raising=False)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setattr(kc, "SHIPPED_DIR", str(shipped))
+    monkeypatch.setattr(kc, "_tables", {})
+    return tmp_path
+
+
+def restart(monkeypatch) -> None:
+    """What a new process sees: the tables are read from disk again."""
+    monkeypatch.setattr(kc, "_tables", {})
+
+
+def test_record_survives_a_restart_as_json(fresh, monkeypatch):
+    assert kc.lookup("gemv", "Card_X", "M1|N8|K8|bfloat16|plain") is kc.MISSING
+    kc.record("gemv", "Card_X", "M1|N8|K8|bfloat16|plain", [2, 2048, 8, 3])
+    kc.record("gemv", "Card_X", "M2|N8|K8|bfloat16|plain", None)
+    path = fresh / "cache" / "kernel_choices" / "gemv_Card_X.json"
+    assert json.loads(path.read_text()) == {
+        "M1|N8|K8|bfloat16|plain": [2, 2048, 8, 3],
+        "M2|N8|K8|bfloat16|plain": None,
+    }
+    restart(monkeypatch)
+    assert kc.lookup("gemv", "Card_X", "M1|N8|K8|bfloat16|plain") == [2, 2048, 8, 3]
+    assert kc.lookup("gemv", "Card_X", "M2|N8|K8|bfloat16|plain") is None
+    assert kc.lookup("gemv", "Card_Y", "M1|N8|K8|bfloat16|plain") is kc.MISSING
+
+
+def test_cached_pick_wins_over_shipped_and_retune_ignores_both(fresh, monkeypatch):
+    (fresh / "shipped" / "gemv_Card_X.json").write_text(json.dumps({"a": [1], "b": [2]}))
+    kc.record("gemv", "Card_X", "b", [3])
+    restart(monkeypatch)
+    assert kc.lookup("gemv", "Card_X", "a") == [1]
+    assert kc.lookup("gemv", "Card_X", "b") == [3]
+    monkeypatch.setenv("MINI_SGLANG_KERNEL_RETUNE", "1")
+    restart(monkeypatch)
+    assert kc.lookup("gemv", "Card_X", "a") is kc.MISSING
+    kc.record("gemv", "Card_X", "a", [4])  # a retune rewrites the cache from scratch
+    cached = fresh / "cache" / "kernel_choices" / "gemv_Card_X.json"
+    assert json.loads(cached.read_text()) == {"a": [4]}
+
+
+def test_unreadable_cache_is_ignored_and_rewritten(fresh, monkeypatch):
+    cached = fresh / "cache" / "kernel_choices" / "gemv_Card_X.json"
+    cached.parent.mkdir(parents=True)
+    cached.write_text('{"a": [1')  # torn write
+    assert kc.lookup("gemv", "Card_X", "a") is kc.MISSING
+    kc.record("gemv", "Card_X", "a", [5])
+    assert json.loads(cached.read_text()) == {"a": [5]}
