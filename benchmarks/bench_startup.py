@@ -5,10 +5,12 @@
 
 Each arm spawns the engine's HTTP server with dummy weights and polls its /generate until one
 token comes back; the time from spawn to that reply is the start-up time a user waits. The
-arms alternate per round, so machine drift hits each alike. With --fresh every arm starts
-with the on-disk compile caches removed (Triton's, FlashInfer's, torch's and mini-sglang's
-kernel-choice cache), as on a new machine; without it, the caches the previous runs left are
-used (a warm start). The server's log goes to DIR/<engine>_<round>.log: mini-sglang logs each
+arms alternate per round, so machine drift hits each alike. Each engine keeps its compile
+caches (FlashInfer's, Triton's, torch inductor's, mini-sglang's kernel picks) under its own
+folder in --cache-root, so one engine's fresh start never cools the other's. With --fresh
+every arm starts with its engine's caches removed, as on a new machine; without it the
+caches its earlier starts left are used (a warm start: run the fresh kind first, or an
+untimed start). The server's log goes to DIR/<engine>_<round>.log: mini-sglang logs each
 start-up phase with its duration, which says where the time went.
 
 The second engine is sgl-project/mini-sglang (`minisgl`, importable from PYTHONPATH); it is
@@ -29,7 +31,16 @@ import time
 import urllib.error
 import urllib.request
 
-CACHE_DIRS = ["~/.triton/cache", "~/.cache/flashinfer", "~/.cache/mini_sglang/kernel_choices"]
+
+def cache_env(cache_root: str, engine: str) -> dict[str, str]:
+    """The engine's own compile-cache folders, as the environment variables that place them."""
+    root = os.path.join(cache_root, engine)
+    return {
+        "FLASHINFER_WORKSPACE_BASE": root,  # flashinfer: <root>/.cache/flashinfer
+        "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+        "MINI_SGLANG_CACHE_DIR": os.path.join(root, "mini_sglang"),
+    }
 
 
 def free_port() -> int:
@@ -69,13 +80,8 @@ def probe(engine: str, port: int) -> bool:
         return False
 
 
-def clear_caches() -> None:
-    for d in CACHE_DIRS:
-        shutil.rmtree(os.path.expanduser(d), ignore_errors=True)
-    tmp = "/tmp"
-    for name in os.listdir(tmp):
-        if name.startswith("torchinductor_"):
-            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+def clear_caches(cache_root: str, engine: str) -> None:
+    shutil.rmtree(os.path.join(cache_root, engine), ignore_errors=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -89,7 +95,9 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def time_start(engine: str, model_dir: str, log_path: str, timeout: float) -> float | None:
+def time_start(
+    engine: str, model_dir: str, log_path: str, timeout: float, env: dict[str, str]
+) -> float | None:
     """Seconds from spawn to the first token, or None if the server died or timed out."""
     port = free_port()
     with open(log_path, "w") as log:
@@ -99,6 +107,7 @@ def time_start(engine: str, model_dir: str, log_path: str, timeout: float) -> fl
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, **env},
         )
         try:
             while time.perf_counter() - t0 < timeout:
@@ -121,6 +130,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", default=None, help="append one JSON line per arm")
     ap.add_argument("--log-dir", default=".")
+    ap.add_argument("--cache-root", default=os.path.expanduser("~/.cache/bench_startup"))
     args = ap.parse_args()
     os.makedirs(args.log_dir, exist_ok=True)
     model = os.path.basename(os.path.normpath(args.model_dir))
@@ -128,9 +138,10 @@ def main() -> None:
     for rnd in range(args.rounds):
         for engine in args.engines.split(","):
             if args.fresh:
-                clear_caches()
+                clear_caches(args.cache_root, engine)
             log_path = os.path.join(args.log_dir, f"startup_{engine}_{model}_{kind}_{rnd}.log")
-            secs = time_start(engine, args.model_dir, log_path, args.timeout)
+            env = cache_env(args.cache_root, engine)
+            secs = time_start(engine, args.model_dir, log_path, args.timeout, env)
             row = {"engine": engine, "model": model, "start": kind, "round": rnd, "seconds": secs}
             shown = "failed (see log)" if secs is None else f"{secs:.1f} s"
             print(f"startup {kind} round {rnd} {engine} {model}: {shown}  [{log_path}]", flush=True)
