@@ -3,6 +3,14 @@
 Inverse frequencies come from transformers' own rope-init functions (llama3, linear, dynamic,
 yarn, ...) so every scaling variant matches HF exactly; the default type is the plain
 `base ** (-2i/d)` formula. cos/sin are cached for every position up to max_position.
+
+M-RoPE (Qwen2-VL / Qwen2.5-VL, `mrope_section` in the rope parameters) gives each token three
+positions (temporal, height, width); frequency pair i takes its angle from the position of
+the section it falls in. `MRotaryEmbedding.cos_sin_rows` turns [3, T] positions into one
+cos/sin row per token, laid out like the cache; the attention then indexes those rows with
+positions 0..T-1, so every RoPE kernel (plain, flashinfer, the fused q/k-norm-RoPE-store)
+serves M-RoPE unchanged. Where a token's three positions are equal (text, and every decode
+token) its row is the cache's row of that position, so such tokens need no rows at all.
 """
 
 from __future__ import annotations
@@ -56,10 +64,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward_native(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin_cache: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         half = self.head_dim // 2
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        cache = self.cos_sin_cache if cos_sin_cache is None else cos_sin_cache
+        cos, sin = cache[positions].chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
 
         def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -72,23 +85,66 @@ class RotaryEmbedding(nn.Module):
         return rotate(q).to(q.dtype), rotate(k).to(k.dtype)
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin_cache: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE of q and k at `positions`, read from `cos_sin_cache` (default: this module's
+        cache; M-RoPE passes its per-token rows, see MRotaryEmbedding.cos_sin_rows)."""
+        cache = self.cos_sin_cache if cos_sin_cache is None else cos_sin_cache
         fi = flashinfer_module() if q.is_cuda else None
         if fi is None or self.head_dim not in FLASHINFER_ROPE_HEAD_DIMS:
-            return self.forward_native(positions, q, k)
+            return self.forward_native(positions, q, k, cache)
         q, k = q.contiguous(), k.contiguous()
         fi.rope.apply_rope_with_cos_sin_cache_inplace(
             positions=positions,
             query=q,
             key=k,
             head_size=self.head_dim,
-            cos_sin_cache=self.cos_sin_cache,
+            cos_sin_cache=cache,
             is_neox=True,
         )
         return q, k
 
 
+class MRotaryEmbedding(RotaryEmbedding):
+    """RoPE with multimodal sections (SGLang's MRotaryEmbedding, non-interleaved):
+    `mrope_section` [s_t, s_h, s_w] sums to head_dim // 2; frequency pairs 0..s_t-1 rotate
+    by the temporal position, the next s_h by the height position, the last s_w by the
+    width position."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        inv_freq: torch.Tensor,
+        scaling: float,
+        mrope_section: list[int],
+    ):
+        super().__init__(head_dim, max_position, inv_freq, scaling)
+        if sum(mrope_section) != head_dim // 2:
+            raise ValueError(
+                f"mrope_section {mrope_section} must sum to head_dim // 2 = {head_dim // 2}"
+            )
+        self.mrope_section = list(mrope_section)
+
+    def cos_sin_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """float32 [T, head_dim] cos/sin rows (cache layout) for [3, T] M-RoPE positions."""
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # each [3, T, head_dim // 2]
+
+        def pick(x: torch.Tensor) -> torch.Tensor:
+            parts = x.split(self.mrope_section, dim=-1)
+            return torch.cat([part[i] for i, part in enumerate(parts)], dim=-1)
+
+        return torch.cat([pick(cos), pick(sin)], dim=-1)
+
+
 def get_rope(hf_config, head_dim: int, max_position: int) -> RotaryEmbedding:
+    """The config's RoPE: MRotaryEmbedding when its rope parameters carry `mrope_section`."""
     inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
+    section = _rope_parameters(hf_config).get("mrope_section")
+    if section:
+        return MRotaryEmbedding(head_dim, max_position, inv_freq, scaling, section)
     return RotaryEmbedding(head_dim, max_position, inv_freq, scaling)

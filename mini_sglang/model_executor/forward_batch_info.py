@@ -92,6 +92,10 @@ class ForwardBatch:
     token_ids_logprobs: list[list[int] | None] | None = None
     input_embeds: torch.Tensor | None = None  # see ModelWorkerBatch
     input_embeds_loc: torch.Tensor | None = None
+    # Set by an M-RoPE model for an extend whose tokens have M-RoPE positions: float32
+    # [num_tokens, head_dim] cos/sin rows, one per token, that the attention reads instead
+    # of its RoPE cache; `positions` then index these rows (MRotaryEmbedding.cos_sin_rows).
+    rope_cos_sin: torch.Tensor | None = None
 
     @classmethod
     def init_new(

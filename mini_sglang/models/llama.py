@@ -139,6 +139,9 @@ class LlamaAttention(nn.Module):
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """Attention output [tokens, heads * head_dim] (before o_proj) from the qkv projection."""
+        # M-RoPE extends carry per-token cos/sin rows that `positions` index (see
+        # layers/rotary_embedding.py); decode never does: its positions are plain.
+        cos_sin = self.rotary_emb.cos_sin_cache if fb.rope_cos_sin is None else fb.rope_cos_sin
         if self.use_fused and fused_ops_available(qkv, self.head_dim):
             if fb.forward_mode.is_decode():
                 out = fb.attn_backend.forward_decode_from_qkv(
@@ -151,7 +154,7 @@ class LlamaAttention(nn.Module):
             q = qk_norm_rope_store(
                 qkv,
                 positions,
-                self.rotary_emb.cos_sin_cache,
+                cos_sin,
                 self.num_heads,
                 self.num_kv_heads,
                 self.head_dim,
@@ -168,7 +171,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(q.shape)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(k.shape)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(positions, q, k, cos_sin)
         return self.attn(q, k, v, fb)
 
 
@@ -348,33 +351,51 @@ class LlamaForCausalLM(nn.Module):
         Raises ValueError naming the parameters that no checkpoint tensor filled, unless
         strict is False (online weight updates send a subset).
         """
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name:
-                continue
-            if self.tie_word_embeddings and name == "lm_head.weight":
-                continue
-            for fused, part, shard_id in self.stacked_params_mapping:
-                if f".{part}." in name:
-                    target = name.replace(f".{part}.", f".{fused}.")
-                    if target in params:
-                        param = params[target]
-                        param.weight_loader(param, tensor, shard_id)
-                        loaded.add(target)
-                    break
-            else:
-                if name in params:
-                    param = params[name]
-                    loader = getattr(param, "weight_loader", None)
-                    if loader is None:
-                        param.data.copy_(tensor)
-                    else:
-                        loader(param, tensor)
-                    loaded.add(name)
-        missing = sorted(set(params) - loaded)
-        if missing and strict:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(
-                f"The checkpoint has no weights for {len(missing)} parameters: {shown}"
-            )
+        load_checkpoint_weights(
+            self, weights, self.stacked_params_mapping, self.tie_word_embeddings, strict
+        )
+
+
+def load_checkpoint_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    stacked_params_mapping: list[tuple[str, str, str | int]],
+    tie_word_embeddings: bool,
+    strict: bool = True,
+    unstacked_prefixes: tuple[str, ...] = (),
+) -> None:
+    """Route each (HF name, tensor) to its parameter: checkpoint pieces of a fused parameter
+    (stacked_params_mapping) through its weight_loader with their shard id, the rest through
+    the parameter's weight_loader or a plain copy. Names starting with one of
+    `unstacked_prefixes` (modules kept unfused, e.g. a transformers vision tower) are never
+    fused. Raises ValueError naming the parameters nothing filled, unless strict is False.
+    """
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if "rotary_emb.inv_freq" in name:
+            continue
+        if tie_word_embeddings and name == "lm_head.weight":
+            continue
+        stacked = () if name.startswith(unstacked_prefixes) else stacked_params_mapping
+        for fused, part, shard_id in stacked:
+            if f".{part}." in name:
+                target = name.replace(f".{part}.", f".{fused}.")
+                if target in params:
+                    param = params[target]
+                    param.weight_loader(param, tensor, shard_id)
+                    loaded.add(target)
+                break
+        else:
+            if name in params:
+                param = params[name]
+                loader = getattr(param, "weight_loader", None)
+                if loader is None:
+                    param.data.copy_(tensor)
+                else:
+                    loader(param, tensor)
+                loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing and strict:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters: {shown}")
