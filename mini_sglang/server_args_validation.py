@@ -68,7 +68,6 @@ def _given(v: Any) -> bool:
 UNSUPPORTED_FLAGS: dict[str, Any] = {
     "pp_size": lambda v: v != 1,
     "quantization": lambda v: v not in (None, "gguf"),  # gguf weights are dequantized at load
-    "kv_cache_dtype": lambda v: v != "auto",
     "load_format": lambda v: v not in SUPPORTED_LOAD_FORMATS,
     "enable_torch_compile": bool,
     "enable_dp_attention": bool,

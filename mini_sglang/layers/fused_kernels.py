@@ -6,6 +6,7 @@
   (c) writes k and v straight into the KV pool at out_cache_loc,
   and returns q. Unfused, this is 2 RMSNorm + 1 RoPE + 2 index_put kernels plus copies.
 `store_kv`: k and v into the pool in one launch (instead of two index_put kernels).
+Both quantize for an FP8 pool (k / k_scale, v / v_scale, clamped; layers/kv_quant.py).
 `rmsnorm`, `silu_and_mul`: RMSNorm (with the residual add fused in) and the gated activation.
 
 Every kernel here can launch as a programmatic dependent (pdl=True, see kernels.pdl_enabled):
@@ -31,7 +32,14 @@ try:
 except ImportError:  # CPU installs
     triton = None
 
-from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled, silu_mul
+from mini_sglang.layers.kernels import (
+    gdc_launch_dependents,
+    gdc_wait,
+    kv_to_pool_units,
+    pdl_enabled,
+    silu_mul,
+)
+from mini_sglang.layers.kv_quant import fp8_max
 from mini_sglang.layers.small_m_gemm import MAX_M
 
 # Heads per qk_norm_rope_store program above MAX_M tokens. One head per program made
@@ -72,11 +80,14 @@ if triton is not None:
         stride_kb,
         stride_vb,
         eps,
+        inv_k_scale,
+        inv_v_scale,
         NUM_Q: tl.constexpr,
         NUM_KV: tl.constexpr,
         D: tl.constexpr,
         HEADS: tl.constexpr,
         HAS_NORM: tl.constexpr,
+        FP8_MAX: tl.constexpr,
         PDL: tl.constexpr,
     ):
         t = tl.program_id(0)
@@ -111,11 +122,13 @@ if triton is not None:
         kv_head = heads - NUM_Q
         slot = tl.load(loc + t).to(tl.int64)
         kdst = k_buf + slot * stride_kb + kv_head * D + half
-        tl.store(kdst, o1.to(k_buf.dtype.element_ty), mask=is_k)
-        tl.store(kdst + D // 2, o2.to(k_buf.dtype.element_ty), mask=is_k)
+        k1 = kv_to_pool_units(o1, inv_k_scale, FP8_MAX)
+        k2 = kv_to_pool_units(o2, inv_k_scale, FP8_MAX)
+        tl.store(kdst, k1.to(k_buf.dtype.element_ty), mask=is_k)
+        tl.store(kdst + D // 2, k2.to(k_buf.dtype.element_ty), mask=is_k)
         full = tl.arange(0, D)[None, :]
         vsrc = qkv + t * stride_qkv + (NUM_Q + NUM_KV) * D + kv_head * D + full
-        v = tl.load(vsrc, mask=is_k)
+        v = kv_to_pool_units(tl.load(vsrc, mask=is_k), inv_v_scale, FP8_MAX)
         tl.store(
             v_buf + slot * stride_vb + kv_head * D + full, v.to(v_buf.dtype.element_ty), mask=is_k
         )
@@ -131,16 +144,21 @@ if triton is not None:
         stride_v,
         stride_kb,
         stride_vb,
+        inv_k_scale,
+        inv_v_scale,
         ROW: tl.constexpr,
         BLOCK: tl.constexpr,
+        FP8_MAX: tl.constexpr,
     ):
         t = tl.program_id(0)
         slot = tl.load(loc + t).to(tl.int64)
         for off in range(0, ROW, BLOCK):
             i = off + tl.arange(0, BLOCK)
             m = i < ROW
-            tl.store(k_buf + slot * stride_kb + i, tl.load(k + t * stride_k + i, mask=m), mask=m)
-            tl.store(v_buf + slot * stride_vb + i, tl.load(v + t * stride_v + i, mask=m), mask=m)
+            kx = kv_to_pool_units(tl.load(k + t * stride_k + i, mask=m), inv_k_scale, FP8_MAX)
+            vx = kv_to_pool_units(tl.load(v + t * stride_v + i, mask=m), inv_v_scale, FP8_MAX)
+            tl.store(k_buf + slot * stride_kb + i, kx.to(k_buf.dtype.element_ty), mask=m)
+            tl.store(v_buf + slot * stride_vb + i, vx.to(v_buf.dtype.element_ty), mask=m)
 
     @triton.jit
     def _rmsnorm_kernel(
@@ -240,8 +258,11 @@ def qk_norm_rope_store(
     v_buf: torch.Tensor,
     pdl: bool = False,
     heads_per_program: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Returns q [T, num_q_heads * head_dim]; K/V of the T tokens land in the pool.
+    """Returns q [T, num_q_heads * head_dim]; K/V of the T tokens land in the pool
+    (quantized with k_scale / v_scale when the pool is FP8; ignored otherwise).
 
     Each program handles `heads_per_program` heads (a power of two) of one token; by
     default 1 for batches of up to MAX_M tokens, ROPE_STORE_HEADS_PER_PROGRAM above that
@@ -268,11 +289,14 @@ def qk_norm_rope_store(
         k_buf.stride(0),
         v_buf.stride(0),
         eps,
+        1.0 / k_scale,
+        1.0 / v_scale,
         NUM_Q=num_q_heads,
         NUM_KV=num_kv_heads,
         D=head_dim,
         HEADS=heads,
         HAS_NORM=has_norm,
+        FP8_MAX=fp8_max(k_buf.dtype),
         PDL=pdl,
         launch_pdl=pdl,
     )
@@ -280,9 +304,17 @@ def qk_norm_rope_store(
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor
+    k: torch.Tensor,
+    v: torch.Tensor,
+    loc: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """k_buf[loc] = k and v_buf[loc] = v for k, v of shape [T, heads, head_dim]."""
+    """k_buf[loc] = k and v_buf[loc] = v for k, v of shape [T, heads, head_dim]; into an FP8
+    pool k / k_scale and v / v_scale, clamped to its range (kv_quant.quantize_kv). k, v are
+    in the pool's dtype unless the pool is FP8."""
     t = k.shape[0]
     if t == 0:
         return
@@ -298,6 +330,9 @@ def store_kv(
         v2.stride(0),
         k_buf.stride(0),
         v_buf.stride(0),
+        1.0 / k_scale,
+        1.0 / v_scale,
         ROW=row,
         BLOCK=min(1024, triton.next_power_of_2(row)),
+        FP8_MAX=fp8_max(k_buf.dtype),
     )

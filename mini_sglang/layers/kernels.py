@@ -22,7 +22,7 @@ try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU installs
-    triton = silu_mul = None
+    triton = silu_mul = kv_to_pool_units = None
 
 if triton is not None:
 
@@ -33,6 +33,16 @@ if triton is not None:
         for fused_kernels.silu_and_mul and the GEMV epilogue (small_m_gemm), which must agree
         bit for bit."""
         return (g / (1.0 + tl.exp(-g))).to(u.dtype) * u
+
+    @triton.jit
+    def kv_to_pool_units(x, inv_scale, FP8_MAX: tl.constexpr):
+        """K or V values x on their way into an FP8 pool (FP8_MAX > 0, its largest finite
+        value; layers/kv_quant.py): float32 x * inv_scale clamped to +-FP8_MAX, for the
+        store's cast. With FP8_MAX == 0 (a pool in the model dtype) x is returned as is."""
+        if FP8_MAX > 0:
+            x = x.to(tl.float32) * inv_scale
+            x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+        return x
 
 
 @functools.cache

@@ -1,8 +1,9 @@
 """RadixAttention: the attention layer models call; the backend does the work.
 
 It holds the per-layer facts the backends need (heads on this rank, head_dim, scaling,
-layer_id into the KV pool, and whether extend attention is causal) and forwards to
-`forward_batch.attn_backend`.
+layer_id into the KV pool, and whether extend attention is causal), the layer's KV cache
+scales (k_scale, v_scale: plain floats, 1.0 unless the checkpoint sets them; used only by an
+FP8 pool, see layers/kv_quant.py) and forwards to `forward_batch.attn_backend`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class RadixAttention(nn.Module):
         self.scaling = scaling
         self.layer_id = layer_id
         self.attn_type = attn_type
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     @property
     def is_causal(self) -> bool:

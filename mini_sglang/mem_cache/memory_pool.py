@@ -6,11 +6,17 @@
 Worked example: a request in request slot 3 whose first 5 tokens live in KV slots
 [17, 18, 40, 41, 42] has req_to_token[3, :5] == [17, 18, 40, 41, 42]; its layer-L keys are
 k_buffer[L][[17, 18, 40, 41, 42]], each of shape [num_kv_heads, head_dim].
+
+With an FP8 KV cache (--kv-cache-dtype fp8_e4m3 / fp8_e5m2) the buffers hold FP8 and
+`set_kv_buffer` quantizes with the layer's k/v scales (layers/kv_quant.py); readers
+dequantize with the same scales.
 """
 
 from __future__ import annotations
 
 import torch
+
+from mini_sglang.layers.kv_quant import is_fp8, quantize_kv, scatter_kv
 
 
 class ReqToTokenPool:
@@ -46,7 +52,9 @@ class ReqToTokenPool:
 
 
 class MHATokenToKVPool:
-    """Per-layer K/V buffers of shape [size + 1, num_kv_heads, head_dim] (slot 0 = padding)."""
+    """Per-layer K/V buffers of shape [size + 1, num_kv_heads, head_dim] (slot 0 = padding),
+    of `dtype`: the model's, or an FP8 dtype (one byte a value, with per-layer scales that
+    the caller of set_kv_buffer and the readers hold)."""
 
     def __init__(
         self,
@@ -92,16 +100,26 @@ class MHATokenToKVPool:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 
     def set_kv_buffer(
-        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
-        if cache_k.dtype != self.dtype:
-            cache_k, cache_v = cache_k.to(self.dtype), cache_v.to(self.dtype)
+        """Write the K/V of len(loc) tokens ([T, heads, head_dim]) at KV slots `loc`. An FP8
+        pool stores k / k_scale and v / v_scale, clamped to the format's range; a pool in
+        another dtype casts and ignores the scales."""
+        k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
         if cache_k.is_cuda:
             # Local: the kernel module imports triton, which only CUDA pools use.
             from mini_sglang.layers.fused_kernels import store_kv, triton
 
             if triton is not None:
-                store_kv(cache_k, cache_v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id])
+                if cache_k.dtype != self.dtype and not is_fp8(self.dtype):
+                    cache_k, cache_v = cache_k.to(self.dtype), cache_v.to(self.dtype)
+                store_kv(cache_k, cache_v, loc, k_buf, v_buf, k_scale, v_scale)
                 return
-        self.k_buffer[layer_id][loc] = cache_k
-        self.v_buffer[layer_id][loc] = cache_v
+        scatter_kv(k_buf, loc, quantize_kv(cache_k, k_scale, self.dtype))
+        scatter_kv(v_buf, loc, quantize_kv(cache_v, v_scale, self.dtype))

@@ -21,6 +21,7 @@ from mini_sglang.environ import envs
 from mini_sglang.layers.attention import create_attention_backend
 from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
 from mini_sglang.layers.cpu_offload import offload_bytes_for_device
+from mini_sglang.layers.kv_quant import resolve_kv_cache_dtype
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -181,15 +182,9 @@ class ModelRunner:
 
     def init_memory_pool(self) -> None:
         sa = self.config
-        kv = sa.kv_cache_dtype
-        self.kv_dtype = (
-            self.model_config.dtype
-            if kv in (None, "auto")
-            else {
-                "bf16": torch.bfloat16,
-                "bfloat16": torch.bfloat16,
-            }.get(kv, self.model_config.dtype)
-        )
+        # FP8 halves the cell bytes, so the same budget holds twice the tokens.
+        self.kv_dtype = resolve_kv_cache_dtype(sa.kv_cache_dtype, self.model_config.dtype)
+        logger.info("Using KV cache dtype: %s", self.kv_dtype)
         max_tokens = self.profile_max_num_tokens()
         if sa.max_total_tokens is not None:
             if sa.max_total_tokens > max_tokens:

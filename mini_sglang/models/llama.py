@@ -21,6 +21,7 @@ from mini_sglang.layers.attention.base_attn_backend import QKNormRope
 from mini_sglang.layers.cpu_offload import offload_layers
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
 from mini_sglang.layers.kernels import pdl_enabled
+from mini_sglang.layers.kv_quant import load_kv_scale
 from mini_sglang.layers.layernorm import RMSNorm
 from mini_sglang.layers.linear import (
     MergedColumnParallelLinear,
@@ -165,6 +166,8 @@ class LlamaAttention(nn.Module):
                 k_buf,
                 v_buf,
                 pdl=pdl_enabled(qkv),
+                k_scale=self.attn.k_scale,
+                v_scale=self.attn.v_scale,
             )
             return self.attn(q, None, None, fb, save_kv_cache=False)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -368,12 +371,14 @@ def load_checkpoint_weights(
     (stacked_params_mapping) through its weight_loader with their shard id, the rest through
     the parameter's weight_loader or a plain copy. Names starting with one of
     `unstacked_prefixes` (modules kept unfused, e.g. a transformers vision tower) are never
-    fused. Raises ValueError naming the parameters nothing filled, unless strict is False.
+    fused. KV cache scales (`*.k_scale` / `*.v_scale` / `*.kv_scale`) go to the layers'
+    RadixAttention (layers/kv_quant.py). Raises ValueError naming the parameters nothing
+    filled, unless strict is False.
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for name, tensor in weights:
-        if "rotary_emb.inv_freq" in name:
+        if "rotary_emb.inv_freq" in name or load_kv_scale(model, name, tensor):
             continue
         if tie_word_embeddings and name == "lm_head.weight":
             continue

@@ -227,7 +227,6 @@ def test_resolved_server_args_are_frozen():
         (["--pipeline-parallel-size", "2"], "pp_size", 1),
         (["--quantization", "fp8"], "quantization", None),
         (["--enable-torch-compile"], "enable_torch_compile", False),
-        (["--kv-cache-dtype", "fp8_e5m2"], "kv_cache_dtype", "auto"),
         (["--enable-lora"], "enable_lora", False),
         (["--lora-paths", "a=/x"], "lora_paths", None),
         (["--speculative-algorithm", "EAGLE"], "speculative_algorithm", None),
@@ -245,6 +244,14 @@ def test_unsupported_flag_warns_and_is_ignored(caplog, argv, field, reset):
     flag = "--" + field.replace("_", "-")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(flag in w and "not supported" in w and "ignored" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("value", ["fp8_e4m3", "fp8_e5m2", "bf16"])
+def test_kv_cache_dtype_is_kept(caplog, value):
+    with caplog.at_level(logging.WARNING):
+        a = prepare_server_args(["--model-path", MODEL, "--kv-cache-dtype", value])
+    assert a.kv_cache_dtype == value
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_no_warning_for_plain_args(caplog):

@@ -13,6 +13,9 @@ Causality is part of flashinfer's prefill plan, while it is a property of each l
 last extend layer asked for; a layer that wants the other one re-plans the batch with the
 saved arguments. Every layer of a model has the same type, so this re-plans at most once,
 on a model's first extend batch.
+
+FP8 KV cache: plan() gets the pool dtype as kv_data_type and run() the layer's k_scale /
+v_scale, which flashinfer folds into the score scale and the output (layers/kv_quant.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
 from mini_sglang.layers.attention.kv_indices import fill_kv_indices
+from mini_sglang.layers.kv_quant import is_fp8
 
 if TYPE_CHECKING:
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
@@ -248,21 +252,36 @@ class FlashInferAttnBackend(AttentionBackend):
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         return k.view(shape), v.view(shape)
 
+    def _scales(self, layer) -> dict:
+        """run()'s k_scale / v_scale for an FP8 pool; nothing for a model-dtype one (its
+        kernels then run exactly as without the option)."""
+        if not is_fp8(self.kv_dtype):
+            return {}
+        return {"k_scale": layer.k_scale, "v_scale": layer.v_scale}
+
+    def _save(self, k, v, layer, fb: ForwardBatch, save: bool) -> None:
+        if save:
+            fb.token_to_kv_pool.set_kv_buffer(
+                layer.layer_id, fb.out_cache_loc, k, v, layer.k_scale, layer.v_scale
+            )
+
     def forward_extend(self, q, k, v, layer, fb, save_kv_cache=True):
-        if save_kv_cache:
-            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+        self._save(k, v, layer, fb, save_kv_cache)
         if layer.is_causal != self._prefill_causal:
             self._plan_prefill(layer.is_causal)
         o = self.prefill_wrapper.run(
-            q.view(-1, layer.tp_q_head_num, layer.head_dim), self._paged(fb, layer.layer_id)
+            q.view(-1, layer.tp_q_head_num, layer.head_dim),
+            self._paged(fb, layer.layer_id),
+            **self._scales(layer),
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 
     def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True):
-        if save_kv_cache:
-            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+        self._save(k, v, layer, fb, save_kv_cache)
         o = self.active_decode.run(
-            q.view(-1, layer.tp_q_head_num, layer.head_dim), self._paged(fb, layer.layer_id)
+            q.view(-1, layer.tp_q_head_num, layer.head_dim),
+            self._paged(fb, layer.layer_id),
+            **self._scales(layer),
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 

@@ -5,6 +5,7 @@ Decode batches every request into one SDPA call, padding K/V to the longest sequ
 key mask; extend runs one SDPA call per request with an explicit causal mask offset by the
 cached prefix (SDPA's own is_causal aligns top-left, which is wrong when q_len < kv_len), or
 with no mask at all for an ENCODER_ONLY layer (every query sees every key of its request).
+An FP8 pool's K/V are dequantized with the layer's scales as they are gathered.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mini_sglang.layers.attention.base_attn_backend import (
     AttentionBackend,
     register_attention_backend,
 )
+from mini_sglang.layers.kv_quant import dequantize_kv, gather_kv
 
 if TYPE_CHECKING:
     from mini_sglang.config_slices import AttentionConfig
@@ -59,7 +61,14 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def _save(self, k, v, layer: RadixAttention, fb: ForwardBatch, save: bool) -> None:
         if save and k is not None:
-            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+            fb.token_to_kv_pool.set_kv_buffer(
+                layer.layer_id, fb.out_cache_loc, k, v, layer.k_scale, layer.v_scale
+            )
+
+    @staticmethod
+    def _gather(buf, idx, scale: float, dtype):
+        """buf[idx] as `dtype`, dequantized when the pool is FP8."""
+        return dequantize_kv(gather_kv(buf, idx), scale, dtype)
 
     def forward_extend(self, q, k, v, layer, fb, save_kv_cache=True):
         self._save(k, v, layer, fb, save_kv_cache)
@@ -70,8 +79,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             if ext == 0:
                 continue
             qi = q[start : start + ext].transpose(0, 1)  # [H, ext, D]
-            ki = k_buf[kv_idx].transpose(0, 1).to(q.dtype)  # [KH, total, D]
-            vi = v_buf[kv_idx].transpose(0, 1).to(q.dtype)
+            ki = self._gather(k_buf, kv_idx, layer.k_scale, q.dtype).transpose(0, 1)
+            vi = self._gather(v_buf, kv_idx, layer.v_scale, q.dtype).transpose(0, 1)
             oi = F.scaled_dot_product_attention(
                 qi.unsqueeze(0),
                 ki.unsqueeze(0),
@@ -89,8 +98,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         kv_idx, mask = self._meta["kv_idx"], self._meta["mask"]
         bs = kv_idx.shape[0]
         qb = q.view(bs, layer.tp_q_head_num, 1, layer.head_dim)
-        kb = k_buf[kv_idx].transpose(1, 2).to(q.dtype)  # [B, KH, L, D]
-        vb = v_buf[kv_idx].transpose(1, 2).to(q.dtype)
+        kb = self._gather(k_buf, kv_idx, layer.k_scale, q.dtype).transpose(1, 2)  # [B, KH, L, D]
+        vb = self._gather(v_buf, kv_idx, layer.v_scale, q.dtype).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             qb,
             kb,

@@ -15,6 +15,9 @@ CUDA graphs (decode): the split count is a per-backend constant, the grid depend
 (batch, heads, splits), and the scratch is preallocated in init_cuda_graph_state. The
 captured kernels read the graph runner's static req_pool_indices / seq_lens buffers, which
 the runner refills before replay, so replay has nothing else to plan.
+
+FP8 KV cache: the kernels convert pool values to the query dtype as they load them and fold
+the layer's k_scale / v_scale into the score scale and the output (layers/kv_quant.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from mini_sglang.layers.attention.base_attn_backend import AttentionBackend, QKN
 from mini_sglang.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd
 from mini_sglang.layers.attention.triton_ops.decode_from_qkv import decode_from_qkv_fwd
 from mini_sglang.layers.kernels import pdl_enabled
+from mini_sglang.layers.kv_quant import read_scales
 
 if TYPE_CHECKING:
     from mini_sglang.layers.radix_attention import RadixAttention
@@ -83,7 +87,9 @@ class TritonAttnBackend(AttentionBackend):
         save: bool,
     ) -> None:
         if save and k is not None:
-            fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc, k, v)
+            fb.token_to_kv_pool.set_kv_buffer(
+                layer.layer_id, fb.out_cache_loc, k, v, layer.k_scale, layer.v_scale
+            )
 
     @staticmethod
     def _heads(q: torch.Tensor, layer: RadixAttention) -> torch.Tensor:
@@ -116,6 +122,7 @@ class TritonAttnBackend(AttentionBackend):
             self.max_extend_len,
             layer.scaling,
             causal=layer.is_causal,
+            **read_scales(layer, k_buf.dtype),
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 
@@ -147,6 +154,7 @@ class TritonAttnBackend(AttentionBackend):
             mid_lse,
             layer.scaling,
             pdl=pdl_enabled(q),
+            **read_scales(layer, k_buf.dtype),
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
 
@@ -179,6 +187,7 @@ class TritonAttnBackend(AttentionBackend):
             *self.mid,
             layer.scaling,
             pdl=pdl_enabled(qkv),
+            **read_scales(layer, k_buf.dtype),
         )
         return o.view(bs, -1)
 

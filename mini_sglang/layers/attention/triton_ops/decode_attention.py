@@ -12,6 +12,10 @@ req_to_token[req_pool_indices[b], j]; that row already is the token-level index 
 no kv_indices copy is built. Split sizes are derived on the device from seq_lens, and the
 grid depends only on (batch, heads, num_kv_splits), so both stages are CUDA-graph-safe.
 
+An FP8 pool's values are converted to the query's dtype as they are loaded (exactly: every
+FP8 value is a bfloat16 / float16 value) and its scales are folded: k_scale into the score
+scale, v_scale into the merged output (see layers/kv_quant.py).
+
 Worked example of the split arithmetic (MIN_BLOCK_KV = 32, 4 splits, seq_len 130):
 per_split = ceil(ceil(130 / 4) / 32) * 32 = ceil(33 / 32) * 32 = 64, so the splits cover
 [0, 64), [64, 128), [128, 130) and [192, 130) = empty. An empty split stores lse = -inf
@@ -162,6 +166,7 @@ def _decode_stage2(
     stride_lh,
     stride_out_b,
     stride_out_h,
+    v_scale,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -186,7 +191,7 @@ def _decode_stage2(
         other=0.0,
     )
     w = tl.exp2(lse - tl.max(lse, 0))  # split 0 is never empty (seq_len >= 1): max is finite
-    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0) * v_scale
     tl.store(
         Out + b * stride_out_b + h * stride_out_h + offs_d,
         out.to(Out.dtype.element_ty),
@@ -206,6 +211,8 @@ def decode_attention_fwd(
     mid_lse: torch.Tensor,
     sm_scale: float,
     pdl: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Decode attention for `bs` requests, one query token each, written into `o`.
 
@@ -215,7 +222,8 @@ def decode_attention_fwd(
     must already be in the pool); mid_o: [>=bs, q_heads, num_splits, head_dim] float32 and
     mid_lse: [>=bs, q_heads, num_splits] float32 scratch, whose dim 2 sets the split count.
     Every seq_len must be >= 1. Nothing is read back to the host. pdl=True launches both
-    stages as programmatic dependents (see layers/fused_kernels.py).
+    stages as programmatic dependents (see layers/fused_kernels.py). k_scale / v_scale: the
+    pool's dequantization scales (1.0 for a pool in the model dtype).
     """
     bs, q_heads, head_dim = q.shape
     if bs == 0:
@@ -234,7 +242,7 @@ def decode_attention_fwd(
         seq_lens,
         mid_o,
         mid_lse,
-        sm_scale * LOG2E,
+        sm_scale * k_scale * LOG2E,
         q.stride(0),
         q.stride(1),
         *pool_and_scratch_strides(k_buffer, v_buffer, req_to_token, mid_o, mid_lse),
@@ -252,7 +260,7 @@ def decode_attention_fwd(
         num_stages=2,
         launch_pdl=pdl,
     )
-    merge_splits(mid_o, mid_lse, o, pdl)
+    merge_splits(mid_o, mid_lse, o, pdl, v_scale)
 
 
 def pool_and_scratch_strides(
@@ -278,9 +286,11 @@ def pool_and_scratch_strides(
     )
 
 
-def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Tensor, pdl: bool) -> None:
+def merge_splits(
+    mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Tensor, pdl: bool, v_scale: float = 1.0
+) -> None:
     """Stage 2: o [bs, q_heads, head_dim] from the splits' partial outputs and log-sum-exps
-    (stage 1's scratch, see decode_attention_fwd)."""
+    (stage 1's scratch, see decode_attention_fwd), times v_scale (an FP8 pool's V scale)."""
     bs, q_heads, head_dim = o.shape
     num_splits = mid_lse.shape[2]
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -295,6 +305,7 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, o: torch.Tensor, pd
         mid_lse.stride(1),
         o.stride(0),
         o.stride(1),
+        v_scale,
         NUM_SPLITS=num_splits,
         BLOCK_S=triton.next_power_of_2(num_splits),
         HEAD_DIM=head_dim,

@@ -24,6 +24,10 @@ mod D and c, s the cos / sin of frequency i mod D/2,
     out[i] = x[i] * c - x[partner(i)] * s   (i < D/2),   x[i] * c + x[partner(i)] * s   (else),
 which is fused_kernels' (x1 * cos - x2 * sin, x2 * cos + x1 * sin) with the partner read as a
 second, permuted load instead of splitting the tile in halves.
+
+With an FP8 pool the new token's k and v are quantized as fused_kernels stores them, and
+the softmax runs on the stored (quantized) values, as it would read them back from the
+pool: k_scale folded into the score scale, v_scale applied by the merge (decode_attention.py).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from mini_sglang.layers.attention.triton_ops.decode_attention import (
     merge_splits,
     pool_and_scratch_strides,
 )
-from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, kv_to_pool_units
+from mini_sglang.layers.kv_quant import fp8_max
 
 
 @triton.jit
@@ -76,11 +81,12 @@ def _load_kv_block(slots, offs_n, mask_n, K, V, stride_kn, stride_vn, offs_d):
 @triton.jit
 def _decode_from_qkv_stage1(
     QKV, positions, cos_sin, q_w, k_w, eps, loc, K, V, req_to_token, req_pool_indices, seq_lens,
-    Mid_O, Mid_Lse, qk_scale, stride_qkv, stride_kn, stride_kh, stride_vn, stride_vh,
-    stride_r2t, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    Mid_O, Mid_Lse, qk_scale, inv_k_scale, inv_v_scale, stride_qkv, stride_kn, stride_kh,
+    stride_vn, stride_vh, stride_r2t, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    MIN_KV: tl.constexpr, HAS_NORM: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    MIN_KV: tl.constexpr, HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr, IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
@@ -113,15 +119,15 @@ def _decode_from_qkv_stage1(
     q = q.to(QKV.dtype.element_ty)  # rounded as the query the unfused path stores
     one = tl.arange(0, 1)
     k_new = _norm_rope(row, NUM_Q + kv_head + one, one < 1, offs_d, pos, cos_sin, k_w, eps, D,
-                       HAS_NORM).to(K.dtype.element_ty)  # fmt: skip
+                       HAS_NORM)  # fmt: skip
+    k_new = kv_to_pool_units(k_new, inv_k_scale, FP8_MAX).to(K.dtype.element_ty)
     v_new = tl.load(row + (NUM_Q + NUM_KV + kv_head) * D + one[:, None] * D + offs_d[None, :])
+    v_new = kv_to_pool_units(v_new, inv_v_scale, FP8_MAX).to(V.dtype.element_ty)
     holds_new = (start <= new) & (new < end)
     if holds_new & (head_block == 0):
         slot = tl.load(loc + b).to(tl.int64)
         tl.store(Kh + slot * stride_kn + one[:, None] * D + offs_d[None, :], k_new)
-        tl.store(
-            Vh + slot * stride_vn + one[:, None] * D + offs_d[None, :], v_new.to(V.dtype.element_ty)
-        )
+        tl.store(Vh + slot * stride_vn + one[:, None] * D + offs_d[None, :], v_new)
 
     # Online softmax (base 2), seeded with the new token where this split holds it.
     s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), 1) * qk_scale  # [BLOCK_H]
@@ -168,6 +174,8 @@ def decode_from_qkv_fwd(
     mid_lse: torch.Tensor,
     sm_scale: float,
     pdl: bool = False,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Decode attention for `bs` requests from their qkv rows, written into `o`.
 
@@ -176,7 +184,8 @@ def decode_from_qkv_fwd(
     rope: the RoPE cos/sin cache and optional q/k norm; o: [bs, q_heads, head_dim]; the rest as
     decode_attention_fwd, whose seq_lens count the new token. head_dim must be a power of two.
     The new token's K/V are written into the pool at out_cache_loc, as qk_norm_rope_store
-    would; its key slot in req_to_token is not read.
+    would (quantized with k_scale / v_scale into an FP8 pool; the read side applies the same
+    scales); its key slot in req_to_token is not read.
     """
     bs, q_heads, head_dim = o.shape
     if bs == 0:
@@ -203,7 +212,9 @@ def decode_from_qkv_fwd(
         seq_lens,
         mid_o,
         mid_lse,
-        sm_scale * LOG2E,
+        sm_scale * k_scale * LOG2E,
+        1.0 / k_scale,
+        1.0 / v_scale,
         qkv.stride(0),
         *pool_and_scratch_strides(k_buffer, v_buffer, req_to_token, mid_o, mid_lse),
         NUM_Q=q_heads,
@@ -216,10 +227,11 @@ def decode_from_qkv_fwd(
         BLOCK_N=32 if head_dim > 128 else 64,
         MIN_KV=MIN_BLOCK_KV,
         HAS_NORM=has_norm,
+        FP8_MAX=fp8_max(k_buffer.dtype),
         IEEE=qkv.dtype == torch.float32,
         PDL=pdl,
         num_warps=4,
         num_stages=1,  # the next key block is loaded by hand, one iteration ahead
         launch_pdl=pdl,
     )
-    merge_splits(mid_o, mid_lse, o, pdl)
+    merge_splits(mid_o, mid_lse, o, pdl, v_scale)

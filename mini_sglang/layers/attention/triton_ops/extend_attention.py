@@ -4,7 +4,8 @@ The new tokens' K/V are written to the pool before this kernel runs, so every ke
 prefix and new token alike — is read through req_to_token. Request b has seq_len keys of
 which the last ext are new; its new query j (0 <= j < ext) sits at absolute position
 prefix + j (prefix = seq_len - ext) and attends to keys 0 .. prefix + j: the whole prefix
-plus a causal window over the new tokens.
+plus a causal window over the new tokens. An FP8 pool is read as decode_attention.py reads
+it (k_scale folded into the score scale, v_scale into the output).
 
 Grid (ceil(max_ext / BLOCK_M), batch, q_heads): a program takes BLOCK_M consecutive new
 queries of one request and one head and runs an online softmax over key blocks up to the
@@ -37,7 +38,8 @@ def _extend_kernel(
     seq_lens,
     extend_seq_lens,
     extend_start_loc,
-    qk_scale,  # sm_scale * log2(e)
+    qk_scale,  # sm_scale * k_scale * log2(e)
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -96,7 +98,7 @@ def _extend_kernel(
                 offs_d, mask_d, qk_scale, IEEE,
             )  # fmt: skip
 
-        out = acc / l_i[:, None]
+        out = acc / l_i[:, None] * v_scale
         tl.store(
             Out + q_tok[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
             out.to(Out.dtype.element_ty),
@@ -117,6 +119,8 @@ def extend_attention_fwd(
     max_extend_len: int,
     sm_scale: float,
     causal: bool = True,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Causal-with-prefix attention for a batch of extends, written into `o`; with
     causal=False every new query of request b attends to all seq_len keys of b instead
@@ -127,7 +131,8 @@ def extend_attention_fwd(
     extend_seq_lens[b]. k_buffer, v_buffer: the layer's pool [num_slots, kv_heads, head_dim],
     already holding the new tokens' K/V at req_to_token[req_pool_indices[b], prefix:seq_len].
     seq_lens counts prefix + new tokens. max_extend_len (a host int, >= every
-    extend_seq_lens[b]) sizes the grid; requests with 0 new tokens are skipped.
+    extend_seq_lens[b]) sizes the grid; requests with 0 new tokens are skipped. k_scale /
+    v_scale: the pool's dequantization scales (1.0 for a pool in the model dtype).
     """
     num_tokens, q_heads, head_dim = q.shape
     bs = req_pool_indices.shape[0]
@@ -148,7 +153,8 @@ def extend_attention_fwd(
         seq_lens,
         extend_seq_lens,
         extend_start_loc,
-        sm_scale * LOG2E,
+        sm_scale * k_scale * LOG2E,
+        v_scale,
         q.stride(0),
         q.stride(1),
         o.stride(0),
