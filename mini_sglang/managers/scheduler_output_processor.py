@@ -123,9 +123,10 @@ class OutputProcessor:
                     continue
                 if req.finished():
                     continue
-                req.embedding = rows[i]
                 req.output_ids.append(0)  # a stand-in token: check_finished drops it
                 req.check_finished()
+                if not req.to_abort:  # an aborted request ends without its vector
+                    req.embedding = rows[i]
                 self.tree_cache.cache_finished_req(req)
         finally:
             self.allocator.free_group_end()

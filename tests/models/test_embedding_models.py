@@ -161,3 +161,36 @@ def test_embeddings_match_transformers(kind: str, tmp_path: Path) -> None:
             if kind in ("qwen3_causal", "llama_causal", "mistral", "qwen3_mean"):
                 assert abs(got[f"r{i}"].norm().item() - 1.0) < 1e-5
         assert_memory_all_free(sched)
+
+
+def test_abort_and_bad_input_hold_nothing(tmp_path: Path) -> None:
+    """An aborted queued embedding request and an over-long one end with their reason and
+    no embedding; a chunked one aborted mid-prefill too; nothing stays held."""
+    from mini_sglang.managers.io_struct.control import AbortReq
+
+    server_kw, _ = _build("qwen3_causal", tmp_path)
+    sched = make_scheduler(
+        str(tmp_path), skip_tokenizer_init=True, chunked_prefill_size=8, **server_kw
+    )
+
+    def add(rid: str, ids: list[int]) -> None:
+        sp = SamplingParams(max_new_tokens=0)
+        sp.normalize(None)
+        sched.add_request(TokenizedEmbeddingReqInput(rid, "", ids, sp))
+
+    add("queued", [5] * 10)
+    sched.process_input_requests([AbortReq(rid="queued")])
+    add("long", [5] * 600)  # over the 512-token context
+    add("chunked", list(range(10, 60)))
+    sched.run_step()  # its first chunk runs
+    sched.process_input_requests([AbortReq(rid="chunked")])
+    sched.run_until_idle()
+    out = {
+        rid: (emb, reason)
+        for msg in sched.test_outputs
+        for rid, emb, reason in zip(msg.rids, msg.embeddings, msg.finished_reasons)
+    }
+    assert sorted(out) == ["chunked", "long", "queued"]
+    assert all(emb is None and reason["type"] == "abort" for emb, reason in out.values())
+    assert out["long"][1]["status_code"] == 400 and "context length" in out["long"][1]["message"]
+    assert_memory_all_free(sched)
