@@ -168,6 +168,18 @@ class Envs:
     MINI_SGLANG_GEMV_CONFIGS = EnvStr(
         "", 'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas".'
     )
+    # Multimodal inputs (TokenizerManager)
+    SGLANG_IO_WORKERS = EnvInt(4, "Threads that load and preprocess images of requests.")
+    MINI_SGLANG_MAX_IMAGE_BYTES = EnvInt(
+        32 << 20, "Largest image (file, URL download or decoded base64) in bytes."
+    )
+    MINI_SGLANG_MAX_IMAGE_PIXELS = EnvInt(
+        8192 * 8192, "Largest image in pixels (width x height) after decoding."
+    )
+    MINI_SGLANG_IMAGE_FETCH_TIMEOUT = EnvFloat(10.0, "Seconds an image URL fetch may take.")
+    MINI_SGLANG_MAX_IMAGES_PER_REQUEST = EnvInt(
+        16, "Most images one prompt may carry (a model may accept fewer)."
+    )
     # Memory and files
     MINI_SGLANG_CPU_KV_CACHE_GB = EnvFloat(2.0, "GiB of KV cache on --device cpu.")
     MINI_SGLANG_CACHE_DIR = EnvStr(

@@ -99,6 +99,14 @@ class ModelConfig:
     # sentence-transformers' pooling of the model directory, overriding the model class's
     # default pooler; None when the directory has none.
     pooling: PoolingConfig | None = None
+    # The whole HF config where hf_config is its text_config (vision-language models:
+    # the model class is built from it); None where the two are one.
+    hf_full_config: PretrainedConfig | None = None
+
+    @property
+    def model_class_config(self) -> PretrainedConfig:
+        """The config the model class is built from."""
+        return self.hf_full_config if self.hf_full_config is not None else self.hf_config
 
     @classmethod
     def from_server_args(cls, server_args) -> ModelConfig:
@@ -154,6 +162,7 @@ class ModelConfig:
                 architectures, bool(getattr(server_args, "is_embedding", False))
             ),
             pooling=read_sentence_transformers_pooling(server_args.model_path),
+            hf_full_config=hf if text_cfg is not hf else None,
         )
 
     def num_kv_heads_per_rank(self, tp_size: int) -> int:

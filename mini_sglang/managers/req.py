@@ -27,6 +27,7 @@ from mini_sglang.sampling.sampling_batch_info import NO_SEED
 
 if TYPE_CHECKING:
     from mini_sglang.mem_cache.base_prefix_cache import BasePrefixCache
+    from mini_sglang.multimodal.mm_inputs import MultimodalInputs
     from mini_sglang.sampling.sampling_params import SamplingParams
 
 
@@ -47,10 +48,21 @@ class Req:
         sampling_seed: int = NO_SEED,
         custom_logit_processor: str | None = None,
         input_embeds: torch.Tensor | None = None,
+        multimodal_inputs: MultimodalInputs | None = None,
+        origin_input_ids_unpadded: list[int] | None = None,
     ) -> None:
         self.rid = rid
         self.origin_input_text = origin_input_text
+        # With images, origin_input_ids hold each image's pad values (the radix key; they
+        # may lie outside the vocabulary) and origin_input_ids_unpadded the placeholder
+        # token ids at the same positions (for detokenization, penalties and logprobs).
         self.origin_input_ids = list(origin_input_ids)
+        self.origin_input_ids_unpadded = (
+            self.origin_input_ids
+            if origin_input_ids_unpadded is None
+            else list(origin_input_ids_unpadded)
+        )
+        self.multimodal_inputs = multimodal_inputs
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids or set()
         self.vocab_size = vocab_size
@@ -136,6 +148,8 @@ class Req:
         self.extend_input_len = 0
         self.is_chunked = 0
         self.req_pool_idx = None
+        if self.multimodal_inputs is not None:
+            self.multimodal_inputs.drop_feature_cache()
 
     # ---- finishing -----------------------------------------------------------------
     def tail_str(self, tokenizer) -> str:

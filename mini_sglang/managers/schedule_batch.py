@@ -98,6 +98,9 @@ class ScheduleBatch:
         # extend tokens (see _prompt_embeds); None otherwise, and always on decode.
         self.input_embeds: torch.Tensor | None = None
         self.input_embeds_loc: torch.Tensor | None = None
+        # An extend with images: per extend row its MultimodalInputs (None for a text
+        # row); None when no row has images, and always on decode.
+        self.mm_inputs: list | None = None
 
     @property
     def reqs(self) -> list[Req]:
@@ -178,6 +181,8 @@ class ScheduleBatch:
         )
         self.positions = cols_dev
         self.input_embeds, self.input_embeds_loc = _prompt_embeds(reqs, self.prefix_lens, seq_lens)
+        mm = [r.multimodal_inputs for r in reqs]
+        self.mm_inputs = mm if any(m is not None for m in mm) else None
         for r, p, s in zip(reqs, self.prefix_lens, seq_lens):
             # cached_tokens counts prompt tokens that came from the cache, once each.
             if p > r.already_computed:
@@ -236,6 +241,7 @@ class ScheduleBatch:
         self.seq_lens = self.seq_lens + 1
         self.input_ids = self.output_ids
         self.input_embeds = self.input_embeds_loc = None
+        self.mm_inputs = None
         self.return_logprob = self.has_logprob_reqs
         self.decode_start = 0
         self.prefix_lens, self.extend_lens, self.extend_logprob_start_lens = [], [], []
@@ -310,6 +316,8 @@ class ScheduleBatch:
         )
         self.prefix_lens = self.prefix_lens + (running.seq_lens - 1).tolist()
         self.extend_lens = self.extend_lens + [1] * n
+        if self.mm_inputs is not None:
+            self.mm_inputs = self.mm_inputs + [None] * n
         # A decode row's single position is its sampling row, not a prompt position.
         self.extend_logprob_start_lens = self.extend_logprob_start_lens + [1] * n
         self._append_rows(running)
@@ -344,6 +352,7 @@ class ScheduleBatch:
             extend_prefix_lens=self.prefix_lens if extend else None,
             input_embeds=self.input_embeds if extend else None,
             input_embeds_loc=self.input_embeds_loc if extend else None,
+            mm_inputs=self.mm_inputs if extend else None,
             sampling_info=self.sampling_info,
             return_logprob=self.return_logprob,
             extend_logprob_start_lens=list(self.extend_logprob_start_lens)

@@ -66,6 +66,7 @@ from mini_sglang.managers.session_controller import SessionController
 from mini_sglang.managers.tp_worker import TpModelWorker
 from mini_sglang.mem_cache.chunk_cache import ChunkCache
 from mini_sglang.mem_cache.radix_cache import RadixCache
+from mini_sglang.multimodal.mm_inputs import MultimodalInputs
 from mini_sglang.sampling.custom_logit_processor import CustomLogitProcessor
 from mini_sglang.sampling.sampling_batch_info import NO_SEED
 from mini_sglang.sampling.sampling_params import SamplingParams
@@ -385,6 +386,13 @@ class Scheduler:
         seed = NO_SEED
         if getattr(sp, "seed_given", False) or self.server_args.enable_deterministic_inference:
             seed = int(sp.sampling_seed)
+        mm_inputs, unpadded = None, None
+        if recv.mm_inputs is not None:
+            # The model's placeholder padding (multimodal/mm_utils.py): the padded ids key
+            # the radix cache on each image's content.
+            mm_inputs = MultimodalInputs.from_dict(recv.mm_inputs)
+            unpadded = input_ids
+            input_ids = self.tp_worker.model_runner.model.pad_input_ids(input_ids, mm_inputs)
         return Req(
             recv.rid,
             recv.input_text,
@@ -402,6 +410,8 @@ class Scheduler:
             if self.server_args.enable_custom_logit_processor
             else None,
             input_embeds=recv.input_embeds,
+            multimodal_inputs=mm_inputs,
+            origin_input_ids_unpadded=unpadded,
         )
 
     def input_error(self, req: Req) -> str | None:

@@ -185,7 +185,7 @@ class OutputProcessor:
             start = prefix + rel_start  # absolute position of the first row
             if start == req.logprob_start_len and not req.input_token_logprobs_val:
                 req.input_token_logprobs_val.append(None)
-                req.input_token_logprobs_idx.append(req.origin_input_ids[start])
+                req.input_token_logprobs_idx.append(req.origin_input_ids_unpadded[start])
                 if req.top_logprobs_num > 0:
                     req.input_top_logprobs_val.append(None)
                     req.input_top_logprobs_idx.append(None)
@@ -206,7 +206,7 @@ class OutputProcessor:
                     continue
                 # origin_input_ids, not fill_ids: a non-final prefill chunk's last row
                 # predicts the first token of the next chunk, beyond this chunk's fill_ids.
-                tok = req.origin_input_ids[pos]
+                tok = req.origin_input_ids_unpadded[pos]
                 req.input_token_logprobs_val.append(float(logprobs[j, tok]))
                 req.input_token_logprobs_idx.append(tok)
                 if req.top_logprobs_num > 0:
@@ -258,7 +258,7 @@ class OutputProcessor:
         for req in to_send:
             sp = req.sampling_params
             if req.read_offset is None:
-                ctx = req.origin_input_ids[-DETOKENIZE_CONTEXT_TOKENS:]
+                ctx = req.origin_input_ids_unpadded[-DETOKENIZE_CONTEXT_TOKENS:]
                 decode_ids = ctx + req.output_ids
                 req.read_offset = len(ctx)
             else:

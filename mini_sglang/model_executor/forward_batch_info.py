@@ -24,6 +24,7 @@ from mini_sglang.utils.device import to_device
 if TYPE_CHECKING:
     from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
     from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+    from mini_sglang.multimodal.mm_inputs import MultimodalInputs
 
 
 class ForwardMode(IntEnum):
@@ -65,6 +66,9 @@ class ModelWorkerBatch:
     # input_embeds_loc (int64 [k]), used instead of the embedding table there.
     input_embeds: torch.Tensor | None = None
     input_embeds_loc: torch.Tensor | None = None
+    # Extend only: per extend row its MultimodalInputs (None for a text row); None when no
+    # row has images (multimodal/mm_inputs.py describes the contract).
+    mm_inputs: list[MultimodalInputs | None] | None = None
 
 
 @dataclass
@@ -96,6 +100,13 @@ class ForwardBatch:
     # [num_tokens, head_dim] cos/sin rows, one per token, that the attention reads instead
     # of its RoPE cache; `positions` then index these rows (MRotaryEmbedding.cos_sin_rows).
     rope_cos_sin: torch.Tensor | None = None
+    mm_inputs: list[MultimodalInputs | None] | None = None  # see ModelWorkerBatch
+    # int64 [3, tokens] M-RoPE positions for models with multimodal rotary embeddings
+    # (filled by such a model's runner hook from mm_inputs; None otherwise).
+    mrope_positions: torch.Tensor | None = None
+
+    def contains_mm_inputs(self) -> bool:
+        return self.mm_inputs is not None and any(m is not None for m in self.mm_inputs)
 
     @classmethod
     def init_new(
@@ -137,4 +148,5 @@ class ForwardBatch:
             if batch.input_embeds is not None:
                 fb.input_embeds = dev(batch.input_embeds)
                 fb.input_embeds_loc = dev(batch.input_embeds_loc)
+            fb.mm_inputs = batch.mm_inputs
         return fb

@@ -112,7 +112,7 @@ def get_model(
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device), cpu_offload(cpu_offload_bytes, device) as offloader:
-            model = model_cls(model_config.hf_config)
+            model = model_cls(model_config.model_class_config)
     finally:
         torch.set_default_dtype(old_dtype)
     if offloader is not None:

@@ -280,9 +280,15 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        fb: ForwardBatch,
+        input_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        """Final hidden states; `input_embeds` ([tokens, hidden], e.g. text and image rows
+        merged by multimodal/mm_utils.py) replaces the embedding lookup of input_ids."""
+        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         if fb.input_embeds is not None:  # an extend with input_embeds prompts (never decode)
             hidden[fb.input_embeds_loc] = fb.input_embeds.to(hidden.dtype)
         if norms_in_gemvs(hidden):

@@ -11,6 +11,7 @@ from torch import nn
 
 from mini_sglang.models.llama import LlamaForCausalLM
 from mini_sglang.models.llama_embedding import LlamaEmbeddingModel, MistralModel
+from mini_sglang.models.llava import LlavaForConditionalGeneration
 from mini_sglang.models.qwen2 import Qwen2ForCausalLM
 from mini_sglang.models.qwen3 import Qwen3ForCausalLM
 from mini_sglang.models.sequence_classification import (
@@ -22,6 +23,7 @@ from mini_sglang.models.sequence_classification import (
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,

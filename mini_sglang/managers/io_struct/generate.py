@@ -373,6 +373,9 @@ class TokenizedGenerateReqInput:
     by the client (-1 = output tokens only); the scheduler resolves -1 to len(input_ids) - 1.
     ``input_embeds`` (a float32 [len(input_ids), hidden] tensor) replaces the embeddings of
     the prompt positions; its input_ids are then SGLang's stand-in 1s.
+    ``mm_inputs`` (a multimodal processor's output dict: mm_items, im_token_id, mrope_*;
+    see multimodal/mm_inputs.py) comes with prompts that hold images; input_ids then hold
+    each image's placeholder tokens, expanded to its feature count and not yet padded.
     """
 
     rid: str

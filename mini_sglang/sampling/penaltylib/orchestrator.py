@@ -55,7 +55,7 @@ class PenalizerOrchestrator:
         counts = torch.zeros(bs, vocab_size, dtype=torch.float32)
         stop_mask = torch.zeros(bs, vocab_size, dtype=torch.bool)
         for i, r in enumerate(reqs):
-            ids = torch.tensor(r.origin_input_ids + r.output_ids, dtype=torch.int64)
+            ids = torch.tensor(r.origin_input_ids_unpadded + r.output_ids, dtype=torch.int64)
             ids = ids[(ids >= 0) & (ids < vocab_size)]
             seen[i, ids] = True
             if r.output_ids:

@@ -1,0 +1,39 @@
+"""The multimodal processor registry, keyed by HF architecture name.
+
+A model family adds its processor module here (a BaseMultimodalProcessor subclass whose
+``models`` lists the architectures it serves); ``get_mm_processor`` picks it for a config.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mini_sglang.multimodal.processors.base_processor import BaseMultimodalProcessor
+from mini_sglang.multimodal.processors.llava import LlavaImageProcessor
+
+PROCESSOR_CLASSES: list[type[BaseMultimodalProcessor]] = [LlavaImageProcessor]
+PROCESSOR_REGISTRY: dict[str, type[BaseMultimodalProcessor]] = {
+    arch: cls for cls in PROCESSOR_CLASSES for arch in cls.models
+}
+
+
+def is_multimodal_architecture(architectures: list[str] | None) -> bool:
+    return any(arch in PROCESSOR_REGISTRY for arch in architectures or [])
+
+
+def get_processor(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The model's HF processor (AutoProcessor: tokenizer + image processor)."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+
+def get_mm_processor(
+    hf_config: Any, server_args: Any, processor: Any
+) -> BaseMultimodalProcessor | None:
+    """The processor for hf_config's architecture, or None for a text-only model."""
+    for arch in getattr(hf_config, "architectures", None) or []:
+        cls = PROCESSOR_REGISTRY.get(arch)
+        if cls is not None:
+            return cls(hf_config, server_args, processor)
+    return None
