@@ -69,6 +69,9 @@ class ModelWorkerBatch:
     # Extend only: per extend row its MultimodalInputs (None for a text row); None when no
     # row has images (multimodal/mm_inputs.py describes the contract).
     mm_inputs: list[MultimodalInputs | None] | None = None
+    # Extend only: int64 [num extend tokens], each token's segment (token type) id, for
+    # encoders given text pairs; None means type 0 everywhere.
+    token_type_ids: torch.Tensor | None = None
 
 
 @dataclass
@@ -104,6 +107,7 @@ class ForwardBatch:
     # int64 [3, tokens] M-RoPE positions for models with multimodal rotary embeddings
     # (filled by such a model's runner hook from mm_inputs; None otherwise).
     mrope_positions: torch.Tensor | None = None
+    token_type_ids: torch.Tensor | None = None  # see ModelWorkerBatch
 
     def contains_mm_inputs(self) -> bool:
         return self.mm_inputs is not None and any(m is not None for m in self.mm_inputs)
@@ -149,4 +153,6 @@ class ForwardBatch:
                 fb.input_embeds = dev(batch.input_embeds)
                 fb.input_embeds_loc = dev(batch.input_embeds_loc)
             fb.mm_inputs = batch.mm_inputs
+            if batch.token_type_ids is not None:
+                fb.token_type_ids = dev(batch.token_type_ids)
         return fb

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from mini_sglang.models.bert import BertForSequenceClassification, BertModel
 from mini_sglang.models.llama import LlamaForCausalLM
 from mini_sglang.models.llama_embedding import LlamaEmbeddingModel, MistralModel
 from mini_sglang.models.llava import LlavaForConditionalGeneration
@@ -20,6 +21,7 @@ from mini_sglang.models.sequence_classification import (
     Qwen2ForSequenceClassification,
     Qwen3ForSequenceClassification,
 )
+from mini_sglang.models.xlm_roberta import XLMRobertaForSequenceClassification, XLMRobertaModel
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -34,6 +36,11 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen2ForSequenceClassification": Qwen2ForSequenceClassification,
     "Qwen3ForSequenceClassification": Qwen3ForSequenceClassification,
     "Qwen2ForRewardModel": Qwen2ForRewardModel,
+    # Encoders (non-causal; supports_prefix_reuse False).
+    "BertModel": BertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "XLMRobertaModel": XLMRobertaModel,
+    "XLMRobertaForSequenceClassification": XLMRobertaForSequenceClassification,
 }
 
 
