@@ -168,3 +168,59 @@ def write_sentence_transformers_pooling(out_dir: str | Path, mode: str, normaliz
     (out / "1_Pooling" / "config.json").write_text(
         json.dumps({"word_embedding_dimension": 64, **cfg})
     )
+
+
+# ---- running them ----------------------------------------------------------------------------
+TEXT_PAIRS = [
+    ("what is the capital of france?", "paris is the capital of france."),
+    ("cat", "the cat sat on the mat, and the dog sat on the cat."),
+    ("river", "a"),
+]
+
+
+def tokenized_inputs(arch: str) -> tuple[list[list[int]], list[list[int]]]:
+    """(input ids, token types) of TEXT_PAIRS as `arch` reads them: pairs for a
+    cross-encoder, the two texts joined for an embedding model."""
+    tok = build_tokenizer("bert" if arch.startswith("Bert") else "roberta")
+    if arch.endswith("ForSequenceClassification"):
+        enc = [tok(q, d, return_token_type_ids=True) for q, d in TEXT_PAIRS]
+    else:
+        enc = [tok(q + " " + d, return_token_type_ids=True) for q, d in TEXT_PAIRS]
+    return [e["input_ids"] for e in enc], [e["token_type_ids"] for e in enc]
+
+
+def extend_batch(req_to_token: torch.Tensor, seqs: list[list[int]], token_types=None):
+    """A ModelWorkerBatch running `seqs` as one EXTEND of whole sequences: request i in
+    req_to_token row i + 1, KV slots 1 .. total tokens in order (rows and slots are written)."""
+    from mini_sglang.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+
+    lens = [len(s) for s in seqs]
+    slots = torch.arange(1, sum(lens) + 1)
+    for i, part in enumerate(torch.split(slots, lens)):
+        req_to_token[i + 1, : len(part)] = part.to(req_to_token.device, torch.int32)
+    return ModelWorkerBatch(
+        forward_mode=ForwardMode.EXTEND,
+        input_ids=torch.tensor(sum(seqs, [])),
+        positions=torch.cat([torch.arange(n) for n in lens]),
+        req_pool_indices=torch.arange(1, len(seqs) + 1),
+        seq_lens=torch.tensor(lens),
+        out_cache_loc=slots,
+        extend_seq_lens=lens,
+        extend_prefix_lens=[0] * len(lens),
+        token_type_ids=torch.tensor(sum(token_types, [])) if token_types else None,
+    )
+
+
+@torch.no_grad()
+def hf_reference(hf, arch: str, ids: list[int], token_types: list[int]) -> torch.Tensor:
+    """What mini-sglang must give for one sequence: a cross-encoder's logits squeezed
+    (SGLang's identity activation), or the last hidden state pooled as the class pools by
+    default (SGLang's: BertModel LAST, XLMRobertaModel CLS) and L2-normalized."""
+    dev = next(hf.parameters()).device
+    kw = dict(input_ids=torch.tensor([ids], device=dev))
+    kw["token_type_ids"] = torch.tensor([token_types], device=dev)
+    if arch.endswith("ForSequenceClassification"):
+        return hf(**kw).logits[0].squeeze(-1).float()
+    hidden = hf(**kw).last_hidden_state[0].float()
+    pooled = hidden[-1] if arch == "BertModel" else hidden[0]
+    return torch.nn.functional.normalize(pooled, dim=-1)
