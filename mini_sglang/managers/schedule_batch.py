@@ -101,6 +101,9 @@ class ScheduleBatch:
         # An extend with images: per extend row its MultimodalInputs (None for a text
         # row); None when no row has images, and always on decode.
         self.mm_inputs: list | None = None
+        # An extend with token-type (segment) ids: one per extend token (see _token_types);
+        # None otherwise, and always on decode.
+        self.token_type_ids: torch.Tensor | None = None
 
     @property
     def reqs(self) -> list[Req]:
@@ -183,6 +186,7 @@ class ScheduleBatch:
         self.input_embeds, self.input_embeds_loc = _prompt_embeds(reqs, self.prefix_lens, seq_lens)
         mm = [r.multimodal_inputs for r in reqs]
         self.mm_inputs = mm if any(m is not None for m in mm) else None
+        self.token_type_ids = _token_types(reqs, self.prefix_lens, seq_lens)
         for r, p, s in zip(reqs, self.prefix_lens, seq_lens):
             # cached_tokens counts prompt tokens that came from the cache, once each.
             if p > r.already_computed:
@@ -241,7 +245,7 @@ class ScheduleBatch:
         self.seq_lens = self.seq_lens + 1
         self.input_ids = self.output_ids
         self.input_embeds = self.input_embeds_loc = None
-        self.mm_inputs = None
+        self.mm_inputs = self.token_type_ids = None
         self.return_logprob = self.has_logprob_reqs
         self.decode_start = 0
         self.prefix_lens, self.extend_lens, self.extend_logprob_start_lens = [], [], []
@@ -353,6 +357,7 @@ class ScheduleBatch:
             input_embeds=self.input_embeds if extend else None,
             input_embeds_loc=self.input_embeds_loc if extend else None,
             mm_inputs=self.mm_inputs if extend else None,
+            token_type_ids=self.token_type_ids if extend else None,
             sampling_info=self.sampling_info,
             return_logprob=self.return_logprob,
             extend_logprob_start_lens=list(self.extend_logprob_start_lens)
@@ -376,6 +381,21 @@ def _neutral_stand_in(req: Req) -> Req:
     stand_in.sampling_seed = NO_SEED
     stand_in.custom_logit_processor = None
     return stand_in
+
+
+def _token_types(
+    reqs: list[Req], prefix_lens: list[int], seq_lens: list[int]
+) -> torch.Tensor | None:
+    """Token-type ids (int64) of this extend's tokens, request after request: request i's
+    token_type_ids[prefix_i:seq_i], type 0 where it has none. None when no request has
+    any (the model then takes type 0 everywhere)."""
+    if all(r.token_type_ids is None for r in reqs):
+        return None
+    parts = []
+    for r, p, s in zip(reqs, prefix_lens, seq_lens):
+        types = list(r.token_type_ids or [])[p:s]
+        parts.append(types + [0] * (s - p - len(types)))
+    return torch.tensor([t for part in parts for t in part], dtype=torch.int64)
 
 
 def _prompt_embeds(

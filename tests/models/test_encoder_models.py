@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.tiny_encoders import build_tiny_encoder, extend_batch, hf_reference, tokenized_inputs
 
@@ -74,3 +75,54 @@ def test_encoder_matches_transformers(saved, arch):
     for i, (ids, tt) in enumerate(zip(seqs, types)):
         ref = hf_reference(hf, arch, ids, tt)
         torch.testing.assert_close(got[i], ref, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_scheduler_runs_encoder_inputs_whole_and_alone(saved, tmp_path):
+    """Through the in-process scheduler with the radix cache on and 8-token chunks: rerank
+    pairs that share their query (a radix prefix a decoder would reuse) and are longer than
+    a chunk still get transformers' scores, token types included; a BertModel directory with
+    sentence-transformers' mean pooling pools every token. Nothing stays cached or held."""
+    from mini_sglang.managers.io_struct.generate import TokenizedEmbeddingReqInput
+    from mini_sglang.sampling.sampling_params import SamplingParams
+    from tests.conftest import assert_memory_all_free, make_scheduler
+    from tests.tiny_encoders import build_tokenizer, write_sentence_transformers_pooling
+
+    tok = build_tokenizer("bert")
+    query = "what is the capital of france?"
+    docs = ["paris is the capital.", "the cat sat on the mat.", "a river"]
+    pairs = [tok(query, d, return_token_type_ids=True) for d in docs]
+    mean_dir = tmp_path / "bert_mean"
+    mean_hf = build_tiny_encoder("BertModel", mean_dir, seed=5)
+    write_sentence_transformers_pooling(mean_dir, "mean", normalize=True)
+    cases = [
+        (saved["BertForSequenceClassification"][0], saved["BertForSequenceClassification"][1]),
+        (str(mean_dir), mean_hf),
+    ]
+    for path, hf in cases:
+        sched = make_scheduler(path, chunked_prefill_size=8)
+        assert not sched.model_config.is_generation
+        for i, enc in enumerate(pairs):
+            assert len(enc["input_ids"]) > 8
+            sp = SamplingParams(max_new_tokens=0)
+            sp.normalize(None)
+            types = enc["token_type_ids"]
+            req = TokenizedEmbeddingReqInput(
+                f"r{i}", "", enc["input_ids"], sp, token_type_ids=types
+            )
+            sched.add_request(req)
+        sched.run_until_idle()
+        got = {
+            rid: torch.tensor(emb)
+            for msg in sched.test_outputs
+            for rid, emb in zip(msg.rids, msg.embeddings)
+        }
+        for i, enc in enumerate(pairs):
+            kw = {k: torch.tensor([enc[k]]) for k in ("input_ids", "token_type_ids")}
+            if path == str(mean_dir):
+                ref = F.normalize(hf(**kw).last_hidden_state[0].mean(0), dim=0)
+            else:
+                ref = hf(**kw).logits[0, 0]
+            torch.testing.assert_close(got[f"r{i}"], ref, atol=1e-4, rtol=1e-4)
+        assert_memory_all_free(sched)
+        assert sched.stats.memory_accounting()["evictable"] == 0
