@@ -291,6 +291,46 @@ def run_prompts(
     return [results[r] for r in rids]
 
 
+def prefill_logits(scheduler, prompts: list[list[int]], all_positions: bool):
+    """Run one EXTEND batch of `prompts` through ScheduleBatch -> ModelWorkerBatch ->
+    TpModelWorker, then release its KV and request slots. Returns the LogitsProcessorOutput.
+
+    With all_positions, every request asks for prompt logprobs from position 0, so the
+    logits processor also returns the logits of every prompt position (input_logits)."""
+    from mini_sglang.managers.req import Req
+    from mini_sglang.managers.schedule_batch import ScheduleBatch
+    from mini_sglang.sampling.sampling_params import SamplingParams
+
+    reqs = []
+    for i, ids in enumerate(prompts):
+        sp = SamplingParams(max_new_tokens=1, temperature=0.0)
+        sp.normalize(None)
+        req = Req(
+            f"logits{i}",
+            "",
+            ids,
+            sp,
+            vocab_size=scheduler.model_config.vocab_size,
+            return_logprob=all_positions,
+            logprob_start_len=0 if all_positions else len(ids) - 1,
+        )
+        req.init_next_round_input(None)
+        reqs.append(req)
+    batch = ScheduleBatch(
+        reqs,
+        scheduler.req_to_token_pool,
+        scheduler.allocator,
+        scheduler.tree_cache,
+        scheduler.model_config.vocab_size,
+        scheduler.device,
+    )
+    batch.prepare_for_extend()
+    result = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+    scheduler.allocator.free(batch.out_cache_loc)
+    scheduler.req_to_token_pool.free([r.req_pool_idx for r in reqs])
+    return result.logits_output
+
+
 def assert_memory_all_free(scheduler) -> None:
     """Every KV slot and request slot is free again once every request has finished.
 

@@ -19,8 +19,6 @@ import pytest
 import torch
 
 from mini_sglang.managers.io_struct.control import AbortReq
-from mini_sglang.managers.req import Req
-from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.sampling.sampling_params import SamplingParams
 from tests.conftest import (
     assert_memory_all_free,
@@ -30,6 +28,7 @@ from tests.conftest import (
     hf_greedy,
     make_req,
     make_scheduler,
+    prefill_logits,
     run_prompts,
 )
 
@@ -95,40 +94,6 @@ def test_config_features_reach_the_model(tiny: TinyModel, scheduler) -> None:
 
 
 # ---- prefill logits ----------------------------------------------------------------------
-def _prefill_logits(scheduler, prompts: list[list[int]], all_positions: bool):
-    """Run one EXTEND batch of `prompts` through ScheduleBatch -> ModelWorkerBatch ->
-    TpModelWorker, then release its KV and request slots. Returns the LogitsProcessorOutput.
-
-    With all_positions, every request asks for prompt logprobs from position 0, so the
-    logits processor also returns the logits of every prompt position (input_logits)."""
-    reqs = []
-    for i, ids in enumerate(prompts):
-        sp = SamplingParams(max_new_tokens=1, temperature=0.0)
-        sp.normalize(None)
-        req = Req(
-            f"logits{i}",
-            "",
-            ids,
-            sp,
-            vocab_size=scheduler.model_config.vocab_size,
-            return_logprob=all_positions,
-            logprob_start_len=0 if all_positions else len(ids) - 1,
-        )
-        req.init_next_round_input(None)
-        reqs.append(req)
-    batch = ScheduleBatch(
-        reqs,
-        scheduler.req_to_token_pool,
-        scheduler.allocator,
-        scheduler.tree_cache,
-        scheduler.model_config.vocab_size,
-        scheduler.device,
-    )
-    batch.prepare_for_extend()
-    result = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
-    scheduler.allocator.free(batch.out_cache_loc)
-    scheduler.req_to_token_pool.free([r.req_pool_idx for r in reqs])
-    return result.logits_output
 
 
 @torch.no_grad()
@@ -138,7 +103,7 @@ def _hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
 
 
 def test_prefill_last_logits_match_hf(tiny: TinyModel, scheduler) -> None:
-    out = _prefill_logits(scheduler, tiny.prompts, all_positions=False)
+    out = prefill_logits(scheduler, tiny.prompts, all_positions=False)
     assert out.next_token_logits.shape == (len(tiny.prompts), scheduler.model_config.vocab_size)
     for i, ids in enumerate(tiny.prompts):
         ref = _hf_logits(tiny.hf_model, ids)[-1]
@@ -148,7 +113,7 @@ def test_prefill_last_logits_match_hf(tiny: TinyModel, scheduler) -> None:
 
 
 def test_prefill_all_position_logits_match_hf(tiny: TinyModel, scheduler) -> None:
-    out = _prefill_logits(scheduler, tiny.prompts, all_positions=True)
+    out = prefill_logits(scheduler, tiny.prompts, all_positions=True)
     assert out.input_logits_lens == [len(p) for p in tiny.prompts]
     offset = 0
     for i, ids in enumerate(tiny.prompts):
