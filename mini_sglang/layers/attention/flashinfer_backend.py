@@ -20,8 +20,6 @@ v_scale, which flashinfer folds into the score scale and the output (layers/kv_q
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,7 +35,6 @@ if TYPE_CHECKING:
     from mini_sglang.model_executor.model_runner import ModelRunner
 
 WORKSPACE_BYTES = 256 << 20
-logger = logging.getLogger(__name__)
 
 
 def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[bool, int]:
@@ -89,75 +86,6 @@ class FlashInferAttnBackend(AttentionBackend):
         self._prefill_plan_args: tuple = ()
         self._prefill_causal = True
         self._last_plan_copied: torch.cuda.Event | None = None
-        if self.device.type == "cuda":
-            self._prebuild_jit_modules()
-
-    def _prebuild_jit_modules(self) -> None:
-        """Build (or load) every flashinfer JIT module this backend and the model's ops will
-        use, all at once, before the first forward.
-
-        flashinfer compiles a module on its first use, so a fresh machine used to compile
-        them one after another as the first batches ran: on an H200, batch prefill 54 s,
-        norm 15 s, batch decode 11 s, SiLU-and-mul 6 s (Qwen3-0.6B). Each compile is a
-        ninja subprocess, so threads run them side by side and start-up waits for the
-        longest one only. A throwaway wrapper's plan() for a one-token batch asks for the
-        very module the real plans use (same heads, dtypes, tensor-core choice; the getters
-        are functools.cache'd, so the real plan then finds it loaded), and flashinfer's
-        per-module file lock serialises any two builds of one module. On a warm machine
-        each module loads from its cache in milliseconds. A failure here is only logged:
-        the real first use raises it again where it belongs.
-        """
-        from mini_sglang.layers.kernels import flashinfer_activation, flashinfer_norm
-
-        jobs = [self._plan_throwaway_prefill]
-        for tc in sorted({self._tensor_cores_for(1), self._tensor_cores_for(1 << 30)}):
-            jobs.append(lambda tc=tc: self._plan_throwaway_decode(tc))
-        if flashinfer_norm() is not None:
-            jobs.append(self.fi.norm.get_norm_module)
-        if flashinfer_activation() is not None:
-            jobs.append(lambda: self.fi.activation.get_act_and_mul_module("silu"))
-        jobs.append(self.fi.sampling.get_sampling_module)
-
-        def run(job) -> None:
-            try:
-                torch.cuda.set_device(self.device)
-                job()
-            except Exception as e:  # noqa: BLE001  # the real first use reports it
-                logger.debug("flashinfer module prebuild failed: %r", e)
-
-        threads = [threading.Thread(target=run, args=(job,), daemon=True) for job in jobs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    def _one_token_batch(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(workspace, kv_indptr, kv_indices, last_page_len) of a one-token, one-page batch."""
-        one = torch.tensor([0, 1], dtype=torch.int32)
-        return (
-            torch.empty(16 << 20, dtype=torch.uint8, device=self.device),
-            one,
-            torch.zeros(1, dtype=torch.int32, device=self.device),
-            torch.ones(1, dtype=torch.int32),
-        )
-
-    def _plan_throwaway_prefill(self) -> None:
-        workspace, indptr, indices, last = self._one_token_batch()
-        wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-        wrapper.plan(
-            indptr, indptr, indices, last, *self._heads(), causal=True,
-            q_data_type=self.q_dtype, kv_data_type=self.kv_dtype,
-        )  # fmt: skip
-
-    def _plan_throwaway_decode(self, tensor_cores: bool) -> None:
-        workspace, indptr, indices, last = self._one_token_batch()
-        wrapper = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_tensor_cores=tensor_cores
-        )
-        wrapper.plan(
-            indptr, indices, last, *self._heads(),
-            q_data_type=self.q_dtype, kv_data_type=self.kv_dtype,
-        )  # fmt: skip
 
     def _tensor_cores_for(self, bs: int) -> bool:
         return self.use_tensor_cores and bs <= self.tensor_core_max_bs
