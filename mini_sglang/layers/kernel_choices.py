@@ -82,6 +82,13 @@ def _table(table: str, name: str) -> tuple[dict[str, Any], str]:
     return _tables[key], cached_path
 
 
+def dumps(data: dict[str, Any]) -> str:
+    """A table as JSON with one entry per line, keys sorted (diffs of shipped tables stay
+    readable)."""
+    rows = [f"  {json.dumps(k)}: {json.dumps(data[k])}" for k in sorted(data)]
+    return "{\n" + ",\n".join(rows) + "\n}\n"
+
+
 def lookup(table: str, device: str, key: str) -> Any:
     """The stored pick for `key` on the card `device` (device_name's form), or MISSING."""
     with _lock:
@@ -100,7 +107,7 @@ def record(table: str, device: str, key: str, value: Any) -> None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
             with os.fdopen(fd, "w") as f:
-                json.dump(on_disk, f, indent=0, sort_keys=True)
+                f.write(dumps(on_disk))
             os.replace(tmp, path)
         except OSError as e:  # a read-only home: the pick still serves this process
             logger.debug("Could not write kernel choice cache %s: %s", path, e)

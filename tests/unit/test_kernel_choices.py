@@ -63,3 +63,24 @@ def test_unreadable_cache_is_ignored_and_rewritten(fresh, monkeypatch):
     assert kc.lookup("gemv", "Card_X", "a") is kc.MISSING
     kc.record("gemv", "Card_X", "a", [5])
     assert json.loads(cached.read_text()) == {"a": [5]}
+
+
+def test_shipped_gemv_tables_name_current_candidates():
+    """Every shipped pick is cuBLAS (null) or one of small_m_gemm's Triton configs, under a
+    key small_m_gemm builds; a stale entry would be timed again at every start."""
+    import glob
+    import os
+    import re
+
+    from mini_sglang.layers.small_m_gemm import _CONFIGS
+
+    files = glob.glob(os.path.join(kc.SHIPPED_DIR, "gemv_*.json"))
+    assert files, "no shipped GEMV tables"
+    key = re.compile(r"^M(1|2|4|8)\|N\d+\|K\d+\|(bfloat16|float16)\|[a-z_+]+$")
+    for path in files:
+        with open(path) as f:
+            table = json.load(f)
+        assert table, path
+        for name, value in table.items():
+            assert key.match(name), (path, name)
+            assert value is None or tuple(value) in _CONFIGS, (path, name, value)
