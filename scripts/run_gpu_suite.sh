@@ -3,7 +3,7 @@
 # Needs: an NVIDIA GPU (nvidia-smi) and the GPU packages importable (torch with CUDA,
 # flashinfer, triton; where the machine lacks some, stage them as wheels and put them on
 # PYTHONPATH first). Usage, from the repository root:
-#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [compare] [tp] [default_model] [kernels] [startup] [save_jit]
+#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [compare] [tp] [default_model] [kernels] [startup] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -68,6 +68,7 @@ for step in "${steps[@]}"; do
     tests)
       # plus the unit tests whose kernels run compiled (and in bf16) where CUDA is present
       python -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_qk_norm_rope_store.py \
+        tests/unit/test_fp8_kv_cache.py \
         2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     one_batch)
       for m in $MODELS; do
@@ -152,6 +153,25 @@ for step in "${steps[@]}"; do
       # A fresh machine spends minutes compiling in the first run: give it a long timeout.
       ab_rounds nano_ab "Output token throughput|Error" -m mini_sglang.bench_offline_throughput \
         --load-format dummy --preset nano-vllm ${AB_FLAGS:-} ;;
+    fp8kv)
+      # bf16 vs FP8 KV cache (--kv-cache-dtype): the batch-1 latency target (scheduler mode,
+      # in 128, out 1024) and the nano-vllm workload per model, arms alternating FP8KV_ROUNDS
+      # times (default 1); rows in $OUT/fp8kv_{one_batch,offline}_<dtype>.jsonl, lines in
+      # $OUT/fp8kv.log. FP8KV_DTYPES picks the arms (default "auto fp8_e4m3").
+      for round in $(seq "${FP8KV_ROUNDS:-1}"); do
+        for kv in ${FP8KV_DTYPES:-auto fp8_e4m3}; do
+          for m in $MODELS; do
+            python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/$m" --load-format dummy \
+              --kv-cache-dtype "$kv" --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+              --result-filename "$OUT/fp8kv_one_batch_$kv.jsonl" 2>&1 | grep -E "Scheduler|KV Cache|Error" \
+              | sed "s/^/round $round kv=$kv $m /" | tee -a "$OUT/fp8kv.log"
+            python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
+              --kv-cache-dtype "$kv" --preset nano-vllm --result-filename "$OUT/fp8kv_offline_$kv.jsonl" 2>&1 \
+              | grep -E "Output token throughput|KV Cache|Error" | sed "s/^/round $round kv=$kv $m /" \
+              | tee -a "$OUT/fp8kv.log"
+          done
+        done
+      done ;;
     profile)
       # kernel table of 20 decode steps at batch 256 (the nano-vllm workload's full batch),
       # context ~800; PROFILE_BS=1 gives the batch-1 latency target's kernels. Extra flags

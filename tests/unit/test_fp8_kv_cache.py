@@ -189,9 +189,9 @@ def test_triton_backend_on_fp8_pool_matches_torch_native(dtype):
     for row, s in zip(rows, slots):
         r2t_pool.req_to_token[row, : len(s)] = s.to(device, torch.int32)
     h, d = layer.tp_q_head_num, layer.head_dim
-    cached = torch.randn(21, KV_HEADS, d, generator=gen) * 4
-    loc = slots[1][:21].to(device)
-    kv_pool.set_kv_buffer(0, loc, cached.to(device), cached.to(device), K_SCALE, V_SCALE)
+    cached_k = _exact((21, KV_HEADS, d), dtype, K_SCALE, gen).to(device)
+    cached_v = _exact((21, KV_HEADS, d), dtype, V_SCALE, gen).to(device)
+    kv_pool.set_kv_buffer(0, slots[1][:21].to(device), cached_k, cached_v, K_SCALE, V_SCALE)
     k_buf, v_buf = kv_pool.get_kv_buffer(0)
     steps = [
         (ForwardMode.EXTEND, [6, 25], torch.cat([slots[0][:6], slots[1][21:25]]), [6, 4]),
@@ -200,8 +200,8 @@ def test_triton_backend_on_fp8_pool_matches_torch_native(dtype):
     for mode, seq_lens, out_loc, ext in steps:
         n = len(out_loc)
         q = torch.randn(n, h * d, generator=gen).to(device)
-        k = (torch.randn(n, KV_HEADS, d, generator=gen) * 4).to(device)
-        v = (torch.randn(n, KV_HEADS, d, generator=gen) * 4).to(device)
+        k = _exact((n, KV_HEADS, d), dtype, K_SCALE, gen).to(device)
+        v = _exact((n, KV_HEADS, d), dtype, V_SCALE, gen).to(device)
         outs = []
         for be in (triton_be, native_be):
             fb = _forward_batch(mode, rows, seq_lens, out_loc, r2t_pool, kv_pool, be, ext)

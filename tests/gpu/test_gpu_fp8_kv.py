@@ -1,0 +1,157 @@
+"""GPU: --kv-cache-dtype fp8_e4m3 / fp8_e5m2 on flashinfer and Triton (and flashinfer
+prefill + Triton decode), with and without CUDA graphs, against the same backend with a
+bf16 KV cache on the same bf16 model.
+
+Checked as on CPU (tests/models/test_fp8_kv_end_to_end.py, whose tolerance reasoning this
+shares): prefill logits within TOL_UNITS * u * max|reference logit| (plus bf16's own noise),
+16 greedy tokens equal until the reference itself was within twice that of a tie, the radix
+cache reusing FP8 KV with the same output, the idle memory check clean, and the pool really
+FP8 with half the bf16 cell bytes. The Qwen3 checkpoint carries KV cache scales, so the
+scaled paths of every kernel (quantized stores, flashinfer's k_scale / v_scale, Triton's
+folded scales, the fused decode_from_qkv kernel) run too.
+
+Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from tests.conftest import prefill_logits, run_prompts, tiny_config
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+UNIT_ROUNDOFF = {"fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3}
+TOL_UNITS = 2
+BF16_NOISE = 5e-2  # SGLang's bf16 logprob tolerance, for the two bf16 runs' own rounding
+MAX_NEW = 16
+# (backend, CUDA graphs); "a+b" is prefill on a, decode on b
+CASES = [("flashinfer", True), ("flashinfer", False), ("triton", True), ("flashinfer+triton", True)]
+QWEN3_SCALES = [(0.5, 0.5), (0.25, 2.0)]  # (k_scale, v_scale) of layers 0 and 1
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def model_path(request, tmp_path_factory, qwen_tokenizer) -> str:
+    """A tiny model flashinfer can run (head_dim 64) whose logits bf16 represents well
+    (initializer_range 0.02, see test_gpu_correctness.py); Qwen3 with checkpoint KV scales."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    arch = request.param
+    out = tmp_path_factory.mktemp(f"gpu_fp8kv_{arch}")
+    cfg = tiny_config(
+        arch,
+        len(qwen_tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        initializer_range=0.02,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    qwen_tokenizer.save_pretrained(str(out))
+    if arch == "qwen3":
+        (k0, _), (k1, v1) = QWEN3_SCALES
+        scales = {
+            "model.layers.0.self_attn.kv_scale": torch.tensor(k0),
+            "model.layers.1.self_attn.k_proj.k_scale": torch.tensor(k1),
+            "model.layers.1.self_attn.v_proj.v_scale": torch.tensor(v1),
+        }
+        save_file(scales, str(out / "kv_scales.safetensors"))
+    return str(out)
+
+
+def _scheduler(model_path: str, backend: str, graphs: bool, kv: str):
+    from mini_sglang.managers.scheduler import Scheduler
+    from mini_sglang.server_args import ServerArgs
+
+    if "+" in backend:
+        prefill, decode = backend.split("+")
+        attn = dict(prefill_attention_backend=prefill, decode_attention_backend=decode)
+    else:
+        attn = dict(attention_backend=backend)
+    if "flashinfer" in backend:
+        pytest.importorskip("flashinfer")
+    args = ServerArgs(
+        model_path=model_path,
+        device="cuda",
+        dtype="bfloat16",
+        kv_cache_dtype=kv,
+        max_total_tokens=8192,
+        max_running_requests=16,
+        mem_fraction_static=0.85,
+        cuda_graph_max_bs=8,
+        disable_cuda_graph=not graphs,
+        skip_tokenizer_init=True,
+        random_seed=0,
+        **attn,
+    )
+    outputs: list = []
+    sched = Scheduler(args, send_to_detokenizer=outputs.append)
+    sched.test_outputs = outputs
+    return sched
+
+
+PROMPTS = [list(range(100, 100 + n)) for n in (5, 17, 33, 64)]
+
+
+@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize(
+    "backend,graphs", CASES, ids=[f"{b}-{'graphs' if g else 'eager'}" for b, g in CASES]
+)
+def test_fp8_kv_against_bf16_kv(model_path, backend, graphs, kv):
+    ref = _scheduler(model_path, backend, graphs, "auto")
+    sched = _scheduler(model_path, backend, graphs, kv)
+    runner, ref_runner = sched.tp_worker.model_runner, ref.tp_worker.model_runner
+    assert (
+        runner.token_to_kv_pool.k_buffer[0].dtype
+        == {
+            "fp8_e4m3": torch.float8_e4m3fn,
+            "fp8_e5m2": torch.float8_e5m2,
+        }[kv]
+    )
+    assert runner.kv_cell_bytes() * 2 == ref_runner.kv_cell_bytes()
+    assert (runner.graph_runner is not None) == graphs
+    attns = [layer.self_attn.attn for layer in runner.model.model.layers]
+    scales = [(a.k_scale, a.v_scale) for a in attns]
+    assert scales == (QWEN3_SCALES if "qwen3" in model_path else [(1.0, 1.0)] * 2)
+
+    # prefill logits at every prompt position
+    want = prefill_logits(ref, PROMPTS, all_positions=True).input_logits.float()
+    got = prefill_logits(sched, PROMPTS, all_positions=True).input_logits.float()
+    tol = TOL_UNITS * UNIT_ROUNDOFF[kv] * want.abs().max().item() + BF16_NOISE
+    diff = (got - want).abs().max().item()
+    assert 0 < diff <= tol, (diff, tol)
+
+    # greedy decode (CUDA graphs when on), then the same prompts from the radix cache
+    w = [r.output_ids for r in run_prompts(ref, PROMPTS, MAX_NEW, rid_prefix="a")]
+    g = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="a")]
+    for prompt, wi, gi in zip(PROMPTS, w, g):
+        step = next((i for i, (x, y) in enumerate(zip(wi, gi)) if x != y), None)
+        if step is None:
+            continue
+        row = prefill_logits(ref, [prompt + wi[:step]], all_positions=False).next_token_logits[0]
+        margin = (row[wi[step]] - row[gi[step]]).float().item()
+        step_tol = TOL_UNITS * UNIT_ROUNDOFF[kv] * row.abs().max().item() + BF16_NOISE
+        assert margin <= 2 * step_tol, (prompt[:3], step, margin, step_tol)
+    start = len(sched.test_outputs)
+    again = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="b")]
+    assert again == g
+    cached = {}
+    for msg in sched.test_outputs[start:]:
+        cached.update(zip(msg.rids, msg.cached_tokens))
+    assert [cached[f"b{i}"] for i in range(len(PROMPTS))] == [len(p) - 1 for p in PROMPTS]
+    m = sched.stats.memory_accounting()
+    assert m["protected"] == 0 and m["free"] + m["evictable"] == m["capacity"], m
+    assert sched.stats.check_memory() and sched.stats.memory_check_failures == 0
