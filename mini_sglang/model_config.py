@@ -16,6 +16,7 @@ import torch
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 
 from mini_sglang.layers.pooler import PoolingConfig, read_sentence_transformers_pooling
+from mini_sglang.layers.quantization.methods import QuantSpec, parse_quantization
 from mini_sglang.model_loader.gguf_loader import gguf_config_dict
 from mini_sglang.server_args_defaults import resolve_dtype as resolve_cli_dtype
 from mini_sglang.utils.gguf_path import is_gguf_path
@@ -69,6 +70,16 @@ def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -
         raise ValueError(f"Cannot read the config of {model_path!r}: {e}") from e
 
 
+def hf_quant_config(hf: PretrainedConfig) -> dict | None:
+    """The checkpoint's quantization_config as a dict (None if it has none)."""
+    cfg = getattr(hf, "quantization_config", None)
+    if cfg is None:
+        cfg = getattr(getattr(hf, "text_config", None), "quantization_config", None)
+    if cfg is not None and not isinstance(cfg, dict):
+        cfg = cfg.to_dict()
+    return cfg
+
+
 def resolve_dtype(
     dtype: str, config_dtype: torch.dtype | None, device: str, model_type: str = ""
 ) -> torch.dtype:
@@ -107,6 +118,9 @@ class ModelConfig:
     def model_class_config(self) -> PretrainedConfig:
         """The config the model class is built from."""
         return self.hf_full_config if self.hf_full_config is not None else self.hf_config
+
+    # --quantization and the checkpoint's quantization_config (None: unquantized)
+    quantization: QuantSpec | None = None
 
     @classmethod
     def from_server_args(cls, server_args) -> ModelConfig:
@@ -163,6 +177,9 @@ class ModelConfig:
             ),
             pooling=read_sentence_transformers_pooling(server_args.model_path),
             hf_full_config=hf if text_cfg is not hf else None,
+            quantization=parse_quantization(
+                getattr(server_args, "quantization", None), hf_quant_config(hf)
+            ),
         )
 
     def num_kv_heads_per_rank(self, tp_size: int) -> int:

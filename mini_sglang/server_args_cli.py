@@ -71,7 +71,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--nccl-port",), dict(type=_I, help="The port for torch.distributed setup (default: a random free port).")),
     # Data types
     (("--dtype",), dict(type=_S, choices=DTYPE_CHOICES, help="Weights/activations dtype. 'auto': FP16 for FP32/FP16 checkpoints, BF16 for BF16 ones; float32 on CPU.")),
-    (("--quantization",), dict(type=_S, choices=QUANTIZATION_CHOICES, help="The quantization method (only gguf is supported).")),
+    (("--quantization",), dict(type=_S, choices=QUANTIZATION_CHOICES, help="The quantization method: fp8 (FP8 weights, quantized at load or from an FP8 checkpoint), gguf; compressed-tensors FP8 checkpoints are detected.")),
     (("--kv-cache-dtype",), dict(type=_S, choices=KV_CACHE_DTYPE_CHOICES, help="KV cache dtype; 'auto' uses the model dtype. fp8_e4m3 / fp8_e5m2 store K/V as FP8 with per-layer scales from the checkpoint (else 1.0).")),
     # Memory and scheduling
     (("--mem-fraction-static",), dict(type=_F, help="Fraction of device memory for model weights plus KV cache pool.")),

@@ -51,6 +51,7 @@ SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRA
 # What mini-sglang implements; other values in SGLang's choices are reset with a warning.
 SUPPORTED_ATTENTION_BACKENDS = ("torch_native", "flashinfer", "triton")
 SUPPORTED_LOAD_FORMATS = ("auto", "pt", "safetensors", "dummy", "gguf")
+SUPPORTED_QUANTIZATION = ("gguf", "fp8", "compressed-tensors")
 
 
 def _unsupported_backend(v: Any) -> bool:
@@ -67,7 +68,8 @@ def _given(v: Any) -> bool:
 # code never sees it.
 UNSUPPORTED_FLAGS: dict[str, Any] = {
     "pp_size": lambda v: v != 1,
-    "quantization": lambda v: v not in (None, "gguf"),  # gguf weights are dequantized at load
+    # gguf weights are dequantized at load; the others are layers/quantization's methods
+    "quantization": lambda v: v not in (None, *SUPPORTED_QUANTIZATION),
     "load_format": lambda v: v not in SUPPORTED_LOAD_FORMATS,
     "enable_torch_compile": bool,
     "enable_dp_attention": bool,

@@ -29,6 +29,7 @@ from mini_sglang.entrypoints.launch import (
 from mini_sglang.entrypoints.startup import (
     check_main_guard,
     check_model_path,
+    check_quantization,
     check_tp_size,
     close_parent_ends,
     exit_if_bootstrapping_child,
@@ -131,6 +132,7 @@ def _launch(server_args: ServerArgs, procs: list[mp.Process]) -> tuple[Any, dict
 
     check_model_path(server_args.model_path, server_args.load_format)
     check_tp_size(server_args)
+    check_quantization(server_args)
     started = time.perf_counter()
     port_args = PortArgs.init_new(server_args)
     logger.info(f"{server_args=}")

@@ -2,8 +2,8 @@
 use, a model path that cannot be served) and a child that cannot start each end the start
 promptly with one `StartupError` line that says what is wrong and what to do.
 
-`check_port_available`, `check_model_path` and `check_tp_size` run in the parent before any
-child starts (before any weight is loaded).
+`check_port_available`, `check_model_path`, `check_tp_size` and `check_quantization` run
+in the parent before any child starts (before any weight is loaded).
 
 Contract of `wait_for_children`: it returns the ready reports of the children that have a
 pipe, in order, once every one has reported "ready"; if any child (with a pipe or not)
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import glob
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -200,6 +201,29 @@ def check_tp_size(server_args: Any) -> None:
         )
     if isinstance(intermediate, int) and intermediate % tp:
         raise StartupError(f"{flag} does not divide the model's intermediate size {intermediate}")
+
+
+def check_quantization(server_args: Any) -> None:
+    """Raise StartupError unless mini-sglang can serve the model's quantization
+    (--quantization and the checkpoint's config.json quantization_config; see
+    layers/quantization/methods.py). Reads only config.json."""
+    from mini_sglang.layers.quantization.methods import parse_quantization
+
+    path = os.path.join(server_args.model_path, "config.json")
+    hf_quant_config = None
+    if os.path.isfile(path):
+        try:
+            with open(path) as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            config = {}  # unreadable: the model config's own loading reports it
+        hf_quant_config = config.get("quantization_config") or (
+            config.get("text_config") or {}
+        ).get("quantization_config")
+    try:
+        parse_quantization(server_args.quantization, hf_quant_config)
+    except ValueError as e:
+        raise StartupError(f"--model-path {server_args.model_path}: {e}") from None
 
 
 def wait_for_children(

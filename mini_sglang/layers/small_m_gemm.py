@@ -98,6 +98,7 @@ if triton is not None:
         som,
         norm_w,
         eps,
+        w_scale,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
@@ -106,6 +107,7 @@ if triton is not None:
         ADD_RES: tl.constexpr,
         NORM: tl.constexpr,
         NORM_G: tl.constexpr,
+        W_SCALE: tl.constexpr,
     ):
         # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
         # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
@@ -155,6 +157,10 @@ if triton is not None:
             if SILU_MUL:
                 wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
                 acc_up += tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
+        if W_SCALE:  # a per-row scale of a quantized w (FP8): out = x @ (w * scale)^T
+            acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)[None, :]
+            if SILU_MUL:
+                acc_up = acc_up * tl.load(w_scale + N + rn, mask=rn < N, other=0.0)[None, :]
         if NORM:
             rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
             acc = acc * rstd
@@ -182,6 +188,7 @@ def gemv(
     residual: torch.Tensor | None = None,
     norm_weight: torch.Tensor | None = None,
     eps: float | None = None,
+    w_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
     stages]); without stages Triton's default software pipelining depth is used. pdl=True
@@ -201,6 +208,11 @@ def gemv(
     weight already scales.
 
     residual r [M, N] makes the result r + x @ w^T, written into r in place (returned).
+
+    w_scale [N] (float32) dequantizes a quantized w (float8_e4m3fn) row by row: the result
+    is x @ (w * w_scale[:, None])^T, the scale applied to each dot product before the
+    norm, activation and residual epilogues. x stays in its own dtype (weight-only
+    dequantization: at these batch sizes reading w is the cost, not the arithmetic).
     """
     m, k = x.shape
     n = w.shape[0]
@@ -230,6 +242,7 @@ def gemv(
         out.stride(0),
         norm_weight if norm_weight is not None else w,  # unread without NORM_G
         eps or 0.0,
+        w_scale if w_scale is not None else w,  # unread without W_SCALE
         BM=bm,
         BN=bn,
         BK=bk,
@@ -238,6 +251,7 @@ def gemv(
         ADD_RES=residual is not None,
         NORM=eps is not None,
         NORM_G=norm_weight is not None,
+        W_SCALE=w_scale is not None,
         num_warps=warps,
         launch_pdl=pdl,
         **extra,
@@ -247,8 +261,11 @@ def gemv(
 
 def _variant_kwargs(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> dict:
     """gemv's keyword arguments for timing a fused variant: "silu_mul", "norm" (RMSNorm with
-    g loaded) and "residual" (added in place) name gemv's options."""
+    g loaded) and "residual" (added in place) name gemv's options; "fp8" a per-row scaled
+    FP8 weight."""
     kwargs: dict = {"silu_mul": "silu_mul" in variant}
+    if "fp8" in variant:
+        kwargs["w_scale"] = torch.ones(w.shape[0], dtype=torch.float32, device=w.device)
     if "norm" in variant:
         kwargs.update(eps=1e-6, norm_weight=torch.ones_like(x[0]))
     if "residual" in variant:
@@ -261,8 +278,12 @@ def time_candidates(
 ) -> dict[tuple | None, float]:
     """Milliseconds per x @ w^T, weight cold in L2, for cuBLAS (key None) and each Triton
     config the compiler accepts on this card, the Triton kernel as the given fused variant
-    (see _variant_kwargs): a prologue or epilogue can change which config is fastest."""
-    times: dict[tuple | None, float] = {None: cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)}
+    (see _variant_kwargs): a prologue or epilogue can change which config is fastest. An
+    FP8 weight ("fp8" variant) has no cuBLAS GEMV: cuBLAS is timed as never faster."""
+    if "fp8" in variant:
+        times: dict[tuple | None, float] = {None: float("inf")}
+    else:
+        times = {None: cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)}
     kwargs = _variant_kwargs(x, w, variant)
     for cfg in _CONFIGS:
         try:
@@ -368,34 +389,54 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     return out + bias if bias is not None else out
 
 
-def linear_silu_mul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+def linear_scaled(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor | None:
+    """x @ (w * w_scale[:, None])^T for an FP8 w with per-row scales, through the Triton GEMV
+    where _config picks it (the "fp8" variant: CUDA, at most MAX_M rows), else None: the
+    caller then runs its FP8 GEMM."""
+    cfg = _config(x, w, ("fp8",))
+    return None if cfg is None else gemv(x, w, cfg, pdl=pdl_enabled(x), w_scale=w_scale)
+
+
+def _scaled(variant: tuple[str, ...], w_scale: torch.Tensor | None) -> tuple[str, ...]:
+    return variant if w_scale is None else (*variant, "fp8")
+
+
+def linear_silu_mul(
+    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None
+) -> torch.Tensor | None:
     """silu(x @ gate^T) * (x @ up^T) for w = [gate; up] in one Triton GEMV where linear would
     use the Triton GEMV for x @ w^T, else None: the caller then runs linear and the
     activation itself. At batch 1 this saves the SiLU-mul kernel of every MLP.
-    MINI_SGLANG_DISABLE_GEMV_SILU_FUSION=1 always returns None."""
-    cfg = _config(x, w) if _FUSE_SILU_MUL else None
-    return None if cfg is None else gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True)
+    MINI_SGLANG_DISABLE_GEMV_SILU_FUSION=1 always returns None. w_scale: see linear_scaled."""
+    cfg = _config(x, w, _scaled((), w_scale)) if _FUSE_SILU_MUL else None
+    if cfg is None:
+        return None
+    return gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True, w_scale=w_scale)
 
 
 def linear_rmsnorm(
-    x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    w: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w_scale: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """RMSNorm(x) * norm_weight @ w^T in one Triton GEMV (see gemv's norm_weight) where linear
     would use the Triton GEMV, else None and the caller runs the norm itself.
-    MINI_SGLANG_DISABLE_GEMV_NORM_FUSION=1 always returns None."""
-    cfg = norm_fusion_config(x, w, ("norm",))
-    return (
-        None
-        if cfg is None
-        else gemv(x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps)
-    )
+    MINI_SGLANG_DISABLE_GEMV_NORM_FUSION=1 always returns None. w_scale: see linear_scaled."""
+    cfg = norm_fusion_config(x, w, _scaled(("norm",), w_scale))
+    if cfg is None:
+        return None
+    return gemv(x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps, w_scale=w_scale)
 
 
-def linear_add_(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> bool:
+def linear_add_(
+    x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, w_scale: torch.Tensor | None = None
+) -> bool:
     """residual += x @ w^T in place, in the Triton GEMV's epilogue, where linear would use the
-    Triton GEMV; returns False (residual untouched) otherwise."""
-    cfg = norm_fusion_config(x, w, ("residual",))
+    Triton GEMV; returns False (residual untouched) otherwise. w_scale: see linear_scaled."""
+    cfg = norm_fusion_config(x, w, _scaled(("residual",), w_scale))
     if cfg is None:
         return False
-    gemv(x, w, cfg, pdl=pdl_enabled(x), residual=residual)
+    gemv(x, w, cfg, pdl=pdl_enabled(x), residual=residual, w_scale=w_scale)
     return True

@@ -223,10 +223,13 @@ def _resolve(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str, o
 
 def get_weights_by_name(runner: ModelRunner, name: str, truncate_size: int = 100) -> list | None:
     """The full checkpoint tensor `name` as nested lists, first `truncate_size` rows
-    (SGLang's `.tolist()[:truncate_size]`), float32. None if there is no such weight."""
+    (SGLang's `.tolist()[:truncate_size]`), float32; a quantized linear weight is returned
+    dequantized. None if there is no such weight."""
     try:
         module, attr, shard_id = _resolve(runner.model, name)
         weight = getattr(module, attr).data
+        if attr == "weight" and hasattr(module, "quant_method"):  # a quantized weight's values
+            weight = module.quant_method.dequantized_weight(module)
         if isinstance(module, QKVParallelLinear) and shard_id is not None:
             q, kv = module.num_heads * module.head_size, module.num_kv_heads * module.head_size
             offset, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard_id]

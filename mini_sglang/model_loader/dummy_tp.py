@@ -79,6 +79,8 @@ def fill_dummy_weights_tp(
         for pname, param in module.named_parameters(recurse=False):
             if id(param) in done or not torch.is_floating_point(param):
                 continue
+            if getattr(param, "loaded_with_weight", False):  # its weight's loader fills it
+                continue
             done.add(id(param))
             where = param.device if device is None else device
             pieces = _shards(module, pname, param)
@@ -89,7 +91,9 @@ def fill_dummy_weights_tp(
             # consecutive row blocks of it.
             rows = sum(shape[0] for shape, _ in pieces)
             full_shape = (rows, *pieces[0][0][1:])
-            full = full_dummy(full_shape, seed, low, high, where).to(param.dtype)
+            full = full_dummy(full_shape, seed, low, high, where)
+            if getattr(param, "quantize_into", None) is None:  # else quantized by its loader
+                full = full.to(param.dtype)
             offset = 0
             for shape, shard_id in pieces:
                 piece = full.narrow(0, offset, shape[0])

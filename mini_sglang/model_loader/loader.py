@@ -11,6 +11,7 @@ into host memory, and the device never holds the whole model.
 from __future__ import annotations
 
 import glob
+import inspect
 import logging
 import os
 import time
@@ -22,6 +23,7 @@ from torch import nn
 from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.layers.cpu_offload import GiB, cpu_offload
 from mini_sglang.layers.pooler import Pooler
+from mini_sglang.layers.quantization.registry import get_quant_config
 from mini_sglang.model_loader.dummy_tp import fill_dummy_weights_tp, full_dummy
 from mini_sglang.model_loader.gguf_loader import iterate_gguf_weights
 from mini_sglang.model_loader.progress import progress
@@ -82,7 +84,7 @@ def fill_dummy_weights(
     small and finite.
     """
     for param in model.parameters():
-        if torch.is_floating_point(param):
+        if torch.is_floating_point(param) and not getattr(param, "loaded_with_weight", False):
             where = param.device if device is None else device
             param.data.copy_(full_dummy(tuple(param.shape), DUMMY_SEED, low, high, where))
 
@@ -106,13 +108,18 @@ def get_model(
     totalling at most that many bytes keep their weights in pinned host memory."""
     device = torch.device(device)
     model_cls = resolve_model_class(model_config.architectures)
+    quant_config = get_quant_config(model_config.quantization)
+    # Only quantized models pass quant_config, so model classes without it still load.
+    kwargs = {} if quant_config is None else {"quant_config": quant_config}
+    if kwargs and "quant_config" not in inspect.signature(model_cls.__init__).parameters:
+        raise ValueError(f"{model_cls.__name__} does not support quantization")
     logger.info("Load weight begin. avail mem=%.2f GB", available_memory_gib(device))
     t0 = time.perf_counter()
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device), cpu_offload(cpu_offload_bytes, device) as offloader:
-            model = model_cls(model_config.model_class_config)
+            model = model_cls(model_config.model_class_config, **kwargs)
     finally:
         torch.set_default_dtype(old_dtype)
     if offloader is not None:
@@ -124,7 +131,9 @@ def get_model(
             cpu_offload_bytes / GiB,
         )
     if load_format == "dummy":
-        if get_tp_size() > 1:  # shard the tp=1 dummy model (see dummy_tp)
+        # dummy_tp shards the tp=1 dummy model; it also routes each tensor through the
+        # weight loaders, which quantize it where the model is quantized online.
+        if get_tp_size() > 1 or quant_config is not None:
             fill_dummy_weights_tp(model, DUMMY_SEED, device=device)
         else:
             fill_dummy_weights(model, device=device)
@@ -140,7 +149,9 @@ def get_model(
     logger.info(
         "Load weight end. type=%s, dtype=%s, load_format=%s, elapsed=%.2f s",
         model_cls.__name__,
-        model_config.dtype,
+        model_config.dtype
+        if quant_config is None
+        else f"{model_config.dtype}, quantization={quant_config.name}",
         load_format,
         time.perf_counter() - t0,
     )

@@ -406,7 +406,10 @@ def load_checkpoint_weights(
                 else:
                     loader(param, tensor)
                 loaded.add(name)
-    missing = sorted(set(params) - loaded)
+    # A scale that its weight's loader computes (online quantization) is in no checkpoint.
+    missing = sorted(
+        n for n in set(params) - loaded if not getattr(params[n], "loaded_with_weight", False)
+    )
     if missing and strict:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters: {shown}")

@@ -225,7 +225,7 @@ def test_resolved_server_args_are_frozen():
     [
         (["--pp-size", "2"], "pp_size", 1),
         (["--pipeline-parallel-size", "2"], "pp_size", 1),
-        (["--quantization", "fp8"], "quantization", None),
+        (["--quantization", "awq"], "quantization", None),
         (["--enable-torch-compile"], "enable_torch_compile", False),
         (["--enable-lora"], "enable_lora", False),
         (["--lora-paths", "a=/x"], "lora_paths", None),
@@ -476,3 +476,11 @@ def test_port_args_honours_nccl_port():
         for n in ("tokenizer_ipc_name", "scheduler_input_ipc_name", "detokenizer_ipc_name",
                   "rpc_ipc_name", "metrics_ipc_name"):  # fmt: skip
             os.unlink(getattr(p, n)[6:])
+
+
+@pytest.mark.parametrize("method", ["fp8", "compressed-tensors"])
+def test_supported_quantization_is_kept(caplog, method):
+    with caplog.at_level(logging.WARNING, logger="mini_sglang.server_args"):
+        a = prepare_server_args(["--model-path", MODEL, "--quantization", method])
+    assert a.quantization == method
+    assert "quantization" not in caplog.text

@@ -56,6 +56,10 @@ class LinearMethodBase:
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        """The weight's values [N, K] in a float dtype (what the layer multiplies by)."""
+        return layer.weight.data
+
     def apply_rmsnorm(
         self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
     ) -> torch.Tensor | None:

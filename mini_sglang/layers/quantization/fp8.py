@@ -1,0 +1,201 @@
+"""FP8 linear methods and the configs that choose them.
+
+- `fp8` (SGLang's Fp8Config): `--quantization fp8` on a bf16/fp16 checkpoint quantizes
+  each weight to float8_e4m3fn while it loads, one scale per output channel (online); an
+  FP8 checkpoint (`quantization_config.quant_method == "fp8"`) has its weights already in
+  FP8, with a per-tensor `weight_scale` or, with `weight_block_size` [bn, bk], a block-wise
+  `weight_scale_inv` [N / bn, K / bk] (DeepSeek / Qwen3-FP8 format).
+- `compressed-tensors` with FP8 weights (`config_groups.*.weights`: 8-bit float, strategy
+  `channel` or `tensor`; the Llama-3.1-8B-Instruct-FP8 formats), `ignore` listing the
+  layers left unquantized (names, or `re:` regular expressions).
+
+Activations are quantized dynamically (per token, or per token and group of bk columns for
+block-wise weights; the small-batch GEMV reads them unquantized); a checkpoint's static
+`input_scale` is not used. A
+per-tensor weight scale is stored per channel (the shard's scale on each of its rows), so
+fused q/k/v and gate/up layers whose projections have different scales need no
+re-quantization. The LM head and embeddings are never quantized.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from mini_sglang.layers import small_m_gemm
+from mini_sglang.layers.quantization.base import (
+    LinearMethodBase,
+    QuantizationConfig,
+    make_param,
+)
+from mini_sglang.layers.quantization.fp8_kernels import (
+    FP8_DTYPE,
+    block_fp8_linear,
+    dequantize_blocks,
+    dequantize_rows,
+    fp8_linear,
+    quantize_rows,
+)
+from mini_sglang.layers.quantization.methods import QuantSpec
+from mini_sglang.layers.quantization.unquantized import UnquantizedLinearMethod
+
+if TYPE_CHECKING:
+    from mini_sglang.layers.layernorm import RMSNorm
+
+# A fused layer's checkpoint projections: a layer is left unquantized only if all of its
+# projections are (a fused weight has one precision).
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _matches(name: str, pattern: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return name == pattern
+
+
+def is_layer_ignored(prefix: str, ignored: list[str]) -> bool:
+    """Whether the linear layer `prefix` (our fused name, e.g. model.layers.0.mlp.gate_up_proj)
+    is in `ignored` (checkpoint names); raises ValueError if only some of a fused layer's
+    projections are."""
+    if not ignored:
+        return False
+    head, _, last = prefix.rpartition(".")
+    names = [f"{head}.{part}" for part in _FUSED[last]] if last in _FUSED else [prefix]
+    flags = [any(_matches(n, p) for p in ignored) for n in names]
+    if any(flags) and not all(flags):
+        raise ValueError(
+            f"{prefix}: some of its projections are in ignored_layers and some are not; the "
+            "projections of a fused layer must share one precision"
+        )
+    return all(flags)
+
+
+class Fp8LinearMethod(LinearMethodBase):
+    """weight [N, K] float8_e4m3fn with weight_scale [N] float32 (one per output row).
+
+    A weight tensor of another dtype loaded into it (a bf16 checkpoint, an online update) is
+    quantized per row as it loads (quantize_rows); with `online` the checkpoint has no
+    weight_scale, so the loader need not find one. On CUDA at batches up to
+    small_m_gemm.MAX_M the Triton GEMV reads the FP8 weight and applies the scale in its
+    epilogue (activations unquantized), with the same norm / SiLU / residual fusions as
+    the unquantized method; larger batches quantize x per token and run
+    fp8_kernels.fp8_linear."""
+
+    def __init__(self, online: bool) -> None:
+        self.online = online
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+    ) -> None:
+        n = sum(output_partition_sizes)
+        scale = make_param(
+            layer, "weight_scale", torch.ones(n, dtype=torch.float32), input_dim=None
+        )
+        scale.loaded_with_weight = self.online
+        make_param(
+            layer,
+            "weight",
+            torch.empty((n, input_size_per_partition), dtype=FP8_DTYPE),
+            quantize_into=scale,
+            quantize=quantize_rows,
+        )
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        out = small_m_gemm.linear_scaled(x, layer.weight, layer.weight_scale)
+        if out is None:
+            return fp8_linear(x, layer.weight, layer.weight_scale, bias)
+        return out + bias if bias is not None else out
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        return dequantize_rows(layer.weight.data, layer.weight_scale.data)
+
+    def apply_rmsnorm(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> torch.Tensor | None:
+        return small_m_gemm.linear_rmsnorm(
+            x, layer.weight, norm.weight.data, norm.variance_epsilon, w_scale=layer.weight_scale
+        )
+
+    def apply_silu_mul(
+        self, layer: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor | None:
+        return small_m_gemm.linear_silu_mul(x, layer.weight, layer.weight_scale)
+
+    def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        return small_m_gemm.linear_add_(x, layer.weight, residual, layer.weight_scale)
+
+
+class Fp8BlockLinearMethod(LinearMethodBase):
+    """weight [N, K] float8_e4m3fn with weight_scale_inv [ceil(N / bn), ceil(K / bk)]
+    float32, one scale per (bn, bk) block; x is quantized per token and group of bk columns
+    (fp8_kernels.block_fp8_linear). Every projection of a fused layer, and every rank's
+    shard, must start on a block boundary."""
+
+    def __init__(self, block: tuple[int, int]) -> None:
+        self.block = block
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+    ) -> None:
+        bn, bk = self.block
+        if input_size_per_partition != input_size and input_size_per_partition % bk:
+            raise ValueError(
+                f"FP8 weight_block_size {list(self.block)}: the rank's {input_size_per_partition} "
+                "input features are not whole blocks; use a smaller --tp-size"
+            )
+        n = sum(output_partition_sizes)
+        make_param(layer, "weight", torch.empty((n, input_size_per_partition), dtype=FP8_DTYPE))
+        make_param(
+            layer,
+            "weight_scale_inv",
+            torch.ones((-(-n // bn), -(-input_size_per_partition // bk)), dtype=torch.float32),
+            block_size=self.block,
+        )
+
+    def apply(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return block_fp8_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias)
+
+    def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
+        return dequantize_blocks(layer.weight.data, layer.weight_scale_inv.data, self.block)
+
+
+_UNQUANTIZED = UnquantizedLinearMethod()
+
+
+@dataclass
+class Fp8Config(QuantizationConfig):
+    """The linear methods of an `fp8` or FP8 `compressed-tensors` model (see QuantSpec)."""
+
+    spec: QuantSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.method
+
+    def get_linear_method(self, prefix: str) -> LinearMethodBase:
+        if is_layer_ignored(prefix, list(self.spec.ignored_layers)):
+            return _UNQUANTIZED
+        if self.spec.weight_block_size is not None:
+            return Fp8BlockLinearMethod(self.spec.weight_block_size)
+        return Fp8LinearMethod(online=not self.spec.checkpoint_fp8)

@@ -1,0 +1,208 @@
+"""FP8 weights end to end on CPU: tiny random Llama and Qwen3 (saved by transformers) run
+with `--quantization fp8`, and FP8 checkpoints of each supported format written here.
+
+The reference is transformers' model with FP8 numerics emulated in float32: each decoder
+linear weight replaced by the dequantized FP8 weight the format stores, and each such
+layer's input quantized and dequantized as the format quantizes activations (per token, or
+per token and group for block-wise weights). mini-sglang's CPU path computes exactly that
+function, so the logits agree to float32 summation noise (LOGITS_ATOL, as for the
+unquantized models; measured ~5e-6); the unquantized model is checked to be much further
+away (> 10 x LOGITS_ATOL, measured ~1.7), so the emulation is what is being matched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from mini_sglang.layers.quantization.fp8_kernels import (
+    FP8_DTYPE,
+    dequantize_blocks,
+    dequantize_rows,
+    per_token_group_quant,
+    per_token_quant,
+    quantize_blocks,
+    quantize_rows,
+    quantize_tensor,
+)
+from mini_sglang.model_executor.weight_updates import get_weights_by_name, load_named_tensors
+from tests.conftest import build_tiny_model, make_scheduler, prefill_logits
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LOGITS_ATOL = 1e-3
+BLOCK = (32, 32)
+PROMPTS = [
+    "Hello world, this is a test of eight-bit floating point weights",
+    "x",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+]
+
+
+def _linear_names(hf_model, ignored: tuple[str, ...] = ()) -> list[str]:
+    return [
+        n
+        for n, _ in hf_model.named_parameters()
+        if n.endswith(".weight")
+        and n.split(".")[-2] in LINEARS
+        and n[: -len(".weight")] not in ignored
+    ]
+
+
+def _act_qdq(x: torch.Tensor, group: int | None) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    if group is None:
+        q, s = per_token_quant(flat)
+        out = q.float() * s
+    else:
+        q, s = per_token_group_quant(flat, group)
+        out = q.float() * s.repeat_interleave(group, dim=1)[:, : flat.shape[1]]
+    return out.reshape(x.shape).to(x.dtype)
+
+
+@torch.no_grad()
+def _emulated_logits(hf_model, prompts, weights: dict[str, torch.Tensor], group: int | None):
+    """Last-position logits of hf_model with `weights` (dequantized FP8) swapped in and the
+    inputs of those layers quantized like activations."""
+    model = copy.deepcopy(hf_model)
+    for name, w in weights.items():
+        model.get_parameter(name).copy_(w)
+        module = model.get_submodule(name[: -len(".weight")])
+        module.register_forward_pre_hook(lambda m, args: (_act_qdq(args[0], group),))
+    return torch.stack([model(torch.tensor([ids])).logits[0, -1].float() for ids in prompts])
+
+
+@torch.no_grad()
+def _hf_logits(hf_model, prompts):
+    return torch.stack([hf_model(torch.tensor([ids])).logits[0, -1].float() for ids in prompts])
+
+
+class Case:
+    """One tiny model on disk and its transformers model."""
+
+    def __init__(self, arch: str, path: Path, hf_model, prompts) -> None:
+        self.arch, self.path, self.hf_model, self.prompts = arch, path, hf_model, prompts
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def case(request, tmp_path_factory, qwen_tokenizer) -> Case:
+    path = tmp_path_factory.mktemp(f"fp8_{request.param}")
+    hf_model = build_tiny_model(request.param, path, qwen_tokenizer)
+    prompts = [qwen_tokenizer.encode(p) for p in PROMPTS]
+    return Case(request.param, path, hf_model, prompts)
+
+
+def _write_fp8_checkpoint(case: Case, out: Path, fmt: str) -> tuple[dict, tuple[str, ...]]:
+    """An FP8 checkpoint of case's weights in `fmt` at out; returns the dequantized weights
+    it stores (HF names) and its ignored layers."""
+    for f in case.path.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, out / f.name)
+    config = json.loads((case.path / "config.json").read_text())
+    state = {k: v.clone() for k, v in case.hf_model.state_dict().items()}
+    ignored: tuple[str, ...] = ()
+    if fmt == "compressed-tensors":
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token"},
+                }
+            },
+            "ignore": ["lm_head"],
+        }
+    elif fmt == "fp8-tensor":
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
+    else:
+        ignored = ("model.layers.1.mlp.down_proj",)
+        config["quantization_config"] = {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "weight_block_size": list(BLOCK),
+            "ignored_layers": list(ignored),
+        }
+    deq = {}
+    for name in _linear_names(case.hf_model, ignored):
+        w = state[name]
+        base = name[: -len("weight")]
+        if fmt == "compressed-tensors":
+            q, s = quantize_rows(w)
+            state[base + "weight_scale"] = s[:, None].to(torch.bfloat16).float()
+            deq[name] = dequantize_rows(q, state[base + "weight_scale"])
+        elif fmt == "fp8-tensor":
+            q, s = quantize_tensor(w)
+            state[base + "weight_scale"] = s
+            state[base + "input_scale"] = torch.tensor(0.05)  # static: read, not used
+            deq[name] = q.float() * s
+        else:
+            q, s = quantize_blocks(w, BLOCK)
+            state[base + "weight_scale_inv"] = s
+            deq[name] = dequantize_blocks(q, s, BLOCK)
+        state[name] = q
+    if config.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config))
+    return deq, ignored
+
+
+def _linears(model):
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        yield from (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
+
+
+def test_online_fp8_matches_the_fp8_emulation(case: Case) -> None:
+    sched = make_scheduler(str(case.path), quantization="fp8")
+    model = sched.tp_worker.model_runner.model
+    assert all(lin.weight.dtype == FP8_DTYPE for lin in _linears(model))
+    assert all(lin.weight_scale.shape == (lin.weight.shape[0],) for lin in _linears(model))
+    assert model.model.embed_tokens.weight.dtype == model.lm_head.weight.dtype == torch.float32
+    got = prefill_logits(sched, case.prompts, all_positions=False).next_token_logits
+    weights = {
+        n: dequantize_rows(*quantize_rows(case.hf_model.get_parameter(n)))
+        for n in _linear_names(case.hf_model)
+    }
+    ref = _emulated_logits(case.hf_model, case.prompts, weights, group=None)
+    assert (got - ref).abs().max().item() <= LOGITS_ATOL
+    # FP8 really changed the model: the unquantized logits are far away.
+    assert (got - _hf_logits(case.hf_model, case.prompts)).abs().max().item() > 10 * LOGITS_ATOL
+
+    # An online update (bf16 tensor) is quantized by the same loaders; get_weights_by_name
+    # returns the dequantized weight.
+    runner = sched.tp_worker.model_runner
+    name = "model.layers.0.mlp.down_proj.weight"
+    new = torch.randn(case.hf_model.get_parameter(name).shape) * 0.1
+    load_named_tensors(runner, [(name, new.to(torch.bfloat16))])
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == FP8_DTYPE
+    back = torch.tensor(get_weights_by_name(runner, name, truncate_size=10**6))
+    expected = dequantize_rows(*quantize_rows(new.to(torch.bfloat16)))
+    torch.testing.assert_close(back, expected, rtol=0, atol=0)
+
+
+# Each format runs on one of the two models (a scheduler start each).
+FORMATS = {"llama": ["fp8-tensor"], "qwen3": ["compressed-tensors", "fp8-block"]}
+
+
+def test_fp8_checkpoints_match_their_emulation(case: Case, tmp_path: Path) -> None:
+    for fmt in FORMATS[case.arch]:
+        out = tmp_path / fmt
+        out.mkdir()
+        deq, ignored = _write_fp8_checkpoint(case, out, fmt)
+        sched = make_scheduler(str(out))
+        model = sched.tp_worker.model_runner.model
+        ignored_layer = model.model.layers[1].mlp.down_proj
+        assert (ignored_layer.weight.dtype == torch.float32) == bool(ignored), fmt
+        got = prefill_logits(sched, case.prompts, all_positions=False).next_token_logits
+        group = BLOCK[1] if fmt == "fp8-block" else None
+        ref = _emulated_logits(case.hf_model, case.prompts, deq, group=group)
+        diff = (got - ref).abs().max().item()
+        assert diff <= LOGITS_ATOL, (fmt, diff)

@@ -1,0 +1,220 @@
+"""FP8 quantization and scaled GEMMs (layers/quantization/fp8_kernels.py, and the FP8
+variant of small_m_gemm's GEMV) against float references, with exact shapes and scales.
+
+Error bounds come from float8_e4m3fn's precision: 3 mantissa bits, so rounding a value v
+(in units of its scale) costs at most |v| * 2^-4, or 2^-10 below the smallest normal (2^-6).
+Without CUDA the Triton kernels run in Triton's interpreter on float32 tensors that hold
+FP8 values (the kernels only load, convert and multiply)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # before the first import of triton
+
+from mini_sglang.layers.quantization.fp8 import is_layer_ignored  # noqa: E402
+from mini_sglang.layers.quantization.fp8_kernels import (  # noqa: E402
+    FP8_MAX,
+    block_fp8_linear,
+    dequantize_blocks,
+    dequantize_rows,
+    fp8_linear,
+    per_token_group_quant,
+    per_token_quant,
+    quantize_blocks,
+    quantize_rows,
+    quantize_tensor,
+)
+from mini_sglang.layers.quantization.methods import (  # noqa: E402
+    SUPPORTED_METHODS,
+    QuantSpec,
+    parse_quantization,
+)
+from mini_sglang.layers.quantization.registry import QUANTIZATION_METHODS  # noqa: E402
+from mini_sglang.server_args_validation import SUPPORTED_QUANTIZATION  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen) * torch.rand(shape[0], 1, generator=gen) * 4
+
+
+def _bound(t: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The largest rounding error FP8 allows for values t stored with scale (broadcast)."""
+    return t.abs() * 2**-4 + scale * 2**-10
+
+
+def test_quantize_rows_scales_and_round_trip():
+    w = _rand(48, 80)
+    q, s = quantize_rows(w)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (48, 80) and s.shape == (48,)
+    torch.testing.assert_close(s, w.abs().amax(dim=1) / FP8_MAX, rtol=0, atol=0)
+    # each row's largest value is stored exactly as +-448
+    assert (q.float().abs().amax(dim=1) == FP8_MAX).all()
+    err = (dequantize_rows(q, s) - w).abs()
+    assert (err <= _bound(w, s[:, None])).all()
+
+
+def test_quantize_tensor_and_per_token():
+    w = _rand(16, 32)
+    q, s = quantize_tensor(w)
+    assert s.shape == () and s.item() == pytest.approx(w.abs().max().item() / FP8_MAX, rel=1e-6)
+    assert ((q.float() * s - w).abs() <= _bound(w, s)).all()
+    xq, xs = per_token_quant(w)
+    assert xs.shape == (16, 1)
+    torch.testing.assert_close(xs[:, 0], quantize_rows(w)[1], rtol=0, atol=0)
+
+
+def test_per_token_group_quant_with_a_short_last_group():
+    x = _rand(3, 100)  # groups of 32: 32, 32, 32, 4
+    q, s = per_token_group_quant(x, 32)
+    assert q.shape == (3, 100) and s.shape == (3, 4)
+    for g in range(4):
+        cols = slice(32 * g, min(32 * g + 32, 100))
+        torch.testing.assert_close(s[:, g], x[:, cols].abs().amax(dim=1) / FP8_MAX, rtol=0, atol=0)
+        err = (q[:, cols].float() * s[:, g : g + 1] - x[:, cols]).abs()
+        assert (err <= _bound(x[:, cols], s[:, g : g + 1])).all()
+
+
+def test_quantize_blocks_128_scales_and_round_trip():
+    w = _rand(300, 200)  # 3 x 2 blocks of 128, the last ones partial
+    q, s = quantize_blocks(w, (128, 128))
+    assert q.shape == (300, 200) and s.shape == (3, 2)
+    for i in range(3):
+        for j in range(2):
+            tile = w[128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)]
+            assert s[i, j].item() == pytest.approx(tile.abs().max().item() / FP8_MAX, rel=1e-6)
+    full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:300, :200]
+    assert ((dequantize_blocks(q, s, (128, 128)) - w).abs() <= _bound(w, full)).all()
+
+
+def _gemm_bound(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """|x| @ |w|^T * (2 * 2^-4 + 2^-8): both operands rounded, plus a margin for tiny values."""
+    return (x.abs() @ w.abs().T) * (2 * 2**-4 + 2**-8) + 1e-4
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_fp8_linear_per_channel_and_per_tensor_vs_float(m):
+    x, w = _rand(m, 64, seed=1), _rand(48, 64, seed=2) / 8
+    ref = x @ w.T
+    q, s = quantize_rows(w)
+    out = fp8_linear(x.to(DEVICE), q.to(DEVICE), s.to(DEVICE)).float().cpu()
+    assert out.shape == (m, 48)
+    assert ((out - ref).abs() <= _gemm_bound(x, w)).all()
+    qt, st = quantize_tensor(w)  # a per-tensor scale runs as per-channel with equal scales
+    out_t = fp8_linear(x, qt, st.expand(48).contiguous())
+    assert ((out_t - ref).abs() <= _gemm_bound(x, w)).all()
+
+
+def test_block_fp8_linear_128_vs_float():
+    x, w = _rand(4, 256, seed=3), _rand(384, 256, seed=4) / 16
+    q, s = quantize_blocks(w, (128, 128))
+    out = block_fp8_linear(x.to(DEVICE), q.to(DEVICE), s.to(DEVICE), (128, 128)).float().cpu()
+    assert out.shape == (4, 384)
+    assert ((out - x @ w.T).abs() <= _gemm_bound(x, w)).all()
+
+
+def test_triton_block_matmul_matches_the_reference():
+    pytest.importorskip("triton")
+    from mini_sglang.layers.quantization.fp8_kernels import w8a8_block_matmul
+
+    x, w = _rand(3, 96, seed=5), _rand(64, 96, seed=6)  # 2 x 3 blocks of 32
+    xq, xs = per_token_group_quant(x, 32)
+    wq, ws = quantize_blocks(w, (32, 32))
+    if DEVICE == "cpu":  # the interpreter has no FP8 numpy dtype: FP8 values in float32
+        xq, wq = xq.float(), wq.float()
+    out = w8a8_block_matmul(
+        xq.to(DEVICE), wq.to(DEVICE), xs.to(DEVICE), ws.to(DEVICE), (32, 32), torch.float32, bm=16
+    ).cpu()
+    ref = (xq.float() * xs.repeat_interleave(32, 1)) @ dequantize_blocks(wq, ws, (32, 32)).T
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("silu_mul", [False, True])
+def test_gemv_with_per_row_weight_scales(silu_mul):
+    pytest.importorskip("triton")
+    from mini_sglang.layers.small_m_gemm import gemv
+
+    x, w = _rand(2, 256, seed=7), _rand(64, 256, seed=8) / 16
+    wq, s = quantize_rows(w)
+    wv = wq.float() if DEVICE == "cpu" else wq
+    out = gemv(x.to(DEVICE), wv.to(DEVICE), (4, 128, 4), silu_mul=silu_mul, w_scale=s.to(DEVICE))
+    y = x @ dequantize_rows(wq, s).T
+    ref = torch.nn.functional.silu(y[:, :32]) * y[:, 32:] if silu_mul else y
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+# ---- which quantization a model gets ----------------------------------------------------
+
+
+def test_registry_serves_every_supported_method():
+    assert set(QUANTIZATION_METHODS) == set(SUPPORTED_METHODS)
+    assert set(SUPPORTED_QUANTIZATION) == {"gguf", *SUPPORTED_METHODS}
+
+
+def test_parse_quantization_formats():
+    assert parse_quantization(None, None) is None
+    assert parse_quantization("gguf", None) is None
+    assert parse_quantization("fp8", None) == QuantSpec("fp8")
+    block = {"quant_method": "fp8", "weight_block_size": [128, 128], "ignored_layers": ["a"]}
+    assert parse_quantization(None, block) == QuantSpec("fp8", True, (128, 128), ("a",))
+    assert parse_quantization("fp8", {"quant_method": "fp8"}) == QuantSpec("fp8", True)
+    ct = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}},
+        "ignore": ["lm_head"],
+    }
+    assert parse_quantization(None, ct) == QuantSpec("compressed-tensors", True, None, ("lm_head",))
+
+
+@pytest.mark.parametrize(
+    "flag, cfg, message",
+    [
+        ("awq", None, "Unsupported quantization method: awq"),
+        (None, {"quant_method": "gptq", "bits": 4}, "Unsupported quantization method: gptq"),
+        (
+            None,
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}},
+            },
+            "Unsupported quantization method: compressed-tensors group 'g'",
+        ),
+        ("fp8", {"quant_method": "awq"}, "does not match"),
+        ("compressed-tensors", None, "needs a compressed-tensors checkpoint"),
+    ],
+)
+def test_parse_quantization_refuses_with_one_line(flag, cfg, message):
+    with pytest.raises(ValueError, match=message) as e:
+        parse_quantization(flag, cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_ignored_layers_match_fused_projections():
+    ignored = ["model.layers.0.self_attn.q_proj", "re:.*mlp\\.(gate|up)_proj"]
+    assert is_layer_ignored("model.layers.3.mlp.gate_up_proj", ignored)
+    assert not is_layer_ignored("model.layers.0.mlp.down_proj", ignored)
+    with pytest.raises(ValueError, match="some of its projections"):
+        is_layer_ignored("model.layers.0.self_attn.qkv_proj", ignored)
+
+
+def test_unsupported_checkpoint_quantization_stops_the_launch(tmp_path):
+    from types import SimpleNamespace
+
+    from mini_sglang.entrypoints.startup import StartupError, check_quantization
+
+    config = {"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "awq"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = SimpleNamespace(model_path=str(tmp_path), quantization=None)
+    with pytest.raises(StartupError, match="Unsupported quantization method: awq"):
+        check_quantization(args)
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    check_quantization(args)
