@@ -6,10 +6,12 @@
 - `launch_server(model_path, *extra_args)`: start `python -m mini_sglang.launch_server` on a
   free port, wait for /health 200 (failing with the log tail), and return a `ServerHandle`;
   `handle.stop()` sends SIGTERM and asserts the whole process tree is gone.
-- `server` (session): one shared server on `tiny_model` for the read-only/light tests.
+- `SharedServers` (`shared_servers`, session): servers shared across modules, one per
+  distinct launch; `server`, `compact_json_server`, `parser_server` and
+  `default_model_server` are the launches several modules use.
 - `tokenizer`, `hf_model` (session): the tiny model's tokenizer and its HF transformers model.
 
-Servers are expensive on the 2 shared CPU cores (~17 s to start), so share them.
+Servers are expensive on CPU (about 15 s to start), so share them.
 """
 
 from __future__ import annotations
@@ -287,12 +289,123 @@ def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("server_logs")
 
 
+class SharedServers:
+    """The session's shared servers: one per distinct launch (model path, flags, extra
+    environment), started on first use and stopped (SIGTERM, whole tree gone) when the
+    session ends. Test modules that need a server with the same launch get the same one.
+
+    A module using a shared server must leave it as it found it: every request finished,
+    generation not paused, no state a later module could observe (rely only on what the
+    module itself sent). `get` checks the part that can be checked: before handing out a
+    server again it waits until every KV and request slot is free, and fails naming the
+    module that used it last otherwise. A server that died is started afresh.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self._servers: dict[tuple, tuple[ServerHandle, str]] = {}
+
+    def get(
+        self,
+        model_path: str | None,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+        user: str = "",
+        startup_timeout: float = STARTUP_TIMEOUT_S,
+    ) -> ServerHandle:
+        """The running server for this launch, started if needed; `user` names the caller
+        (its module) for the hand-over check's failure message."""
+        key = (model_path, extra_args, tuple(sorted((env or {}).items())))
+        entry = self._servers.get(key)
+        if entry is not None and entry[0].proc.poll() is None:
+            handle, last_user = entry
+            try:
+                handle.wait_memory_all_free()
+            except AssertionError as e:
+                pytest.fail(f"shared server {extra_args} left busy by {last_user}: {e}")
+        else:
+            handle = launch_server(
+                model_path,
+                *extra_args,
+                log_dir=self._log_dir,
+                env=env,
+                startup_timeout=startup_timeout,
+            )
+        self._servers[key] = (handle, user)
+        return handle
+
+    def stop_all(self) -> None:
+        """Stop every server, each even if stopping an earlier one failed."""
+        servers, self._servers = [h for h, _ in self._servers.values()], {}
+        with contextlib.ExitStack() as stack:
+            for handle in servers:
+                stack.callback(handle.stop)
+
+
 @pytest.fixture(scope="session")
-def server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
-    """One server on the tiny model shared by the whole session (stopped with SIGTERM)."""
-    handle = launch_server(tiny_model.path, log_dir=server_logs)
-    yield handle
-    handle.stop()
+def shared_servers(server_logs: Path) -> Iterator[SharedServers]:
+    pool = SharedServers(server_logs)
+    yield pool
+    pool.stop_all()
+
+
+# The shared `server`'s test hook (environ.py): preparing the request with this rid raises
+# in the scheduler, so a test can check that the failure stays contained to that request.
+# No other rid is affected.
+FAIL_PREPARE_RID = "prepare-fails"
+# Compact JSON under JSON constraints: a random model given free whitespace inside JSON may
+# emit it forever.
+COMPACT_JSON_ARGS = ("--constrained-json-disable-any-whitespace",)
+PARSER_ARGS = ("--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25", *COMPACT_JSON_ARGS)
+
+
+# The shared servers below are module-scoped views of session-wide servers, so that each
+# module's hand-over is checked (SharedServers.get).
+@pytest.fixture(scope="module")
+def server(
+    request: pytest.FixtureRequest, tiny_model: TinyModel, shared_servers: SharedServers
+) -> ServerHandle:
+    """The server on the tiny model with default flags (and the FAIL_PREPARE_RID hook)."""
+    env = {"MINI_SGLANG_TEST_FAIL_PREPARE_RID": FAIL_PREPARE_RID}
+    return shared_servers.get(tiny_model.path, env=env, user=request.module.__name__)
+
+
+@pytest.fixture(scope="module")
+def compact_json_server(
+    request: pytest.FixtureRequest, tiny_model: TinyModel, shared_servers: SharedServers
+) -> ServerHandle:
+    """The tiny model's server with COMPACT_JSON_ARGS."""
+    return shared_servers.get(tiny_model.path, *COMPACT_JSON_ARGS, user=request.module.__name__)
+
+
+@pytest.fixture(scope="module")
+def parser_server(
+    request: pytest.FixtureRequest, tiny_model: TinyModel, shared_servers: SharedServers
+) -> ServerHandle:
+    """The tiny model's server with the Qwen3 reasoning parser and the Qwen2.5 tool-call
+    parser (PARSER_ARGS); a profile started without an output directory writes its trace
+    to api_fuzz_cases.PROFILE_DIR, never into the repository."""
+    from tests.server.api_fuzz_cases import PROFILE_DIR
+
+    env = {"SGLANG_TORCH_PROFILER_DIR": PROFILE_DIR}
+    return shared_servers.get(tiny_model.path, *PARSER_ARGS, env=env, user=request.module.__name__)
+
+
+@pytest.fixture(scope="module")
+def default_model_server(
+    request: pytest.FixtureRequest, shared_servers: SharedServers
+) -> ServerHandle:
+    """The server on the embedded default model (no --model-path), logging each request's
+    inputs (--log-requests at level 1)."""
+    return shared_servers.get(
+        None,
+        "--log-requests",
+        "--log-requests-level",
+        "1",
+        user=request.module.__name__,
+        # The first start after an install converts the model (tens of seconds on a busy CPU).
+        startup_timeout=600,
+    )
 
 
 # ---- SSE parsing ------------------------------------------------------------------------

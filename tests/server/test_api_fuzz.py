@@ -1,11 +1,11 @@
 """Seeded API fuzzing: bad input never hurts the server.
 
-One module server on the tiny random Llama (with --reasoning-parser / --tool-call-parser, so
-the chat parsers are on the path) gets a few hundred malformed or edge-case requests across
-its endpoints (api_fuzz_cases.py: seeded mutations of valid bodies, with wrong-typed /
-empty / huge / negative / NaN / control-character / lone-surrogate values, dropped fields,
-broken messages and tools, streaming variants, or non-JSON / wrong Content-Type bodies),
-sent 4 at a time. The contract checked for every request:
+The shared server on the tiny random Llama with --reasoning-parser / --tool-call-parser
+(conftest `parser_server`, so the chat parsers are on the path) gets a few hundred malformed
+or edge-case requests across its endpoints (api_fuzz_cases.py: seeded mutations of valid
+bodies, with wrong-typed / empty / huge / negative / NaN / control-character / lone-surrogate
+values, dropped fields, broken messages and tools, streaming variants, or non-JSON / wrong
+Content-Type bodies), sent 4 at a time. The contract checked for every request:
 
 - the status is 2xx or 4xx (never 5xx; the one exception is SGLang 0.5.4's own documented
   500 for /stop_profile without a running profile, which no fuzz case reaches);
@@ -30,14 +30,13 @@ import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
 from tests.server.api_fuzz_cases import MSGS, PROFILE_DIR, Case, build_cases
-from tests.server.conftest import EOS_PROMPT, ServerHandle, TinyModel, launch_server, parse_sse
+from tests.server.conftest import EOS_PROMPT, ServerHandle, parse_sse
 
 # FUZZ_SEED / FUZZ_CASES explore further (e.g. before a release); the suite uses the default.
 SEED = int(os.environ.get("FUZZ_SEED", "20261126"))
@@ -169,19 +168,8 @@ def _send(server: ServerHandle, case: Case) -> list[str]:
 
 # ---- the test ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def fuzz_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
-    handle = launch_server(
-        tiny_model.path,
-        "--reasoning-parser",
-        "qwen3",
-        "--tool-call-parser",
-        "qwen25",
-        log_dir=server_logs,
-        # a /start_profile case whose output_dir was dropped writes to the default directory
-        env={"SGLANG_TORCH_PROFILER_DIR": PROFILE_DIR},
-    )
-    yield handle
-    handle.stop()
+def fuzz_server(parser_server: ServerHandle) -> Iterator[ServerHandle]:
+    yield parser_server
     shutil.rmtree(PROFILE_DIR, ignore_errors=True)  # traces of cases that started a profile
 
 

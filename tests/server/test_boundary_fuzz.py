@@ -20,8 +20,9 @@ float32's max and ten times it, NaN, +-Infinity, -0.0, 0, a negative, and empty 
 
 After every case: the status is 2xx or 4xx (never 5xx, never a dropped connection), once
 idle every KV slot and request slot is free (the scheduler's memory check never failed),
-and the server still answers /health_generate. The server has state, so shrinking is off: a
-failure reports the first case that broke the contract (with the server log if it died).
+and the server (conftest's shared `server`) still answers /health_generate. The server has
+state, so shrinking is off: a failure reports the first case that broke the contract (with
+the server log if it died).
 Generation is derandomized, so CI runs the same cases every time.
 """
 
@@ -29,8 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,7 +40,7 @@ pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.server.conftest import ServerHandle, TinyModel, launch_server  # noqa: E402
+from tests.server.conftest import ServerHandle  # noqa: E402
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT32_MAX = 3.4028234663852886e38
@@ -245,13 +245,6 @@ def _describe(route: str, body: dict[str, Any]) -> str:
     return f"POST {route} {squeeze(body)}"
 
 
-@pytest.fixture(scope="module")
-def boundary_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
-    handle = launch_server(tiny_model.path, log_dir=server_logs)
-    yield handle
-    handle.stop()
-
-
 def check_case(server: ServerHandle, route: str, body: dict[str, Any]) -> None:
     """Send one case (Python's json, so NaN / Infinity are the literals Python's and SGLang's
     clients write) and assert the contract; the first violation fails the test."""
@@ -305,19 +298,19 @@ def with_examples(cases: list[dict[str, Any]]) -> Callable:
 @FUZZ_SETTINGS
 @with_examples(generate_grid())
 @given(body=GENERATE)
-def test_generate_numeric_edges(boundary_server: ServerHandle, body: dict[str, Any]) -> None:
-    check_case(boundary_server, "/generate", body)
+def test_generate_numeric_edges(server: ServerHandle, body: dict[str, Any]) -> None:
+    check_case(server, "/generate", body)
 
 
 @FUZZ_SETTINGS
 @with_examples(openai_grid(COMPLETIONS_BASE, COMPLETIONS_INTS))
 @given(body=COMPLETIONS)
-def test_completions_numeric_edges(boundary_server: ServerHandle, body: dict[str, Any]) -> None:
-    check_case(boundary_server, "/v1/completions", body)
+def test_completions_numeric_edges(server: ServerHandle, body: dict[str, Any]) -> None:
+    check_case(server, "/v1/completions", body)
 
 
 @FUZZ_SETTINGS
 @with_examples(openai_grid(CHAT_BASE, CHAT_INTS))
 @given(body=CHAT)
-def test_chat_numeric_edges(boundary_server: ServerHandle, body: dict[str, Any]) -> None:
-    check_case(boundary_server, "/v1/chat/completions", body)
+def test_chat_numeric_edges(server: ServerHandle, body: dict[str, Any]) -> None:
+    check_case(server, "/v1/chat/completions", body)

@@ -6,27 +6,16 @@ request the scheduler samples with."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import ServerHandle, launch_server
+from tests.server.conftest import ServerHandle
 
 
 @pytest.fixture(scope="module")
-def default_server(server_logs: Path) -> Iterator[ServerHandle]:
-    # The first start after an install converts the model (tens of seconds on a busy CPU).
-    handle = launch_server(
-        None,
-        "--log-requests",
-        "--log-requests-level",
-        "1",
-        log_dir=server_logs,
-        startup_timeout=600,
-    )
-    yield handle
-    handle.stop()
+def default_server(default_model_server: ServerHandle) -> ServerHandle:
+    """The shared default-model server; it logs each request's inputs (--log-requests)."""
+    return default_model_server
 
 
 def test_chat_without_sampling_params_uses_the_card_defaults(default_server: ServerHandle):

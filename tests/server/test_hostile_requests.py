@@ -6,8 +6,8 @@ another client's work. One shared server (conftest `server`).
 - A refused batch with a repeated rid leaves nothing behind.
 - An abort reaches exactly the rid (and the sub-requests of the client's own batch), never
   another client's request whose rid merely starts with it; an empty rid is refused.
-- A request whose preparation fails in the scheduler ends alone with a 500 (a server
-  started with the MINI_SGLANG_TEST_FAIL_PREPARE_RID test hook).
+- A request whose preparation fails in the scheduler ends alone with a 500 (the shared
+  server is started with the MINI_SGLANG_TEST_FAIL_PREPARE_RID test hook).
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
-from tests.server.conftest import ServerHandle, TinyModel, launch_server, parse_sse
+from tests.server.conftest import FAIL_PREPARE_RID, ServerHandle, parse_sse
 
 INT64 = "[-9223372036854775808, 9223372036854775807]"
 FLOAT32 = "[-3.4028234663852886e+38, 3.4028234663852886e+38]"
@@ -197,23 +194,12 @@ def test_abort_by_the_batch_rid_reaches_its_own_sub_requests(server: ServerHandl
 
 
 # ---- containment ---------------------------------------------------------------------
-FAIL_RID = "prepare-fails"
+FAIL_RID = FAIL_PREPARE_RID  # the shared server's test hook fails preparing this rid
 
 
-@pytest.fixture(scope="module")
-def failing_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
-    """A server whose test hook makes preparing the request FAIL_RID raise."""
-    handle = launch_server(
-        tiny_model.path, log_dir=server_logs, env={"MINI_SGLANG_TEST_FAIL_PREPARE_RID": FAIL_RID}
-    )
-    yield handle
-    handle.stop()
-
-
-def test_a_request_that_fails_in_preparation_ends_alone(failing_server: ServerHandle, tiny_model):
+def test_a_request_that_fails_in_preparation_ends_alone(server: ServerHandle, tiny_model):
     """Sent with others at once (so it is batched with them): it gets a 500 with the
     error, the others get exactly their greedy output, and the server serves on."""
-    server = failing_server
     greedy = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
     bodies = [
         {"input_ids": tiny_model.eos_prompt_ids, "rid": rid, "sampling_params": greedy}

@@ -1,8 +1,8 @@
 """--reasoning-parser / --tool-call-parser through the real multi-process server.
 
-One module server on the tiny random Llama (real Qwen3 tokenizer and chat template, whose
+The shared server on the tiny random Llama (real Qwen3 tokenizer and chat template, whose
 `<think>`, `</think>`, `<tool_call>`, `</tool_call>` are single added tokens) started with
-`--reasoning-parser qwen3 --tool-call-parser qwen25`. A random model writes no tags by
+`--reasoning-parser qwen3 --tool-call-parser qwen25` (conftest `parser_server`). A random model writes no tags by
 itself, so replies are shaped by constraints the server really decodes with: tool_choice
 "required" / a named function (SGLang's JSON-schema constraint) or a `regex` extra.
 Everything the constraint leaves free (argument values, reasoning words) is the model's
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 import requests
 from jsonschema import Draft202012Validator, SchemaError
 
-from tests.server.conftest import ServerHandle, TinyModel, launch_server, parse_sse
+from tests.server.conftest import ServerHandle, TinyModel, parse_sse
 
 WEATHER = {
     "type": "function",
@@ -64,18 +62,8 @@ THINK_REGEX = r"<think>\n[a-z]{1,10}( [a-z]{1,8})?\n</think>\n\n[a-z]{1,8}"
 
 
 @pytest.fixture(scope="module")
-def pserver(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
-    handle = launch_server(
-        tiny_model.path,
-        "--reasoning-parser",
-        "qwen3",
-        "--tool-call-parser",
-        "qwen25",
-        "--constrained-json-disable-any-whitespace",
-        log_dir=server_logs,
-    )
-    yield handle
-    handle.stop()
+def pserver(parser_server: ServerHandle) -> ServerHandle:
+    return parser_server
 
 
 def _chat(server: ServerHandle, **body) -> dict:
@@ -348,13 +336,9 @@ def test_reasoning_then_tool_call(pserver: ServerHandle) -> None:
 
 
 @pytest.fixture(scope="module")
-def no_parser_server(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
+def no_parser_server(compact_json_server: ServerHandle) -> ServerHandle:
     # compact JSON, as pserver, so the random model's constrained reply ends within max_tokens
-    handle = launch_server(
-        tiny_model.path, "--constrained-json-disable-any-whitespace", log_dir=server_logs
-    )
-    yield handle
-    handle.stop()
+    return compact_json_server
 
 
 def test_tools_without_a_parser_reply_as_text(no_parser_server: ServerHandle) -> None:

@@ -1,28 +1,25 @@
 """The OpenAI Responses API (/v1/responses) of the real server on the default model, through
 the official `openai` client (streamed and not) and raw httpx (SGLang's status codes, error
-bodies and SSE framing). One server for the module; generations are greedy and short."""
+bodies and SSE framing). The shared default-model server (conftest `default_model_server`);
+generations are greedy and short."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ServerHandle, launch_server
+from tests.server.conftest import ServerHandle
 
 GREEDY = {"model": "default", "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server(server_logs: Path) -> Iterator[ServerHandle]:
-    handle = launch_server(None, log_dir=server_logs, startup_timeout=600)
-    yield handle
-    handle.stop()
+def server(default_model_server: ServerHandle) -> ServerHandle:
+    return default_model_server
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,10 @@
 json_schema / regex / ebnf, OpenAI response_format (json_schema, json_object, text) and the
 SGLang extras, mixed batches, and the 400s (invalid or conflicting constraints).
 
-One module server on the tiny random Llama with --constrained-json-disable-any-whitespace
-(a random model given free whitespace inside JSON may emit it forever). A representative
-subset (json_schema, regex, ebnf, invalid constraints) also runs on one server per other
-grammar backend (llguidance, outlines).
+The shared server on the tiny random Llama with --constrained-json-disable-any-whitespace
+(conftest `compact_json_server`: a random model given free whitespace inside JSON may emit
+it forever). A representative subset (json_schema, regex, ebnf, invalid constraints) also
+runs on one server per other grammar backend (llguidance, outlines).
 """
 
 from __future__ import annotations
@@ -26,19 +26,21 @@ from tests.conftest import (
     PERSON_SCHEMA,
     check_person_json,
 )
-from tests.server.conftest import ServerHandle, TinyModel, launch_server, parse_sse
+from tests.server.conftest import (
+    COMPACT_JSON_ARGS,
+    ServerHandle,
+    TinyModel,
+    launch_server,
+    parse_sse,
+)
 
 REGEX, EBNF, SCHEMA = GRAMMAR_REGEX, GRAMMAR_EBNF, PERSON_SCHEMA
 PROMPTS = ["Answer me:", "The weather today", "List three colors:"]
 
 
 @pytest.fixture(scope="module")
-def gserver(tiny_model: TinyModel, server_logs: Path) -> Iterator[ServerHandle]:
-    handle = launch_server(
-        tiny_model.path, "--constrained-json-disable-any-whitespace", log_dir=server_logs
-    )
-    yield handle
-    handle.stop()
+def gserver(compact_json_server: ServerHandle) -> ServerHandle:
+    return compact_json_server
 
 
 @pytest.fixture(scope="module")
@@ -205,11 +207,7 @@ def backend_server(request, tiny_model: TinyModel, server_logs: Path) -> Iterato
         yield name, request.getfixturevalue("gserver")
         return
     handle = launch_server(
-        tiny_model.path,
-        "--constrained-json-disable-any-whitespace",
-        "--grammar-backend",
-        name,
-        log_dir=server_logs,
+        tiny_model.path, *COMPACT_JSON_ARGS, "--grammar-backend", name, log_dir=server_logs
     )
     yield name, handle
     handle.stop()
