@@ -21,7 +21,7 @@ from mini_sglang.environ import envs
 from mini_sglang.layers.attention import create_attention_backend
 from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
 from mini_sglang.layers.cpu_offload import offload_bytes_for_device
-from mini_sglang.layers.kv_quant import resolve_kv_cache_dtype
+from mini_sglang.layers.kv_quant import is_fp8, resolve_kv_cache_dtype
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -139,13 +139,14 @@ class ModelRunner:
         flashinfer's: at batch 1, flashinfer's decode takes ~12 us per layer for a few MB
         of keys (split-KV plus a merge kernel, both latency-bound, and a host-side plan per
         step), the Triton kernel with 16 splits ~7 us. Only where the user
-        did not pick the decode backend, on CUDA with a model-dtype KV cache;
+        did not pick the decode backend, on CUDA with a KV cache in the model dtype or FP8
+        (the Triton kernels read FP8 with the layer scales, layers/kv_quant.py);
         MINI_SGLANG_TRITON_DECODE_MAX_BS overrides the size (0 turns it off)."""
         if (
             decode != "flashinfer"
             or self.config.attention.decode_attention_backend is not None
             or self.device.type != "cuda"
-            or self.kv_dtype != self.model_config.dtype
+            or not (self.kv_dtype == self.model_config.dtype or is_fp8(self.kv_dtype))
         ):
             return 0
         return envs.MINI_SGLANG_TRITON_DECODE_MAX_BS.get()

@@ -28,8 +28,16 @@ UNIT_ROUNDOFF = {"fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3}
 TOL_UNITS = 2
 BF16_NOISE = 5e-2  # SGLang's bf16 logprob tolerance, for the two bf16 runs' own rounding
 MAX_NEW = 16
-# (backend, CUDA graphs); "a+b" is prefill on a, decode on b
-CASES = [("flashinfer", True), ("flashinfer", False), ("triton", True), ("flashinfer+triton", True)]
+# (backend, CUDA graphs). "flashinfer" alone decodes batches of up to 32 requests with the
+# Triton kernel (ModelRunner.small_decode_max_bs), "flashinfer+flashinfer" always with
+# flashinfer's; "a+b" is prefill on a, decode on b.
+CASES = [
+    ("flashinfer", True),
+    ("flashinfer+flashinfer", True),
+    ("flashinfer+flashinfer", False),
+    ("triton", True),
+    ("flashinfer+triton", True),
+]
 QWEN3_SCALES = [(0.5, 0.5), (0.25, 2.0)]  # (k_scale, v_scale) of layers 0 and 1
 
 
@@ -123,6 +131,8 @@ def test_fp8_kv_against_bf16_kv(model_path, backend, graphs, kv):
     )
     assert runner.kv_cell_bytes() * 2 == ref_runner.kv_cell_bytes()
     assert (runner.graph_runner is not None) == graphs
+    small = getattr(runner.attn_backend, "small_decode_max_bs", 0)
+    assert (small > 0) == (backend == "flashinfer")
     attns = [layer.self_attn.attn for layer in runner.model.model.layers]
     scales = [(a.k_scale, a.v_scale) for a in attns]
     assert scales == (QWEN3_SCALES if "qwen3" in model_path else [(1.0, 1.0)] * 2)
