@@ -74,3 +74,30 @@ def test_gpu_embeddings_match_transformers(kind: str, backend: str, tmp_path: Pa
             torch.testing.assert_close(row, ref, atol=TOL, rtol=TOL)
         assert_memory_all_free(sched)
         del sched
+
+
+@torch.no_grad()
+def test_gpu_engine_encode(tmp_path: Path) -> None:
+    """Engine.encode (one input and a batch of token ids) on an --is-embedding Qwen3."""
+    from mini_sglang.entrypoints.engine import Engine
+
+    _, reference = _build("qwen3_causal", tmp_path)
+    prompts = _inputs()[:3]
+    expected = [
+        reference(lambda m, ids=ids: m(torch.tensor([ids])).last_hidden_state[0]).float()
+        for ids in prompts
+    ]
+    with Engine(
+        model_path=str(tmp_path),
+        is_embedding=True,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        max_total_tokens=4096,
+    ) as engine:
+        one = engine.encode(input_ids=prompts[0])
+        batch = engine.encode(input_ids=prompts)
+    assert one["meta_info"]["prompt_tokens"] == len(prompts[0])
+    torch.testing.assert_close(torch.tensor(one["embedding"]), expected[0], atol=TOL, rtol=TOL)
+    assert [o["meta_info"]["prompt_tokens"] for o in batch] == [len(p) for p in prompts]
+    for out, ref in zip(batch, expected):
+        torch.testing.assert_close(torch.tensor(out["embedding"]), ref, atol=TOL, rtol=TOL)

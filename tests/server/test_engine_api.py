@@ -69,6 +69,16 @@ def test_generate_single_matches_http(engine, server: ServerHandle):
     assert list(out["meta_info"]) == list(http["meta_info"])
 
 
+def test_encode_on_a_generation_model_is_refused(engine):
+    from mini_sglang.managers.input_checks import NOT_AN_EMBEDDING_MODEL
+
+    with pytest.raises(ValueError, match="does not appear to be an embedding model"):
+        engine.encode("hello")
+    with pytest.raises(ValueError) as e:
+        engine.encode(input_ids=[[1, 2], [3]])
+    assert str(e.value) == NOT_AN_EMBEDDING_MODEL
+
+
 def test_generate_batch_dict_and_list_params(engine, server: ServerHandle):
     http = server.post("/generate", json={"text": PROMPTS, "sampling_params": GREEDY}).json()
     outs = engine.generate(PROMPTS, GREEDY)
