@@ -28,15 +28,18 @@ UNIT_ROUNDOFF = {"fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3}
 TOL_UNITS = 2
 BF16_NOISE = 5e-2  # SGLang's bf16 logprob tolerance, for the two bf16 runs' own rounding
 MAX_NEW = 16
-# (backend, CUDA graphs). "flashinfer" alone decodes batches of up to 32 requests with the
-# Triton kernel (ModelRunner.small_decode_max_bs), "flashinfer+flashinfer" always with
-# flashinfer's; "a+b" is prefill on a, decode on b.
+# (kv dtype, backend, CUDA graphs). "flashinfer" alone decodes batches of up to 32 requests
+# with the Triton kernel (ModelRunner.small_decode_max_bs), "flashinfer+flashinfer" always
+# with flashinfer's; "a+b" is prefill on a, decode on b. e5m2 differs from e4m3 only in the
+# conversions, so it runs on one case per decode kernel.
 CASES = [
-    ("flashinfer", True),
-    ("flashinfer+flashinfer", True),
-    ("flashinfer+flashinfer", False),
-    ("triton", True),
-    ("flashinfer+triton", True),
+    ("fp8_e4m3", "flashinfer", True),
+    ("fp8_e4m3", "flashinfer+flashinfer", True),
+    ("fp8_e4m3", "flashinfer+flashinfer", False),
+    ("fp8_e4m3", "triton", True),
+    ("fp8_e4m3", "flashinfer+triton", True),
+    ("fp8_e5m2", "flashinfer+flashinfer", True),
+    ("fp8_e5m2", "triton", True),
 ]
 QWEN3_SCALES = [(0.5, 0.5), (0.25, 2.0)]  # (k_scale, v_scale) of layers 0 and 1
 
@@ -114,9 +117,8 @@ def _scheduler(model_path: str, backend: str, graphs: bool, kv: str):
 PROMPTS = [list(range(100, 100 + n)) for n in (5, 17, 33, 64)]
 
 
-@pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize(
-    "backend,graphs", CASES, ids=[f"{b}-{'graphs' if g else 'eager'}" for b, g in CASES]
+    "kv,backend,graphs", CASES, ids=[f"{k}-{b}-{'graphs' if g else 'eager'}" for k, b, g in CASES]
 )
 def test_fp8_kv_against_bf16_kv(model_path, backend, graphs, kv):
     ref = _scheduler(model_path, backend, graphs, "auto")
