@@ -5,7 +5,9 @@ On an embedding / score model (``--is-embedding`` or an embedding architecture) 
 for a batch; for a classifier the "embedding" is the row of scores), /v1/embeddings
 OpenAI's EmbeddingResponse (``encoding_format`` "float" or "base64", ``dimensions`` for
 Matryoshka models) and /v1/classify SGLang's ClassifyResponse (softmax of the scores, the
-argmax's id2label name). A bad input is a 400 before anything reaches the scheduler.
+argmax's id2label name), /v1/rerank on a cross-encoder the documents sorted by score
+(entrypoints/openai/serving_rerank.py). A bad input is a 400 before anything reaches the
+scheduler.
 
 On a generation model every route ends in SGLang's 400 "This model does not appear to be an
 embedding model by default...". Before that, each body is checked as SGLang checks it, so a
@@ -38,6 +40,7 @@ from mini_sglang.entrypoints.openai.serving_base import (
     create_error_response,
     fastapi_json_response,
 )
+from mini_sglang.entrypoints.openai.serving_rerank import V1RerankReqInput, serve_rerank
 from mini_sglang.entrypoints.server_state import server_state
 from mini_sglang.managers.input_checks import NOT_AN_EMBEDDING_MODEL
 from mini_sglang.managers.io_struct.generate import EmbeddingReqInput
@@ -95,11 +98,6 @@ class ClassifyResponse(BaseModel):
     usage: UsageInfo
 
 
-class V1RerankReqInput(BaseModel):
-    query: str
-    documents: list[str]
-
-
 def native_input_error(obj: EmbeddingReqInput) -> str:
     """EmbeddingReqInput.normalize_batch_and_arguments' checks, then the model-kind error."""
     if obj.text is None and obj.input_ids is None and obj.image_data is None:
@@ -127,21 +125,6 @@ def openai_input_error(value: Any) -> str | None:
                 return "All items in input list must be integers"
             if item < 0:
                 return f"Token ID at index {i} must be non-negative"
-    return None
-
-
-def rerank_input_error(request: V1RerankReqInput) -> str | None:
-    if not request.query:
-        return "Query cannot be empty"
-    if not request.query.strip():
-        return "Query cannot be empty or whitespace only"
-    if not request.documents:
-        return "Documents cannot be empty"
-    for doc in request.documents:
-        if not doc:
-            return "Each document must be a non-empty string"
-        if not doc.strip():
-            return "Each document cannot be empty or whitespace only"
     return None
 
 
@@ -306,5 +289,5 @@ async def openai_v1_classify(request: ClassifyRequest, raw_request: Request) -> 
 
 
 @router.api_route("/v1/rerank", methods=["POST", "PUT"], dependencies=_json_only)
-async def v1_rerank_request(request: V1RerankReqInput) -> Response:
-    return create_error_response(rerank_input_error(request) or NOT_AN_EMBEDDING_MODEL)
+async def v1_rerank_request(request: V1RerankReqInput, raw_request: Request) -> Response:
+    return await serve_rerank(server_state(raw_request).tokenizer_manager, request, raw_request)

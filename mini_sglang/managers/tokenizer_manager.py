@@ -398,11 +398,21 @@ class TokenizerManager:
     def _tokenize_embedding(self, obj: EmbeddingReqInput) -> TokenizedEmbeddingReqInput:
         """One input's ids (tokenized text, or the ids given), checked as a generate
         prompt's: in the vocab, not empty, shorter than the context (else truncated with
-        --allow-auto-truncate, as SGLang)."""
+        --allow-auto-truncate, as SGLang). A cross-encoder input (a [query, document] pair)
+        is tokenized as a text pair and keeps the tokenizer's token types."""
+        token_type_ids = None
         if obj.input_ids is not None:
             text, input_ids = "", list(obj.input_ids)
         elif self.tokenizer is None:
             raise ValueError("--skip-tokenizer-init is set: give input_ids instead of text.")
+        elif obj.is_cross_encoder_request:
+            query, document = obj.text  # type: ignore[misc]
+            ensure_valid_unicode(query, "query")
+            ensure_valid_unicode(document, "document")
+            # SGLang's is_cross_encoder path: the pair in one call, token types kept.
+            enc = self.tokenizer(query, document, return_token_type_ids=True)
+            text, input_ids = f"{query}\n{document}", list(enc["input_ids"])
+            token_type_ids = enc.get("token_type_ids")
         else:
             ensure_valid_unicode(obj.text, "text")
             text, input_ids = obj.text, self.tokenizer.encode(obj.text)
@@ -419,6 +429,8 @@ class TokenizerManager:
                     f"({self.context_len} tokens)."
                 )
             input_ids = input_ids[: self.context_len - 1]
+            if token_type_ids is not None:
+                token_type_ids = token_type_ids[: self.context_len - 1]
         sp = SamplingParams(max_new_tokens=0)
         sp.normalize(None)
         return TokenizedEmbeddingReqInput(
@@ -426,6 +438,7 @@ class TokenizerManager:
             input_text=text,  # type: ignore[arg-type]
             input_ids=input_ids,
             sampling_params=sp,
+            token_type_ids=list(token_type_ids) if token_type_ids is not None else None,
             data_parallel_rank=obj.data_parallel_rank,
             priority=obj.priority,
         )

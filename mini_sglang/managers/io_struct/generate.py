@@ -432,6 +432,10 @@ class EmbeddingReqInput:
     messages for a missing or doubled input, and a clear message for ill-typed or empty
     inputs or more than MAX_EMBEDDING_BATCH_SIZE of them, so nothing malformed reaches the
     scheduler.
+
+    With ``is_cross_encoder_request`` (SGLang's /v1/rerank path) ``text`` is a list of
+    [query, document] pairs, a batch of one input per pair: each is tokenized as a text
+    pair (with token types where the tokenizer makes them) and scored by a cross-encoder.
     """
 
     text: Optional[Union[list[list[str]], list[str], str]] = None
@@ -443,6 +447,7 @@ class EmbeddingReqInput:
     log_metrics: bool = True
     priority: Optional[int] = None
     data_parallel_rank: Optional[int] = None
+    is_cross_encoder_request: bool = False
 
     is_single: bool = field(default=True, init=False)
     batch_size: int = field(default=1, init=False)
@@ -487,6 +492,9 @@ class EmbeddingReqInput:
                 _check_not_empty(rid)
 
     def _check_text(self) -> None:
+        if self.is_cross_encoder_request:
+            self._check_text_pairs()
+            return
         if isinstance(self.text, str):
             self.is_single, self.batch_size = True, 1
             return
@@ -495,6 +503,21 @@ class EmbeddingReqInput:
         if not all(isinstance(t, str) for t in self.text):
             raise ValueError("text should be a string or a list of strings.")
         self.is_single, self.batch_size = False, len(self.text)
+
+    def _check_text_pairs(self) -> None:
+        pairs = self.text
+        if (
+            not isinstance(pairs, list)
+            or not pairs
+            or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(t, str) for t in p)
+                for p in pairs
+            )
+        ):
+            raise ValueError(
+                "A cross-encoder request's text should be a list of [query, document] pairs."
+            )
+        self.is_single, self.batch_size = False, len(pairs)
 
     def _check_input_ids(self) -> None:
         ids = self.input_ids
@@ -514,7 +537,8 @@ class EmbeddingReqInput:
         return self.batch_size
 
     def __getitem__(self, i: int) -> EmbeddingReqInput:
-        """Input i of a normalised request, as a normalised single request."""
+        """Input i of a normalised request, as a normalised single request (for a
+        cross-encoder request: its pair i as ``text``)."""
         if self.is_single:
             return self
         sub = EmbeddingReqInput(
@@ -524,6 +548,7 @@ class EmbeddingReqInput:
             log_metrics=self.log_metrics,
             priority=self.priority,
             data_parallel_rank=self.data_parallel_rank,
+            is_cross_encoder_request=self.is_cross_encoder_request,
         )
         sub.is_single, sub.batch_size = True, 1
         return sub
