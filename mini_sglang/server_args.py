@@ -116,6 +116,8 @@ class ServerArgs:
     # Runtime
     device: str | None = None
     tp_size: int = 1
+    # Expert parallelism inside the TP group: whole experts per rank (docs/moe.md)
+    ep_size: int = 1
     pp_size: int = 1
     stream_interval: int = 1
     stream_output: bool = False

@@ -88,6 +88,7 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     # Runtime
     (("--device",), dict(type=_S, help="'cuda' or 'cpu' (default: cuda if available).")),
     (("--tp-size", "--tensor-parallel-size"), dict(type=_I, help="The tensor parallelism size.")),
+    (("--ep-size", "--expert-parallel-size", "--ep"), dict(type=_I, help="The expert parallelism size: MoE experts are split into this many groups of whole experts across the TP ranks (must divide --tp-size); the rest of each expert's split is tensor parallel.")),
     (("--pp-size", "--pipeline-parallel-size"), dict(type=_I, help="The pipeline parallelism size (only 1 is supported).")),
     (("--stream-interval",), dict(type=_I, help="Stream every N tokens; the first token is always immediate.")),
     (("--stream-output",), dict(action=_T, help="Output as a sequence of disjoint segments.")),

@@ -121,7 +121,7 @@ CHOICES: dict[str, list[Any]] = {
 
 # Fields that, when given (not None), must be >= the bound.
 MIN_VALUES: dict[str, int] = {
-    "tp_size": 1, "pp_size": 1, "dp_size": 1, "page_size": 1, "stream_interval": 1,
+    "tp_size": 1, "ep_size": 1, "pp_size": 1, "dp_size": 1, "page_size": 1, "stream_interval": 1,
     "max_running_requests": 1, "max_total_tokens": 1, "max_queued_requests": 1,
     "max_prefill_tokens": 1, "context_length": 1, "cuda_graph_max_bs": 1,
     "torch_compile_max_bs": 1, "nnodes": 1, "node_rank": 0, "base_gpu_id": 0,
@@ -184,6 +184,10 @@ def validate_ranges(args: ServerArgs) -> None:
     check_arg(
         args.tp_size * args.pp_size % args.nnodes == 0,
         f"--tp-size ({args.tp_size}) must be divisible by --nnodes ({args.nnodes})",
+    )
+    check_arg(
+        args.tp_size % args.ep_size == 0,
+        f"--tp-size ({args.tp_size}) must be divisible by --ep-size ({args.ep_size})",
     )
     check_arg(
         args.dp_size == 1 or args.nnodes == 1,

@@ -3,6 +3,12 @@
 At tp_size == 1 every collective is the identity, so layers are written once for any TP
 degree. The CPU group (gloo) carries Python objects between ranks (rank 0 broadcasts the
 scheduler's received requests); the device group (NCCL on CUDA, gloo on CPU) carries tensors.
+
+Mixture-of-experts layers split the TP group further (SGLang's moe_ep / moe_tp): with
+ep_size E the experts form E groups of whole experts, and each group's experts are tensor
+parallel over tp_size / E ranks (their intermediate dimension is sharded). Rank r holds
+expert group r // (tp_size / E) and intermediate shard r % (tp_size / E); the MoE output is
+a partial sum that the TP group's all-reduce completes, so no other group is needed.
 """
 
 from __future__ import annotations
@@ -19,18 +25,26 @@ class TPGroup:
     world_size: int = 1
     device_group: dist.ProcessGroup | None = None
     cpu_group: dist.ProcessGroup | None = None
+    ep_size: int = 1  # MoE expert groups; divides world_size
 
 
 _TP = TPGroup()
 
 
 def init_distributed_environment(
-    tp_rank: int, tp_size: int, backend: str, init_method: str, timeout_s: int | None = None
+    tp_rank: int,
+    tp_size: int,
+    backend: str,
+    init_method: str,
+    timeout_s: int | None = None,
+    ep_size: int = 1,
 ) -> None:
-    """Join the world of `tp_size` ranks; a no-op at tp_size == 1."""
+    """Join the world of `tp_size` ranks (a no-op at tp_size == 1); MoE layers built
+    afterwards split their experts into `ep_size` groups (see set_expert_parallel_size)."""
     global _TP
     if tp_size == 1:
         _TP = TPGroup()
+        set_expert_parallel_size(ep_size)
         return
     import datetime
 
@@ -43,6 +57,16 @@ def init_distributed_environment(
     ranks = list(range(tp_size))
     cpu_group = dist.new_group(ranks, backend="gloo") if backend != "gloo" else dist.group.WORLD
     _TP = TPGroup(tp_rank, tp_size, dist.group.WORLD, cpu_group)
+    set_expert_parallel_size(ep_size)
+
+
+def set_expert_parallel_size(ep_size: int) -> None:
+    """How MoE layers built from now on split their experts over the TP group: `ep_size`
+    groups of whole experts (1: every rank holds a shard of every expert). It must divide
+    the TP world size; models already built keep their split."""
+    if ep_size < 1 or _TP.world_size % ep_size:
+        raise ValueError(f"--ep-size {ep_size} must divide --tp-size {_TP.world_size}")
+    _TP.ep_size = ep_size
 
 
 def destroy_distributed_environment() -> None:
@@ -66,6 +90,26 @@ def get_tp_rank() -> int:
 
 def get_tp_size() -> int:
     return _TP.world_size
+
+
+def get_moe_ep_size() -> int:
+    """The number of expert groups (--ep-size)."""
+    return _TP.ep_size
+
+
+def get_moe_ep_rank() -> int:
+    """This rank's expert group, in [0, get_moe_ep_size())."""
+    return _TP.rank // get_moe_tp_size()
+
+
+def get_moe_tp_size() -> int:
+    """How many ranks shard each expert's intermediate dimension (tp_size / ep_size)."""
+    return _TP.world_size // _TP.ep_size
+
+
+def get_moe_tp_rank() -> int:
+    """This rank's shard of each of its experts, in [0, get_moe_tp_size())."""
+    return _TP.rank % get_moe_tp_size()
 
 
 def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:

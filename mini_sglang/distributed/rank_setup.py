@@ -41,4 +41,5 @@ def init_scheduler_tp_group(server_args, port_args, tp_rank: int) -> None:
         backend,
         dist_init_method(server_args, port_args),
         server_args.dist_timeout,
+        server_args.ep_size,
     )

@@ -43,7 +43,7 @@ def test_cli_defaults_match_sglang():
     expected = dict(
         model_path=MODEL, tokenizer_path=MODEL, served_model_name=MODEL, tokenizer_mode="auto",
         load_format="auto", dtype="float32", kv_cache_dtype="auto", quantization=None,
-        host="127.0.0.1", port=30000, nccl_port=None, tp_size=1, pp_size=1, dp_size=1,
+        host="127.0.0.1", port=30000, nccl_port=None, tp_size=1, ep_size=1, pp_size=1, dp_size=1,
         load_balance_method="round_robin", max_prefill_tokens=16384, schedule_policy="fcfs",
         schedule_conservativeness=1.0, page_size=1, radix_eviction_policy="lru", cpu_offload_gb=0,
         max_running_requests=None, max_queued_requests=None, max_total_tokens=None,
@@ -81,6 +81,9 @@ def test_aliases():
     assert (b.tp_size, b.dp_size) == (4, 3)
     c = prepare_server_args(["--model-path", MODEL, "--dp-size", "2", "--dist-init-addr", "h:1"])
     assert (c.dp_size, c.dist_init_addr) == (2, "h:1")
+    for flag in ("--ep-size", "--expert-parallel-size", "--ep"):
+        d = prepare_server_args(["--model-path", MODEL, "--tp-size", "4", flag, "2"])
+        assert (d.tp_size, d.ep_size) == (4, 2)
 
 
 def test_add_cli_args_on_own_parser():
@@ -115,6 +118,8 @@ def test_bad_choice_exits_2(capsys):
         (dict(page_size=0), "--page-size must be >= 1, got 0"),
         (dict(tp_size=0), "--tp-size must be >= 1, got 0"),
         (dict(dp_size=0), "--dp-size must be >= 1, got 0"),
+        (dict(ep_size=0), "--ep-size must be >= 1, got 0"),
+        (dict(tp_size=2, ep_size=4), r"--tp-size \(2\) must be divisible by --ep-size \(4\)"),
         (dict(port=0), r"--port must be in \[1, 65535\], got 0"),
         (dict(port=70000), r"--port must be in \[1, 65535\], got 70000"),
         (dict(nccl_port=65536), r"--nccl-port must be in \[1, 65535\]"),
