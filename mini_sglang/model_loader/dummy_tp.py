@@ -24,6 +24,7 @@ from mini_sglang.layers.linear import (
     QKVParallelLinear,
     RowParallelLinear,
 )
+from mini_sglang.layers.moe.layer import FusedMoE
 from mini_sglang.layers.vocab_parallel_embedding import VocabParallelEmbedding, pad_vocab_size
 
 
@@ -60,6 +61,14 @@ def _shards(module: nn.Module, pname: str, param: nn.Parameter) -> list[tuple[tu
     return []
 
 
+def _full_expert_shape(module: FusedMoE, param: nn.Parameter) -> tuple[int, int, int]:
+    """The tp=1 shape of a FusedMoE parameter: w13 [E, 2I, H] or w2 [E, H, I]."""
+    experts, inter = module.num_experts, module.intermediate_size
+    if param is module.w2_weight:
+        return (experts, param.shape[1], inter)
+    return (experts, 2 * inter, param.shape[2])
+
+
 @torch.no_grad()
 def fill_dummy_weights_tp(
     model: nn.Module,
@@ -83,6 +92,10 @@ def fill_dummy_weights_tp(
                 continue
             done.add(id(param))
             where = param.device if device is None else device
+            if isinstance(module, FusedMoE):  # experts split by expert and by intermediate
+                shape = _full_expert_shape(module, param)
+                module.load_full(param, full_dummy(shape, seed, low, high, where).to(param.dtype))
+                continue
             pieces = _shards(module, pname, param)
             if not pieces:
                 param.data.copy_(full_dummy(tuple(param.shape), seed, low, high, where))

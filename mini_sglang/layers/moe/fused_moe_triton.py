@@ -1,0 +1,176 @@
+"""The experts on the GPU: one grouped GEMM per projection over expert-sorted blocks.
+
+fused_experts_triton computes what experts_torch.fused_experts_torch does, in five launches
+and with no host sync (CUDA-graph safe):
+
+1. moe_align_block_size (align.py) sorts the n = tokens * k (token, slot) pairs by expert
+   into blocks of BLOCK_SIZE_M pairs that share one expert;
+2. GEMM 1: for each block and N tile, the block's token rows times its expert's w13 tile
+   -> gate_up [n, 2I] (rows are pair indices);
+3. SiLU-and-mul -> act [n, I];
+4. GEMM 2: act rows times the expert's w2 tile, scaled by the pair's routing weight
+   -> [n, H];
+5. the sum over each token's k slots -> [tokens, H].
+
+Padding entries of a block (index n) are masked out of loads and stores; blocks past
+num_post_padded exit at once, so the grid can be sized for the worst case on the host.
+Tile sizes come from kernel_config.get_config.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mini_sglang.layers.activation import SiluAndMul
+from mini_sglang.layers.moe.align import moe_align_block_size
+from mini_sglang.layers.moe.kernel_config import get_config
+
+_triton_kernel = None
+_silu_and_mul = SiluAndMul()
+
+
+def _kernel():
+    global _triton_kernel
+    if _triton_kernel is None:
+        import triton  # deferred: the CPU path never needs it
+        import triton.language as tl
+
+        @triton.jit
+        def fused_moe_kernel(
+            a_ptr,
+            b_ptr,
+            c_ptr,
+            topk_weights_ptr,
+            sorted_ids_ptr,
+            expert_ids_ptr,
+            post_pad_ptr,
+            N,
+            K,
+            max_padded,
+            num_pairs,
+            stride_am,
+            stride_be,
+            stride_bn,
+            stride_cm,
+            A_ROWS_PER_TOKEN: tl.constexpr,
+            MUL_ROUTED_WEIGHT: tl.constexpr,
+            IEEE: tl.constexpr,
+            BLOCK_SIZE_M: tl.constexpr,
+            BLOCK_SIZE_N: tl.constexpr,
+            BLOCK_SIZE_K: tl.constexpr,
+            GROUP_SIZE_M: tl.constexpr,
+        ):
+            """C[pair] = A[pair // A_ROWS_PER_TOKEN] @ B[expert(pair)]^T (* weight[pair]).
+            A [rows, K] row-major, B [E, N, K] with unit stride along K, C [pairs, N]."""
+            pid = tl.program_id(0)
+            num_pid_m = tl.cdiv(max_padded, BLOCK_SIZE_M)
+            num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+            # grouped order: GROUP_SIZE_M row blocks sweep the N tiles together (L2 reuse)
+            group = pid // (GROUP_SIZE_M * num_pid_n)
+            first_m = group * GROUP_SIZE_M
+            group_m = min(num_pid_m - first_m, GROUP_SIZE_M)
+            pid_m = first_m + (pid % (GROUP_SIZE_M * num_pid_n)) % group_m
+            pid_n = (pid % (GROUP_SIZE_M * num_pid_n)) // group_m
+            if pid_m * BLOCK_SIZE_M >= tl.load(post_pad_ptr):
+                return
+            offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+            pair = tl.load(sorted_ids_ptr + offs_m)
+            pair_ok = pair < num_pairs
+            expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+            offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+            n_ok = offs_n < N
+            offs_k = tl.arange(0, BLOCK_SIZE_K)
+            a_ptrs = a_ptr + (pair // A_ROWS_PER_TOKEN).to(tl.int64)[:, None] * stride_am
+            a_ptrs += offs_k[None, :]
+            b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
+            b_ptrs += offs_k[:, None]
+            acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+                k_ok = offs_k < K - k * BLOCK_SIZE_K
+                a = tl.load(a_ptrs, mask=pair_ok[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                if IEEE:
+                    acc += tl.dot(a, b, input_precision="ieee")
+                else:
+                    acc += tl.dot(a, b)
+                a_ptrs += BLOCK_SIZE_K
+                b_ptrs += BLOCK_SIZE_K
+            if MUL_ROUTED_WEIGHT:
+                w = tl.load(topk_weights_ptr + pair, mask=pair_ok, other=0.0)
+                acc = acc * w[:, None]
+            c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=pair_ok[:, None] & n_ok[None, :])
+
+        _triton_kernel = fused_moe_kernel
+    return _triton_kernel
+
+
+def _grouped_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    topk_weights: torch.Tensor,
+    align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    a_rows_per_token: int,
+    mul_routed_weight: bool,
+    config: dict[str, int],
+) -> None:
+    import triton
+
+    sorted_ids, expert_ids, post_pad = align
+    N, K = b.shape[1], b.shape[2]
+    assert b.stride(2) == 1 and a.stride(1) == 1 and c.stride(1) == 1
+    max_padded = sorted_ids.numel()
+    grid = (
+        triton.cdiv(max_padded, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),
+    )
+    _kernel()[grid](
+        a,
+        b,
+        c,
+        topk_weights,
+        sorted_ids,
+        expert_ids,
+        post_pad,
+        N,
+        K,
+        max_padded,
+        topk_weights.numel(),
+        a.stride(0),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        A_ROWS_PER_TOKEN=a_rows_per_token,
+        MUL_ROUTED_WEIGHT=mul_routed_weight,
+        IEEE=a.dtype == torch.float32,
+        **config,
+    )
+
+
+def fused_experts_triton(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    dropped_pairs: bool = False,
+    config: dict[str, int] | None = None,
+) -> torch.Tensor:
+    """fused_experts_torch's result (see the module for the steps). `dropped_pairs`: some ids
+    may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
+    tuned / default tile sizes (the tuning script and tests use it)."""
+    tokens, k = topk_ids.shape
+    E, two_i, _ = w13.shape
+    if config is None:
+        config = get_config(tokens, E, w2.shape[2], k, x.dtype, x.device)
+    align = moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
+    weights = topk_weights.reshape(-1).contiguous()
+    x = x.contiguous()
+    gate_up = torch.empty(tokens * k, two_i, dtype=x.dtype, device=x.device)
+    _grouped_gemm(x, w13, gate_up, weights, align, k, False, config)
+    act = _silu_and_mul(gate_up)
+    # Dropped pairs' rows are never written, and the sum below must read them as zero.
+    alloc = torch.zeros if dropped_pairs else torch.empty
+    down = alloc(tokens * k, w2.shape[1], dtype=x.dtype, device=x.device)
+    _grouped_gemm(act, w2, down, weights, align, 1, True, config)
+    return down.view(tokens, k, -1).sum(dim=1)

@@ -1,0 +1,179 @@
+"""The MoE layer's pieces against the torch reference (layers/moe/).
+
+- router: the one-program Triton top-k softmax equals torch's (softmax, topk, renormalise);
+- moe_align_block_size: the Triton version equals the torch one, which satisfies the
+  contract (every kept pair once, grouped by expert, groups block-aligned);
+- the fused grouped-GEMM path equals fused_experts_torch across expert counts, top-k, batch
+  sizes 1.. (experts left empty) and dropped (other-rank) pairs;
+- FusedMoE's TP and EP splits: the ranks' partial outputs sum to the unsplit layer's, for the
+  checkpoint loader (weight_loader per expert) and the dummy loader (load_full);
+- the kernel-config lookup: nearest tuned batch size, clean fallback without or with a bad
+  file.
+
+Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by conftest
+before triton is imported) on tiny shapes; with CUDA the same tests run compiled.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from mini_sglang.distributed import parallel_state  # noqa: E402
+from mini_sglang.layers.moe import kernel_config  # noqa: E402
+from mini_sglang.layers.moe.align import (  # noqa: E402
+    moe_align_block_size_torch,
+    moe_align_block_size_triton,
+)
+from mini_sglang.layers.moe.experts_torch import fused_experts_torch  # noqa: E402
+from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton  # noqa: E402
+from mini_sglang.layers.moe.layer import FusedMoE  # noqa: E402
+from mini_sglang.layers.moe.router import select_experts_torch, select_experts_triton  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TILES = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, GROUP_SIZE_M=2)
+
+
+def _ids(tokens: int, experts: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Distinct experts per token (as top-k gives), drawn from the first experts only when
+    there are few tokens, so some experts get no pair."""
+    return torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(tokens)]).to(
+        torch.int32
+    )
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_router_triton_matches_torch(renormalize: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 12, generator=gen).to(DEVICE)
+    ref_w, ref_ids = select_experts_torch(logits, 4, renormalize)
+    w, ids = select_experts_triton(logits, 4, renormalize)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-6)
+    assert torch.allclose(w.sum(-1), torch.ones(5, device=DEVICE)) == renormalize
+
+
+@pytest.mark.parametrize("tokens,experts,k,block", [(1, 8, 2, 16), (6, 5, 2, 4), (9, 16, 4, 16)])
+def test_align_block_size(tokens: int, experts: int, k: int, block: int) -> None:
+    gen = torch.Generator().manual_seed(tokens)
+    ids = _ids(tokens, experts, k, gen)
+    ids[0, 0] = -1  # a pair of an expert another rank holds
+    ids = ids.to(DEVICE)
+    ref = moe_align_block_size_torch(ids, block, experts)
+    got = moe_align_block_size_triton(ids, block, experts)
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+    sorted_ids, expert_ids, post_pad = (t.cpu() for t in ref)
+    n = ids.numel()
+    flat = ids.reshape(-1).cpu()
+    end = int(post_pad)
+    assert end % block == 0 and sorted_ids.numel() % block == 0
+    kept = sorted_ids[sorted_ids < n]
+    assert sorted(kept.tolist()) == [i for i in range(n) if flat[i] >= 0]
+    assert (sorted_ids[end:] == n).all()
+    for b in range(end // block):
+        rows = sorted_ids[b * block : (b + 1) * block]
+        rows = rows[rows < n]
+        assert (flat[rows.long()] == expert_ids[b]).all() and rows.tolist() == sorted(rows.tolist())
+    assert (expert_ids[end // block :] == -1).all()
+    assert expert_ids[: end // block].tolist() == sorted(expert_ids[: end // block].tolist())
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,k,hidden,inter",
+    [(1, 8, 2, 32, 16), (3, 4, 1, 16, 48), (5, 16, 4, 16, 16)],
+)
+def test_fused_experts_match_reference(tokens, experts, k, hidden, inter) -> None:
+    gen = torch.Generator().manual_seed(experts)
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.2
+    weights = torch.rand(tokens, k, generator=gen)
+    ids = _ids(tokens, experts, k, gen)
+    x, w13, w2, weights, ids = (t.to(DEVICE) for t in (x, w13, w2, weights, ids))
+    ref = fused_experts_torch(x, w13, w2, weights, ids)
+    out = fused_experts_triton(x, w13, w2, weights, ids, config=TILES)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    dropped = torch.where(ids % 2 == 1, -1, ids)
+    ref = fused_experts_torch(x, w13, w2, weights, dropped)
+    out = fused_experts_triton(x, w13, w2, weights, dropped, dropped_pairs=True, config=TILES)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def _set_rank(monkeypatch, rank: int, tp: int, ep: int) -> None:
+    """Build the next layer as TP rank `rank` of `tp` with `ep` expert groups (the layer
+    reads its split from the TP group state when it is built)."""
+    monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup(rank, tp))
+    parallel_state.set_expert_parallel_size(ep)
+
+
+@pytest.mark.parametrize("tp,ep", [(2, 1), (2, 2), (4, 2)])
+@pytest.mark.parametrize("loader", ["checkpoint", "full"])
+def test_tp_and_ep_splits_sum_to_the_whole(monkeypatch, tp: int, ep: int, loader: str) -> None:
+    E, k, H, inter, T = 4, 2, 16, 8, 5
+    gen = torch.Generator().manual_seed(tp * 10 + ep)
+    gate = torch.randn(E, inter, H, generator=gen)
+    up = torch.randn(E, inter, H, generator=gen)
+    down = torch.randn(E, H, inter, generator=gen)
+    x = torch.randn(T, H, generator=gen)
+    logits = torch.randn(T, E, generator=gen)
+
+    def build(rank: int, size: int, groups: int) -> FusedMoE:
+        _set_rank(monkeypatch, rank, size, groups)
+        layer = FusedMoE(E, k, H, inter, renormalize=True, reduce_results=False)
+        if loader == "full":
+            layer.load_full(layer.w13_weight, torch.cat([gate, up], dim=1))
+            layer.load_full(layer.w2_weight, down)
+            return layer
+        for e in range(E):
+            layer.weight_loader(layer.w13_weight, gate[e], "w1", e)
+            layer.weight_loader(layer.w13_weight, up[e], "w3", e)
+            layer.weight_loader(layer.w2_weight, down[e], "w2", e)
+        return layer
+
+    whole = build(0, 1, 1)(x, logits)
+    parts = [build(r, tp, ep) for r in range(tp)]
+    assert parts[0].num_local_experts == E // ep
+    assert parts[0].intermediate_per_partition == inter * ep // tp
+    total = sum(p(x, logits) for p in parts)
+    torch.testing.assert_close(total, whole, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup())
+
+
+def test_expert_params_mapping_names() -> None:
+    mapping = FusedMoE.make_expert_params_mapping("w1", "w2", "w3", 2)
+    assert ("experts.w13_", "experts.1.w3.", 1, "w3") in mapping
+    assert ("experts.w2_", "experts.0.w2.", 0, "w2") in mapping
+    assert len(mapping) == 6
+
+
+def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch) -> None:
+    name = kernel_config.config_file_name(8, 32, 2, torch.bfloat16, "NVIDIA H200")
+    assert name == "E=8,N=32,topk=2,dtype=bfloat16,device_name=NVIDIA_H200.json"
+    tuned = {
+        "1": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1,
+                  num_warps=4, num_stages=3),
+        "64": dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8,
+                   num_warps=8, num_stages=2),
+    }  # fmt: skip
+    (tmp_path / name).write_text(json.dumps(tuned))
+    table = kernel_config.load_configs(name, str(tmp_path))
+    assert table[1]["BLOCK_SIZE_N"] == 32 and table[64]["num_warps"] == 8
+    (tmp_path / "bad.json").write_text("{not json")
+    assert kernel_config.load_configs("bad.json", str(tmp_path)) is None
+    assert kernel_config.load_configs("absent.json", str(tmp_path)) is None
+    # Nearest batch size; without a shipped file, the heuristic default.
+    monkeypatch.setattr(kernel_config, "CONFIG_DIR", str(tmp_path))
+    kernel_config.load_configs.cache_clear()
+    kernel_config.get_config.cache_clear()
+    monkeypatch.setattr(kernel_config, "device_name", lambda device: "NVIDIA H200")
+    cfg = kernel_config.get_config(40, 8, 32, 2, torch.bfloat16, torch.device("cpu"))
+    assert cfg == tuned["64"]
+    cfg = kernel_config.get_config(40, 8, 64, 2, torch.bfloat16, torch.device("cpu"))
+    assert cfg == kernel_config.default_config(40, 8, 2)
+    kernel_config.load_configs.cache_clear()
+    kernel_config.get_config.cache_clear()
