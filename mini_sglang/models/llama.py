@@ -7,7 +7,7 @@ before RoPE. Everything else (RMSNorm, SwiGLU MLP, RoPE, tied embeddings) is sha
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,12 +53,16 @@ def head_dim_of(config) -> int:
 
 
 class LlamaMLP(nn.Module):
+    """The SwiGLU MLP; with reduce_results False the output is this rank's partial sum (the
+    caller all-reduces it, e.g. together with a MoE block's experts)."""
+
     def __init__(
         self,
         hidden_size: int,
         intermediate_size: int,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
+        reduce_results: bool = True,
     ) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -70,6 +74,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(
             intermediate_size,
             hidden_size,
+            reduce_results=reduce_results,
             quant_config=quant_config,
             prefix=f"{prefix}.down_proj",
         )
@@ -77,6 +82,10 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj.forward_silu_mul(x, self.act_fn))
+
+    def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
+        """residual += forward(x), with the add in down_proj's epilogue where it can be."""
+        self.down_proj.forward_add_(self.gate_up_proj.forward_silu_mul(x, self.act_fn), residual)
 
 
 class LlamaAttention(nn.Module):
@@ -203,14 +212,18 @@ class LlamaDecoderLayer(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.self_attn",
         )
-        self.mlp = LlamaMLP(
-            config.hidden_size,
-            config.intermediate_size,
-            quant_config=quant_config,
-            prefix=f"{prefix}.mlp",
-        )
+        self.mlp = self.build_mlp(config, layer_id, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def build_mlp(
+        self, config, layer_id: int, quant_config: QuantizationConfig | None, prefix: str
+    ) -> nn.Module:
+        """The feed-forward block: a module with forward(x) and forward_add_(x, residual)
+        (residual += forward(x)); MoE decoders return a sparse block here."""
+        return LlamaMLP(
+            config.hidden_size, config.intermediate_size, quant_config=quant_config, prefix=prefix
+        )
 
     def forward(
         self,
@@ -240,12 +253,11 @@ class LlamaDecoderLayer(nn.Module):
         gate_up_proj, whose GEMV is the largest and then loads the norm's weight beside x in
         every program, it cost more than it saved (Llama-3.1-8B batch 1, H100: 5.61 vs 5.48
         ms/token unfused; this dataflow 5.46 vs 5.49-5.51; docs/performance/decode-gemv.md)."""
-        attn, mlp = self.self_attn, self.mlp
+        attn = self.self_attn
         qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
         o = attn.o_proj(attn.attend(positions, qkv, fb))
         hidden, residual = self.post_attention_layernorm(o, residual)
-        act = mlp.gate_up_proj.forward_silu_mul(hidden, mlp.act_fn)
-        mlp.down_proj.forward_add_(act, residual)
+        self.mlp.forward_add_(hidden, residual)
         return residual
 
 
@@ -257,6 +269,7 @@ class LlamaModel(nn.Module):
         qk_norm: bool,
         quant_config: QuantizationConfig | None = None,
         prefix: str = "model",
+        layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
@@ -265,7 +278,7 @@ class LlamaModel(nn.Module):
         # Each layer leaves the device as soon as it is built if --cpu-offload-gb has room.
         self.layers = nn.ModuleList(
             offload_layers(
-                LlamaDecoderLayer(
+                layer_cls(
                     config,
                     i,
                     rotary_emb,
@@ -313,6 +326,7 @@ class LlamaForCausalLM(nn.Module):
     # Causal: a request's states depend only on earlier tokens, so cached prefixes and
     # chunked prefill leave its last token's state unchanged (see layers/pooler.py).
     supports_prefix_reuse = True
+    decoder_layer_cls = LlamaDecoderLayer
     # checkpoint name fragment -> (fused parameter fragment, shard id)
     stacked_params_mapping = [
         ("qkv_proj", "q_proj", "q"),
@@ -329,7 +343,11 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
         self.model = LlamaModel(
-            config, qkv_bias=qkv_bias, qk_norm=self.qk_norm, quant_config=quant_config
+            config,
+            qkv_bias=qkv_bias,
+            qk_norm=self.qk_norm,
+            quant_config=quant_config,
+            layer_cls=self.decoder_layer_cls,
         )
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
@@ -372,14 +390,16 @@ def load_checkpoint_weights(
     tie_word_embeddings: bool,
     strict: bool = True,
     unstacked_prefixes: tuple[str, ...] = (),
+    expert_loader: Callable[[dict[str, nn.Parameter], str, torch.Tensor], str | None] | None = None,
 ) -> None:
     """Route each (HF name, tensor) to its parameter: checkpoint pieces of a fused parameter
     (stacked_params_mapping) through its weight_loader with their shard id, the rest through
     the parameter's weight_loader or a plain copy. Names starting with one of
     `unstacked_prefixes` (modules kept unfused, e.g. a transformers vision tower) are never
     fused. KV cache scales (`*.k_scale` / `*.v_scale` / `*.kv_scale`) go to the layers'
-    RadixAttention (layers/kv_quant.py). Raises ValueError naming the parameters nothing
-    filled, unless strict is False.
+    RadixAttention (layers/kv_quant.py). `expert_loader(params, name, tensor)` (MoE models)
+    is tried first: it returns the parameter it filled, or None for a tensor that is not an
+    expert's. Raises ValueError naming the parameters nothing filled, unless strict is False.
     """
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -387,6 +407,10 @@ def load_checkpoint_weights(
         if "rotary_emb.inv_freq" in name or load_kv_scale(model, name, tensor):
             continue
         if tie_word_embeddings and name == "lm_head.weight":
+            continue
+        expert = expert_loader(params, name, tensor) if expert_loader else None
+        if expert is not None:
+            loaded.add(expert)
             continue
         stacked = () if name.startswith(unstacked_prefixes) else stacked_params_mapping
         for fused, part, shard_id in stacked:

@@ -13,8 +13,11 @@ from mini_sglang.models.bert import BertForSequenceClassification, BertModel
 from mini_sglang.models.llama import LlamaForCausalLM
 from mini_sglang.models.llama_embedding import LlamaEmbeddingModel, MistralModel
 from mini_sglang.models.llava import LlavaForConditionalGeneration
+from mini_sglang.models.mixtral import MixtralForCausalLM
 from mini_sglang.models.qwen2 import Qwen2ForCausalLM
+from mini_sglang.models.qwen2_moe import Qwen2MoeForCausalLM
 from mini_sglang.models.qwen3 import Qwen3ForCausalLM
+from mini_sglang.models.qwen3_moe import Qwen3MoeForCausalLM
 from mini_sglang.models.sequence_classification import (
     LlamaForSequenceClassification,
     Qwen2ForRewardModel,
@@ -27,8 +30,11 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "MistralForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     # Embedding and score models (model_config.EMBEDDING_ARCHITECTURES).
     "LlamaEmbeddingModel": LlamaEmbeddingModel,
     "MistralModel": MistralModel,

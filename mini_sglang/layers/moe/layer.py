@@ -13,11 +13,15 @@ their names onto these two parameters with `make_expert_params_mapping` and call
 `weight_loader(param, tensor, shard_id, expert_id)` (shard ids "w1" gate, "w3" up, "w2"
 down, SGLang's names), which keeps only this rank's experts and slice.
 
-Quantized experts would add a method object here (create weights / apply), as the linear
-layers' quantization methods do; this layer is the unquantized method.
+Quantization: this layer is the unquantized method. Quantized experts (e.g. FP8) would take
+a method object from the QuantizationConfig here (create weights / load / apply), as the
+linear layers do (layers/quantization); until then a quant_config is refused at build time
+rather than silently serving unquantized experts.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -34,6 +38,9 @@ from mini_sglang.distributed.parallel_state import (
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
 from mini_sglang.layers.moe.router import select_experts
+
+if TYPE_CHECKING:
+    from mini_sglang.layers.quantization.base import QuantizationConfig
 
 
 def triton_available() -> bool:
@@ -56,8 +63,15 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         renormalize: bool,
         reduce_results: bool = True,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         super().__init__()
+        if quant_config is not None:
+            raise ValueError(
+                f"{quant_config.name or type(quant_config).__name__} quantization of MoE "
+                f"experts ({prefix}) is not supported; serve the model unquantized"
+            )
         self.num_experts = num_experts
         self.top_k = top_k
         self.renormalize = renormalize

@@ -1,0 +1,179 @@
+"""Tiny random Qwen3-MoE, Qwen2-MoE and Mixtral models: mini-sglang against transformers.
+
+Each model is saved with `save_pretrained` (per-expert safetensors names, loaded through the
+stacked expert mapping) and checked: prefill logits of every position within 1e-3 in float32,
+and 32 greedy tokens identical to transformers' for prompts of different lengths that join
+the running batch at different steps (continuous batching). The configs exercise what each
+family must get right: Qwen3-MoE q/k norm and top-4 of 8 renormalised; Qwen2-MoE qkv bias,
+the sigmoid-gated shared expert, top-2 not renormalised and a dense layer (mlp_only_layers);
+Mixtral the block_sparse_moe / w1-w3 names and always-renormalised top-2 of 4.
+
+Then the Qwen2-MoE model runs on two gloo ranks (CPU), once with --tp-size 2 (every expert's
+intermediate dimension split) and once with --ep-size 2 (whole experts per rank), and must
+give transformers' tokens both times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import (
+    assert_memory_all_free,
+    hf_greedy,
+    make_scheduler,
+    randomize_norms_and_biases,
+    run_prompts,
+)
+
+ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral"]
+MAX_NEW_TOKENS = 32
+LOGITS_ATOL = 1e-3
+PROMPTS = [
+    "Hello world, this is",
+    "x",
+    "The capital of France is Paris. The capital of Germany is Berlin. The capital of",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+]
+
+
+def tiny_moe_config(arch: str, vocab_size: int):
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=151645,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
+    )
+    if arch == "qwen3_moe":
+        return Qwen3MoeConfig(
+            **common, head_dim=32, intermediate_size=96, moe_intermediate_size=32,
+            num_experts=8, num_experts_per_tok=4, norm_topk_prob=True,
+        )  # fmt: skip
+    if arch == "qwen2_moe":
+        return Qwen2MoeConfig(
+            **common, intermediate_size=96, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+            norm_topk_prob=False, mlp_only_layers=[0],
+        )  # fmt: skip
+    return MixtralConfig(**common, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+
+
+@dataclass
+class TinyMoe:
+    arch: str
+    path: str
+    hf_model: Any
+    prompts: list[list[int]]
+    hf_outputs: list[list[int]]
+
+
+def build_tiny_moe(arch: str, path, tokenizer) -> TinyMoe:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_moe_config(arch, len(tokenizer)))
+    model = model.float().eval()
+    randomize_norms_and_biases(model)
+    model.save_pretrained(str(path), safe_serialization=True)
+    tokenizer.save_pretrained(str(path))
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    outputs = [hf_greedy(model, p, MAX_NEW_TOKENS, ignore_eos=True) for p in prompts]
+    for out in outputs:  # one repeated token would match almost any model
+        assert len(out) == MAX_NEW_TOKENS and len(set(out)) >= 8, out
+    return TinyMoe(arch, str(path), model, prompts, outputs)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory, qwen_tokenizer) -> dict[str, TinyMoe]:
+    """Each arch's model, built on first use and shared by the tests of this module."""
+
+    class Cache(dict):
+        def __missing__(self, arch: str) -> TinyMoe:
+            path = tmp_path_factory.mktemp(arch)
+            self[arch] = build_tiny_moe(arch, path, qwen_tokenizer)
+            return self[arch]
+
+    return Cache()
+
+
+@pytest.fixture(params=ARCHS)
+def tiny(request, tiny_models) -> TinyMoe:
+    return tiny_models[request.param]
+
+
+@torch.no_grad()
+def test_prefill_logits_and_greedy_match_hf(tiny: TinyMoe) -> None:
+    sched = make_scheduler(tiny.path)
+    model = sched.tp_worker.model_runner.model
+    blocks = [type(layer.mlp).__name__ for layer in model.model.layers]
+    assert blocks == (
+        ["LlamaMLP", "SparseMoeBlock"] if tiny.arch == "qwen2_moe" else ["SparseMoeBlock"] * 2
+    )
+    # Prefill: the logprob of every prompt token (logits row k - 1 at token k) and of the
+    # first output token, against transformers' log_softmax.
+    results = run_prompts(
+        sched, tiny.prompts, MAX_NEW_TOKENS, return_logprob=True, logprob_start_len=0,
+        stagger=lambda i: 3 * i,
+    )  # fmt: skip
+    for i, (res, prompt, ref_out) in enumerate(zip(results, tiny.prompts, tiny.hf_outputs)):
+        assert res.output_ids == ref_out, f"prompt {i}: {res.output_ids} != HF {ref_out}"
+        full = torch.tensor([prompt + ref_out])
+        ref = torch.log_softmax(tiny.hf_model(full).logits[0].float(), dim=-1)
+        ref_in = [ref[k - 1, prompt[k]].item() for k in range(1, len(prompt))]
+        ref_gen = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(ref_out)]
+        assert res.input_logprobs[1:] == pytest.approx(ref_in, abs=LOGITS_ATOL), i
+        assert res.output_logprobs == pytest.approx(ref_gen, abs=LOGITS_ATOL), i
+    assert_memory_all_free(sched)
+
+
+# ---- tp=2 and ep=2 on two gloo ranks -------------------------------------------------------
+def _rank_generate(server_args, prompts: list[list[int]], tp_rank: int) -> dict[int, list]:
+    """On one TP rank: the prompts' greedy tokens with the experts split by TP (ep 1), then
+    by whole experts (ep 2), each through its own Scheduler (every rank gets the same
+    requests, as bench_one_batch's ranks do)."""
+    from mini_sglang.distributed.parallel_state import set_expert_parallel_size
+    from mini_sglang.managers.scheduler import Scheduler
+
+    tokens = {}
+    for ep in (1, 2):
+        set_expert_parallel_size(ep)
+        outputs: list = []
+        args = dataclasses.replace(server_args, ep_size=ep)
+        sched = Scheduler(args, tp_rank=tp_rank, send_to_detokenizer=outputs.append)
+        sched.test_outputs = outputs
+        moe = sched.tp_worker.model_runner.model.model.layers[1].mlp.experts
+        assert (moe.num_local_experts, moe.intermediate_per_partition) == (
+            (8, 16) if ep == 1 else (4, 32)
+        )
+        tokens[ep] = [r.output_ids for r in run_prompts(sched, prompts, MAX_NEW_TOKENS)]
+        del sched
+    return tokens
+
+
+def test_tp2_and_ep2_match_hf(tiny_models) -> None:
+    from mini_sglang.benchmark.tp_group import run_tp_group
+    from mini_sglang.server_args import ServerArgs
+
+    tiny = tiny_models["qwen2_moe"]
+    args = ServerArgs(
+        model_path=tiny.path, device="cpu", tp_size=2, max_total_tokens=1024,
+        max_running_requests=8, random_seed=0,
+    )  # fmt: skip
+    # Two prompts of different lengths (a batch of two rows) keep the two-rank runs short.
+    tokens = run_tp_group(_rank_generate, args, tiny.prompts[:2])
+    assert tokens[1] == tiny.hf_outputs[:2]
+    assert tokens[2] == tiny.hf_outputs[:2]
