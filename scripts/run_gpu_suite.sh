@@ -3,7 +3,7 @@
 # Needs: an NVIDIA GPU (nvidia-smi) and the GPU packages importable (torch with CUDA,
 # flashinfer, triton; where the machine lacks some, stage them as wheels and put them on
 # PYTHONPATH first). Usage, from the repository root:
-#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [compare] [tp] [default_model] [kernels] [startup] [save_jit]
+#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [compare] [tp] [default_model] [kernels] [startup] [moe] [moe_tune] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -209,6 +209,35 @@ for step in "${steps[@]}"; do
             --out "$OUT/startup.jsonl" --log-dir "$OUT/startup" 2>&1 | tee -a "$OUT/startup.log"
         done
       done ;;
+    moe)
+      # Mixture of experts (docs/moe.md): the GPU tests (tiny MoE models vs transformers on
+      # every attention backend, the fused kernel vs the torch reference, compiled), the fused
+      # kernel's GB/s and TFLOP/s on Qwen3-30B-A3B's shapes, Qwen3-30B-A3B at batch 1 (in 128,
+      # out 1024; target on an H200: <= 2.0 ms/token) and on the nano-vllm workload next to
+      # Llama-3.1-8B (target: at least Llama's throughput), and Mixtral-8x7B at batch 1
+      # (93 GB of weights: an H200, or an Error line on an 80 GB card).
+      for name in qwen3-30b-a3b mixtral-8x7b llama-3.1-8b; do
+        python benchmarks/models/prepare.py "$name" "$MODEL_ROOT/$name" >/dev/null
+      done
+      python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py tests/unit/test_fused_moe.py \
+        2>&1 | tee "$OUT/gpu_moe_tests.log" | tail -8
+      python benchmarks/bench_fused_moe.py --result-filename "$OUT/fused_moe.jsonl" 2>&1 | tee "$OUT/fused_moe.log"
+      python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/qwen3-30b-a3b" --load-format dummy \
+        --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+        --result-filename "$OUT/moe_one_batch.jsonl" 2>&1 | grep -E "Scheduler|Error" \
+        | sed "s/^/qwen3-30b-a3b /" | tee -a "$OUT/moe.log"
+      for m in qwen3-30b-a3b llama-3.1-8b; do
+        python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
+          --preset nano-vllm --result-filename "$OUT/moe_offline.jsonl" 2>&1 | tee "$OUT/moe_offline_$m.log" \
+          | grep -E "throughput|duration|Error" | sed "s/^/$m /" | tee -a "$OUT/moe.log"
+      done
+      python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/mixtral-8x7b" --load-format dummy \
+        --batch-size 1 --input-len 128 --output-len 256 --result-filename "$OUT/moe_one_batch.jsonl" \
+        2>&1 | grep -E "Decode|Prefill|Error" | sed "s/^/mixtral-8x7b /" | tee -a "$OUT/moe.log" ;;
+    moe_tune)
+      # tuned fused-MoE tile sizes for Qwen3-30B-A3B (tp 1) on this card, written to
+      # $OUT/moe_configs: commit the file under mini_sglang/layers/moe/configs/
+      python benchmarks/tune_fused_moe.py --out-dir "$OUT/moe_configs" 2>&1 | tee "$OUT/moe_tune.log" | tail -4 ;;
     save_jit)
       # pack the JIT caches (flashinfer's and Triton's) into $OUT; put both .tgz files into
       # $JIT_CACHE_DIR for later runs on a fresh machine (Triton's is restored above,

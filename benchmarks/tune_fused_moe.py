@@ -1,0 +1,125 @@
+"""Tune the fused MoE kernel's tile sizes per batch size and write the config file the layer
+looks up (mini_sglang/layers/moe/kernel_config.py).
+
+    python benchmarks/tune_fused_moe.py [--experts 128 --top-k 8 --hidden 2048 --inter 768]
+        [--tp 1 | --ep 1] [--batch-sizes 1 2 4 ...] [--out-dir mini_sglang/layers/moe/configs]
+
+Defaults: Qwen3-30B-A3B at tp 1 on this card. For each batch size M every candidate of the
+search space is timed as a CUDA-graph replay of the whole expert computation (both grouped
+GEMMs share one config, as at run time), with routing drawn at random as a router would;
+the fastest is kept. Candidates are checked against the torch reference once (a wrong
+result is an error, not a fast config). The file is named for (E local, N = I / tp, top-k,
+bf16, this device) and holds {M: config}; commit it under mini_sglang/layers/moe/configs/.
+Mixtral-8x7B: --experts 8 --top-k 2 --hidden 4096 --inter 14336.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mini_sglang.layers.moe import kernel_config  # noqa: E402
+from mini_sglang.layers.moe.experts_torch import fused_experts_torch  # noqa: E402
+from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton  # noqa: E402
+from mini_sglang.layers.moe.router import select_experts  # noqa: E402
+from mini_sglang.utils.cuda_timing import cuda_time_ms  # noqa: E402
+
+BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
+
+
+def search_space(m: int, top_k: int, experts: int) -> list[dict[str, int]]:
+    """Candidate configs for batch m: block rows no larger than the pairs an expert can get
+    (rounded up to 16), everything else swept."""
+    pairs_per_expert = max(1, m * top_k // experts)
+    block_ms = [b for b in (16, 32, 64, 128) if b <= max(16, 2 * pairs_per_expert)]
+    out = []
+    for bm, bn, bk, gm, warps, stages in itertools.product(
+        block_ms, (32, 64, 128, 256), (64, 128, 256), (1, 16), (4, 8), (2, 3, 4, 5)
+    ):
+        if bm * bk + bk * bn > 64 * 256 * 2 and stages > 3:  # shared memory
+            continue
+        out.append(
+            dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=gm,
+                 num_warps=warps, num_stages=stages)
+        )  # fmt: skip
+    return out
+
+
+def tune_one(m: int, args, w13: torch.Tensor, w2: torch.Tensor) -> tuple[dict, float]:
+    x = torch.randn(m, args.hidden, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(m, args.experts, device="cuda")
+    weights, ids = select_experts(logits, args.top_k, True)
+    local = ids - args.first_expert
+    dropped = args.ep > 1
+    if dropped:
+        local = torch.where((local >= 0) & (local < w13.shape[0]), local, -1)
+    ref = fused_experts_torch(x.float(), w13.float(), w2.float(), weights, local)
+    best, best_ms = None, float("inf")
+    for cfg in search_space(m, args.top_k, args.experts):
+        try:
+            out = fused_experts_triton(x, w13, w2, weights, local, dropped, cfg)
+            torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+            ms = cuda_time_ms(
+                lambda cfg=cfg: fused_experts_triton(x, w13, w2, weights, local, dropped, cfg),
+                args.iters,
+                graph=True,
+            )
+        except AssertionError:
+            raise
+        except Exception as e:  # out of resources (shared memory, registers): not a candidate
+            print(f"  M={m} skip {cfg}: {type(e).__name__}", file=sys.stderr)
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    assert best is not None, f"no config ran at M={m}"
+    return best, best_ms
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--inter", type=int, default=768)
+    p.add_argument("--tp", type=int, default=1, help="ranks sharding each expert's intermediate")
+    p.add_argument("--ep", type=int, default=1, help="expert groups (experts per rank = E / ep)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=BATCH_SIZES)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--out-dir", default=kernel_config.CONFIG_DIR)
+    args = p.parse_args(argv)
+    local_experts = args.experts // args.ep
+    n = args.inter * args.ep // args.tp  # ranks per expert group share the intermediate
+    args.first_expert = 0
+    torch.manual_seed(0)
+    w13 = torch.randn(local_experts, 2 * n, args.hidden, device="cuda") * args.hidden**-0.5
+    w2 = torch.randn(local_experts, args.hidden, n, device="cuda") * n**-0.5
+    w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
+    table = {}
+    for m in args.batch_sizes:
+        cfg, ms = tune_one(m, args, w13, w2)
+        table[str(m)] = cfg
+        print(f"M={m}: {1000 * ms:.1f} us {cfg}", flush=True)
+    name = kernel_config.config_file_name(
+        local_experts, n, args.top_k, torch.bfloat16, torch.cuda.get_device_name()
+    )
+    os.makedirs(args.out_dir, exist_ok=True)
+    path = os.path.join(args.out_dir, name)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=2)
+        f.write("\n")
+    print(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        raise SystemExit("tune_fused_moe.py needs a CUDA device")
+    main()
