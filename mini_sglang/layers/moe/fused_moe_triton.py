@@ -161,6 +161,8 @@ def fused_experts_triton(
     tuned / default tile sizes (the tuning script and tests use it)."""
     tokens, k = topk_ids.shape
     E, two_i, _ = w13.shape
+    if tokens == 0:  # nothing to launch (a grid of zero programs is an error)
+        return torch.zeros_like(x)
     if config is None:
         config = get_config(tokens, E, w2.shape[2], k, x.dtype, x.device)
     align = moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
