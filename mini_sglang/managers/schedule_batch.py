@@ -117,6 +117,8 @@ class ScheduleBatch:
         self.has_grammar = any(r.grammar is not None for r in reqs)
         self.has_logprob_reqs = any(r.return_logprob for r in reqs)
         self.has_custom_logit = any(r.custom_logit_processor for r in reqs)
+        self.mrope_deltas = _mrope_deltas(reqs)  # host; its device copy made on first use
+        self._mrope_deltas_dev: torch.Tensor | None = None
 
     def is_empty(self) -> bool:
         return not self.reqs
@@ -240,7 +242,9 @@ class ScheduleBatch:
             raise OutOfKVMemoryError(f"Decode needs {bs} KV slots")
         table[rows, cols] = out.to(torch.int32)
         self.out_cache_loc = out
-        self.positions = cols
+        # An M-RoPE request's new token sits at position seq + mrope_position_delta on all
+        # three axes, so its decode runs plain RoPE there (models/qwen2_5_vl.py).
+        self.positions = cols if self.mrope_deltas is None else cols + self._deltas_on(cols)
         self.seq_lens_dev = new_lens_dev
         self.seq_lens = self.seq_lens + 1
         self.input_ids = self.output_ids
@@ -249,6 +253,11 @@ class ScheduleBatch:
         self.return_logprob = self.has_logprob_reqs
         self.decode_start = 0
         self.prefix_lens, self.extend_lens, self.extend_logprob_start_lens = [], [], []
+
+    def _deltas_on(self, like: torch.Tensor) -> torch.Tensor:
+        if self._mrope_deltas_dev is None:
+            self._mrope_deltas_dev = to_device(self.mrope_deltas, like.device)
+        return self._mrope_deltas_dev
 
     def check_decode_mem(self) -> bool:
         """Whether the next decode step's slots fit (after evicting what can be evicted)."""
@@ -370,6 +379,19 @@ class ScheduleBatch:
             if self.return_logprob
             else None,
         )
+
+
+def _mrope_deltas(reqs: list[Req]) -> torch.Tensor | None:
+    """int64 [len(reqs)] mrope_position_delta of each request (0 without one), or None
+    when every delta is 0 (text-only batches: decode positions stay as they are)."""
+    deltas = []
+    for r in reqs:
+        mm = r.multimodal_inputs
+        delta = None if mm is None else mm.mrope_position_delta
+        deltas.append(0 if delta is None else int(delta))
+    if not any(deltas):
+        return None
+    return torch.tensor(deltas, dtype=torch.int64)
 
 
 def _neutral_stand_in(req: Req) -> Req:

@@ -15,6 +15,7 @@ from mini_sglang.models.llama_embedding import LlamaEmbeddingModel, MistralModel
 from mini_sglang.models.llava import LlavaForConditionalGeneration
 from mini_sglang.models.mixtral import MixtralForCausalLM
 from mini_sglang.models.qwen2 import Qwen2ForCausalLM
+from mini_sglang.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from mini_sglang.models.qwen2_moe import Qwen2MoeForCausalLM
 from mini_sglang.models.qwen3 import Qwen3ForCausalLM
 from mini_sglang.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -33,6 +34,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     # Embedding and score models (model_config.EMBEDDING_ARCHITECTURES).

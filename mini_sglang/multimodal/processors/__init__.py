@@ -6,12 +6,17 @@ A model family adds its processor module here (a BaseMultimodalProcessor subclas
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from mini_sglang.multimodal.processors.base_processor import BaseMultimodalProcessor
 from mini_sglang.multimodal.processors.llava import LlavaImageProcessor
+from mini_sglang.multimodal.processors.qwen_vl import QwenVLImageProcessor
 
-PROCESSOR_CLASSES: list[type[BaseMultimodalProcessor]] = [LlavaImageProcessor]
+PROCESSOR_CLASSES: list[type[BaseMultimodalProcessor]] = [
+    LlavaImageProcessor,
+    QwenVLImageProcessor,
+]
 PROCESSOR_REGISTRY: dict[str, type[BaseMultimodalProcessor]] = {
     arch: cls for cls in PROCESSOR_CLASSES for arch in cls.models
 }
@@ -21,11 +26,28 @@ def is_multimodal_architecture(architectures: list[str] | None) -> bool:
     return any(arch in PROCESSOR_REGISTRY for arch in architectures or [])
 
 
-def get_processor(model_path: str, trust_remote_code: bool = False) -> Any:
-    """The model's HF processor (AutoProcessor: tokenizer + image processor)."""
-    from transformers import AutoProcessor
+@dataclass
+class TokenizerAndImageProcessor:
+    """The two parts of an HF processor that image prompts need (get_processor's stand-in)."""
 
-    return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    tokenizer: Any
+    image_processor: Any
+
+
+def get_processor(model_path: str, trust_remote_code: bool = False) -> Any:
+    """The model's HF processor (AutoProcessor: tokenizer + image processor). Where
+    transformers cannot build it because a component's optional dependency is missing
+    (ImportError; e.g. Qwen2.5-VL's AutoProcessor also builds a video processor, which
+    needs torchvision), its tokenizer and AutoImageProcessor, which is all images need."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    try:
+        return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except ImportError:
+        return TokenizerAndImageProcessor(
+            AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code),
+            AutoImageProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code),
+        )
 
 
 def get_mm_processor(
