@@ -3,7 +3,7 @@
 # Needs: an NVIDIA GPU (nvidia-smi) and the GPU packages importable (torch with CUDA,
 # flashinfer, triton; where the machine lacks some, stage them as wheels and put them on
 # PYTHONPATH first). Usage, from the repository root:
-#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [compare] [tp] [default_model] [kernels] [startup] [moe] [moe_tune] [save_jit]
+#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [moe_tune] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -68,7 +68,7 @@ for step in "${steps[@]}"; do
     tests)
       # plus the unit tests whose kernels run compiled (and in bf16) where CUDA is present
       python -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_qk_norm_rope_store.py \
-        tests/unit/test_fp8_kv_cache.py \
+        tests/unit/test_fp8_kv_cache.py tests/unit/test_fp8_kernels.py \
         2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     one_batch)
       for m in $MODELS; do
@@ -172,6 +172,41 @@ for step in "${steps[@]}"; do
           done
         done
       done ;;
+    fp8)
+      # FP8 weights against bf16 on the batch-1 decode target (scheduler mode, in 128, out
+      # 1024; the target for Llama-3.1-8B on an H200 is <= 2.9 ms/token) and the nano-vllm
+      # workload, per model, arms alternating FP8_ROUNDS times (default 1). Arms (FP8_ARMS,
+      # default "bf16 fp8 fp8-block"): bf16; fp8 = --quantization fp8 (dummy bf16 weights
+      # quantized per channel at load); fp8-block = a copy of the model directory whose
+      # config.json declares Qwen3-FP8's quantization_config (block-wise 128x128 scales;
+      # dummy FP8 weights). Rows in $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in
+      # $OUT/fp8.log; then the GPU FP8 tests and the quality script on the default model
+      # when GGUF parts are staged ($OUT/fp8_quality.jsonl).
+      for round in $(seq "${FP8_ROUNDS:-1}"); do
+        for arm in ${FP8_ARMS:-bf16 fp8 fp8-block}; do
+          for m in $MODELS; do
+            path="$MODEL_ROOT/$m" flags=()
+            [ "$arm" = fp8 ] && flags=(--quantization fp8)
+            if [ "$arm" = fp8-block ]; then
+              path="$MODEL_ROOT/$m-fp8-block"
+              rm -rf "$path" && cp -r "$MODEL_ROOT/$m" "$path"
+              python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
+            fi
+            python -m mini_sglang.bench_one_batch --model-path "$path" --load-format dummy "${flags[@]}" \
+              --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+              --result-filename "$OUT/fp8_one_batch_$arm.jsonl" 2>&1 | grep -E "Scheduler|Load weight end|Error" \
+              | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
+            python -m mini_sglang.bench_offline_throughput --model-path "$path" --load-format dummy "${flags[@]}" \
+              --preset nano-vllm --result-filename "$OUT/fp8_offline_$arm.jsonl" 2>&1 \
+              | grep -E "Output token throughput|Error" | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
+          done
+        done
+      done
+      python -m pytest -q -p no:cacheprovider -s tests/gpu/test_gpu_fp8.py 2>&1 \
+        | tee "$OUT/gpu_fp8_tests.log" | grep -E "max\||passed|failed|Error" | tail -40
+      smol=$(python -c "from mini_sglang.model_loader.default_model import resolve_default_model_path as r; print(r())" 2>/dev/null | tail -1)
+      [ -d "$smol" ] && python benchmarks/fp8_quality.py "$smol" --device cuda \
+        --result-filename "$OUT/fp8_quality.jsonl" 2>&1 | tail -1 | tee -a "$OUT/fp8.log" ;;
     profile)
       # kernel table of 20 decode steps at batch 256 (the nano-vllm workload's full batch),
       # context ~800; PROFILE_BS=1 gives the batch-1 latency target's kernels. Extra flags

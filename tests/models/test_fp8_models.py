@@ -65,15 +65,23 @@ def _act_qdq(x: torch.Tensor, group: int | None) -> torch.Tensor:
     return out.reshape(x.shape).to(x.dtype)
 
 
-@torch.no_grad()
-def _emulated_logits(hf_model, prompts, weights: dict[str, torch.Tensor], group: int | None):
-    """Last-position logits of hf_model with `weights` (dequantized FP8) swapped in and the
-    inputs of those layers quantized like activations."""
+def emulated_model(hf_model, weights: dict[str, torch.Tensor], group: int | None):
+    """A copy of hf_model with `weights` (dequantized FP8, HF names) swapped in and the
+    inputs of those layers quantized and dequantized like activations (per token, or per
+    token and `group` columns)."""
     model = copy.deepcopy(hf_model)
-    for name, w in weights.items():
-        model.get_parameter(name).copy_(w)
-        module = model.get_submodule(name[: -len(".weight")])
-        module.register_forward_pre_hook(lambda m, args: (_act_qdq(args[0], group),))
+    with torch.no_grad():
+        for name, w in weights.items():
+            model.get_parameter(name).copy_(w)
+            module = model.get_submodule(name[: -len(".weight")])
+            module.register_forward_pre_hook(lambda m, args: (_act_qdq(args[0], group),))
+    return model
+
+
+@torch.no_grad()
+def emulated_logits(hf_model, prompts, weights: dict[str, torch.Tensor], group: int | None):
+    """Last-position logits of emulated_model for each prompt."""
+    model = emulated_model(hf_model, weights, group)
     return torch.stack([model(torch.tensor([ids])).logits[0, -1].float() for ids in prompts])
 
 
@@ -97,7 +105,9 @@ def case(request, tmp_path_factory, qwen_tokenizer) -> Case:
     return Case(request.param, path, hf_model, prompts)
 
 
-def _write_fp8_checkpoint(case: Case, out: Path, fmt: str) -> tuple[dict, tuple[str, ...]]:
+def write_fp8_checkpoint(
+    case: Case, out: Path, fmt: str, block: tuple[int, int] = BLOCK
+) -> tuple[dict, tuple[str, ...]]:
     """An FP8 checkpoint of case's weights in `fmt` at out; returns the dequantized weights
     it stores (HF names) and its ignored layers."""
     for f in case.path.iterdir():
@@ -126,7 +136,7 @@ def _write_fp8_checkpoint(case: Case, out: Path, fmt: str) -> tuple[dict, tuple[
         config["quantization_config"] = {
             "quant_method": "fp8",
             "activation_scheme": "dynamic",
-            "weight_block_size": list(BLOCK),
+            "weight_block_size": list(block),
             "ignored_layers": list(ignored),
         }
     deq = {}
@@ -143,9 +153,9 @@ def _write_fp8_checkpoint(case: Case, out: Path, fmt: str) -> tuple[dict, tuple[
             state[base + "input_scale"] = torch.tensor(0.05)  # static: read, not used
             deq[name] = q.float() * s
         else:
-            q, s = quantize_blocks(w, BLOCK)
+            q, s = quantize_blocks(w, block)
             state[base + "weight_scale_inv"] = s
-            deq[name] = dequantize_blocks(q, s, BLOCK)
+            deq[name] = dequantize_blocks(q, s, block)
         state[name] = q
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
@@ -171,7 +181,7 @@ def test_online_fp8_matches_the_fp8_emulation(case: Case) -> None:
         n: dequantize_rows(*quantize_rows(case.hf_model.get_parameter(n)))
         for n in _linear_names(case.hf_model)
     }
-    ref = _emulated_logits(case.hf_model, case.prompts, weights, group=None)
+    ref = emulated_logits(case.hf_model, case.prompts, weights, group=None)
     assert (got - ref).abs().max().item() <= LOGITS_ATOL
     # FP8 really changed the model: the unquantized logits are far away.
     assert (got - _hf_logits(case.hf_model, case.prompts)).abs().max().item() > 10 * LOGITS_ATOL
@@ -196,13 +206,13 @@ def test_fp8_checkpoints_match_their_emulation(case: Case, tmp_path: Path) -> No
     for fmt in FORMATS[case.arch]:
         out = tmp_path / fmt
         out.mkdir()
-        deq, ignored = _write_fp8_checkpoint(case, out, fmt)
+        deq, ignored = write_fp8_checkpoint(case, out, fmt)
         sched = make_scheduler(str(out))
         model = sched.tp_worker.model_runner.model
         ignored_layer = model.model.layers[1].mlp.down_proj
         assert (ignored_layer.weight.dtype == torch.float32) == bool(ignored), fmt
         got = prefill_logits(sched, case.prompts, all_positions=False).next_token_logits
         group = BLOCK[1] if fmt == "fp8-block" else None
-        ref = _emulated_logits(case.hf_model, case.prompts, deq, group=group)
+        ref = emulated_logits(case.hf_model, case.prompts, deq, group=group)
         diff = (got - ref).abs().max().item()
         assert diff <= LOGITS_ATOL, (fmt, diff)

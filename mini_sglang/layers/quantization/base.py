@@ -109,7 +109,9 @@ def _store(param: nn.Parameter, row: int, loaded: torch.Tensor) -> None:
     if scale_param is None or loaded.dtype == param.dtype:
         dst.copy_(loaded)
         return
-    values, scales = param.quantize(loaded)
+    # quantized where the parameter lives: a checkpoint tensor arrives on the host, and
+    # quantizing a large model there would take far longer than the copy
+    values, scales = param.quantize(loaded.to(dst.device))
     dst.copy_(values)
     scale_param.data.narrow(0, row, len(loaded)).copy_(scales.reshape(-1))
 

@@ -1,0 +1,213 @@
+"""GPU: FP8 weights (--quantization fp8 on a bf16 checkpoint, and FP8 checkpoints in each
+supported format) on flashinfer and Triton attention with CUDA graphs, plus the FP8 kernels
+against float references on random shapes.
+
+Models: tiny Llama and Qwen3 (head_dim 64 for flashinfer; initializer_range 0.02 so bf16
+represents the logits well, as test_gpu_correctness.py). Checked per (model, format,
+backend):
+- the decoder's linear weights are float8_e4m3fn, the LM head and embeddings bf16;
+- prefill logits at every prompt position (batches of > 8 tokens: torch._scaled_mm or the
+  block-wise Triton GEMM with per-token activation quantization) within
+  TOL_UNITS * 2^-4 * max|logit| + BF16_NOISE of transformers' float32 model with the same
+  FP8 numerics emulated (tests/models/test_fp8_models.py), and less than half as far from
+  it as transformers' unquantized model is (so the FP8 numerics are what is matched);
+- 16 greedy tokens per prompt, decoded under CUDA graphs (batches <= 8 take the FP8 Triton
+  GEMV, which reads x unquantized), equal to the emulated model's greedy choice at every
+  step, except where the emulation itself was within 2 x the tolerance of a tie;
+- the small-M GEMV picked a config for the FP8 variant (small_m_gemm's choice table).
+
+Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh (tests, fp8).
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import prefill_logits, run_prompts, tiny_config
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+TOL_UNITS = 2
+BF16_NOISE = 5e-2
+MAX_NEW = 16
+BLOCK = (128, 128)
+BACKENDS = ["flashinfer", "triton"]
+FORMATS = ["online", "compressed-tensors", "fp8-tensor", "fp8-block"]
+PROMPTS = [list(range(100, 100 + n)) for n in (5, 17, 33, 64)]
+
+
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    yield
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def case(request, tmp_path_factory, qwen_tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.test_fp8_models import Case
+
+    arch = request.param
+    out = tmp_path_factory.mktemp(f"gpu_fp8_{arch}")
+    cfg = tiny_config(
+        arch,
+        len(qwen_tokenizer),
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        initializer_range=0.02,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model.save_pretrained(str(out), safe_serialization=True)
+    qwen_tokenizer.save_pretrained(str(out))
+    return Case(arch, out, model, PROMPTS)
+
+
+def _scheduler(model_path: str, backend: str, quantization: str | None):
+    from mini_sglang.managers.scheduler import Scheduler
+    from mini_sglang.server_args import ServerArgs
+
+    if backend == "flashinfer":
+        pytest.importorskip("flashinfer")
+    args = ServerArgs(
+        model_path=model_path,
+        device="cuda",
+        dtype="bfloat16",
+        quantization=quantization,
+        attention_backend=backend,
+        max_total_tokens=8192,
+        max_running_requests=16,
+        mem_fraction_static=0.85,
+        cuda_graph_max_bs=8,
+        skip_tokenizer_init=True,
+        random_seed=0,
+    )
+    outputs: list = []
+    sched = Scheduler(args, send_to_detokenizer=outputs.append)
+    sched.test_outputs = outputs
+    return sched
+
+
+def _fp8_model(case, fmt: str, tmp_path: Path):
+    """(model path, --quantization, dequantized weights by HF name, activation group)."""
+    from mini_sglang.layers.quantization.fp8_kernels import dequantize_rows, quantize_rows
+    from tests.models.test_fp8_models import _linear_names, write_fp8_checkpoint
+
+    if fmt == "online":
+        weights = {
+            n: dequantize_rows(*quantize_rows(case.hf_model.get_parameter(n)))
+            for n in _linear_names(case.hf_model)
+        }
+        return str(case.path), "fp8", weights, None
+    weights, _ = write_fp8_checkpoint(case, tmp_path, fmt, block=BLOCK)
+    return str(tmp_path), None, weights, BLOCK[1] if fmt == "fp8-block" else None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp8_weights_against_the_emulated_model(case, fmt, backend, tmp_path):
+    from mini_sglang.layers import small_m_gemm
+    from tests.models.test_fp8_models import emulated_model
+
+    path, quantization, weights, group = _fp8_model(case, fmt, tmp_path)
+    emulated = emulated_model(case.hf_model, weights, group)
+    bf16 = _scheduler(str(case.path), backend, None)
+    small_m_gemm._choice.clear()  # so the picks below are this model's
+    sched = _scheduler(path, backend, quantization)
+    model = sched.tp_worker.model_runner.model
+    assert sched.tp_worker.model_runner.graph_runner is not None
+    layer = model.model.layers[0]
+    for lin in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj):
+        assert lin.weight.dtype == torch.float8_e4m3fn
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    if fmt == "fp8-block":
+        assert layer.mlp.down_proj.weight_scale_inv.shape == (256 // 128, 512 // 128)
+
+    got = prefill_logits(sched, PROMPTS, all_positions=True).input_logits.float().cpu()
+    want = torch.cat([_all_logits(emulated, p) for p in PROMPTS])
+    tol = TOL_UNITS * 2**-4 * want.abs().max().item() + BF16_NOISE
+    diff = (got - want).abs().max().item()
+    plain = prefill_logits(bf16, PROMPTS, all_positions=True).input_logits.float().cpu()
+    print(f"{case.arch} {fmt} {backend}: max|fp8 - emulated| {diff:.4f} (tol {tol:.4f}), "
+          f"max|fp8 - bf16| {(got - plain).abs().max().item():.4f}")  # fmt: skip
+    assert diff <= tol, (diff, tol)
+    assert not torch.equal(got, plain)
+    # closer to the FP8 emulation than the unquantized model is: the format's numerics, not
+    # only the model, are what the GPU path reproduces
+    fp8_effect = (want - torch.cat([_all_logits(case.hf_model, p) for p in PROMPTS])).abs().max()
+    assert diff < 0.5 * fp8_effect.item(), (diff, fp8_effect.item())
+
+    # greedy decode under CUDA graphs: the FP8 GEMV at batch <= 8
+    outs = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="g")]
+    for prompt, out in zip(PROMPTS, outs):
+        seq = prompt + out
+        rows = _all_logits(emulated, seq[:-1])
+        for step in range(MAX_NEW):
+            row = rows[len(prompt) - 1 + step]
+            margin = (row.max() - row[out[step]]).item()
+            step_tol = TOL_UNITS * 2**-4 * row.abs().max().item() + BF16_NOISE
+            assert margin <= 2 * step_tol, (prompt[:3], step, margin, step_tol)
+    if fmt != "fp8-block":
+        picked = [k for k in small_m_gemm._choice if "fp8" in k[-1]]
+        print("FP8 GEMV picks:", {k: small_m_gemm._choice[k] for k in picked})
+        assert picked, "the FP8 GEMV was never considered"
+    m = sched.stats.memory_accounting()
+    assert m["protected"] == 0 and m["free"] + m["evictable"] == m["capacity"], m
+
+
+@torch.no_grad()
+def _all_logits(model, ids: list[int]) -> torch.Tensor:
+    """A transformers model's float32 logits at every position of ids, [len(ids), vocab]."""
+    return model(torch.tensor([ids])).logits[0].float()
+
+
+# ---- kernels on random shapes ------------------------------------------------------------
+SHAPES = [(1, 4096, 4096), (3, 6144, 4096), (8, 28672, 4096), (33, 4096, 14336), (512, 2048, 1024)]
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_fp8_gemms_against_float_references(m, n, k):
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.quantization.fp8_kernels import (
+        block_fp8_linear,
+        dequantize_blocks,
+        dequantize_rows,
+        fp8_linear,
+        per_token_group_quant,
+        per_token_quant,
+        quantize_blocks,
+        quantize_rows,
+    )
+
+    gen = torch.Generator(device="cuda").manual_seed(m * n + k)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
+
+    wq, ws = quantize_rows(w)
+    xq, xs = per_token_quant(x)
+    ref = (xq.float() * xs) @ dequantize_rows(wq, ws).T
+    out = fp8_linear(x, wq, ws).float()
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+    if m <= small_m_gemm.MAX_M:  # the FP8 GEMV: x unquantized, scale in the epilogue
+        ref_w8 = x.float() @ dequantize_rows(wq, ws).T
+        for cfg in small_m_gemm._CONFIGS[:3]:
+            got = small_m_gemm.gemv(x, wq, cfg, w_scale=ws).float()
+            torch.testing.assert_close(
+                got, ref_w8, rtol=2e-2, atol=1e-2 * ref_w8.abs().max().item()
+            )
+
+    bq, bs = quantize_blocks(w, BLOCK)
+    gq, gs = per_token_group_quant(x, BLOCK[1])
+    ref_b = (gq.float() * gs.repeat_interleave(BLOCK[1], 1)[:, :k]) @ dequantize_blocks(
+        bq, bs, BLOCK
+    ).T
+    out_b = block_fp8_linear(x, bq, bs, BLOCK).float()
+    torch.testing.assert_close(out_b, ref_b, rtol=2e-2, atol=2e-2 * ref_b.abs().max().item())
