@@ -1,9 +1,9 @@
 """Generate-request fields that ask for features this server lacks: a 400 with SGLang
 0.5.4's message (checked by the TokenizerManager before tokenizing).
 
-Fields SGLang itself ignores in the same situation stay ignored: image_data, video_data and
-audio_data on a text-only model (there is no multimodal processor), lora_path without
---enable-lora.
+Fields SGLang itself ignores in the same situation stay ignored: video_data and audio_data,
+lora_path without --enable-lora. image_data on a text-only model is refused (400) by the
+TokenizerManager, which owns the multimodal processor.
 """
 
 from __future__ import annotations

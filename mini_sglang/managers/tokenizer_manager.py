@@ -50,6 +50,11 @@ from mini_sglang.managers.server_runtime_state import ServerRuntimeState
 from mini_sglang.managers.session_controller import normalize_session_params
 from mini_sglang.managers.tokenizer_communicator import REPLY_TYPES, TokenizerCommunicator
 from mini_sglang.model_config import ModelConfig
+from mini_sglang.multimodal.processors import (
+    get_mm_processor,
+    get_processor,
+    is_multimodal_architecture,
+)
 from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.utils.gc_utils import configure_gc_warning
 from mini_sglang.utils.hf_tokenizer import get_tokenizer
@@ -85,6 +90,13 @@ class TokenizerManager:
         self.tokenizer = None
         if not server_args.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args)
+        # Images -> MultimodalInputs (multimodal/processors); None for a text-only model.
+        self.mm_processor = None
+        if is_multimodal_architecture(self.model_config.architectures):
+            processor = get_processor(server_args.tokenizer_path, server_args.trust_remote_code)
+            self.mm_processor = get_mm_processor(
+                self.model_config.model_class_config, server_args, processor
+            )
         ctx = zmq.asyncio.Context(2)
         self.recv_from_detokenizer = get_zmq_socket(
             ctx, zmq.PULL, port_args.tokenizer_ipc_name, bind=True
@@ -226,9 +238,43 @@ class TokenizerManager:
             await self.is_pause_cond.wait_for(lambda: not self.is_pause)
 
     # ---- generation ----------------------------------------------------------------
-    def _tokenize_one(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+    async def _process_mm(self, obj: GenerateReqInput) -> dict | None:
+        """One request's images through the model's processor (off the event loop): the
+        processor's dict (expanded input ids, mm_items, ...), or None without images.
+        ValueError (-> 400) for images sent to a text-only model and for bad images."""
+        images = obj.image_data
+        if images is None:
+            return None
+        images = images if isinstance(images, list) else [images]
+        if all(x is None for x in images):
+            return None
+        if self.mm_processor is None:
+            raise ValueError(
+                f"The model {self.server_args.served_model_name} does not accept images "
+                "(image_data was given)."
+            )
+        if obj.input_embeds is not None:
+            raise ValueError("image_data cannot be combined with input_embeds.")
+        if obj.text is None and obj.input_ids is None:
+            raise ValueError("image_data needs a text or input_ids prompt.")
+        if obj.input_ids is None:
+            ensure_valid_unicode(obj.text, "text")
+        prompt = obj.input_ids if obj.input_ids is not None else obj.text
+        return await self.mm_processor.process_mm_data_async(
+            image_data=images,
+            input_text=prompt,
+            request_obj=obj,
+            max_req_input_len=self.context_len - 1,
+        )
+
+    def _tokenize_one(
+        self, obj: GenerateReqInput, mm_inputs: dict | None = None
+    ) -> TokenizedGenerateReqInput:
         check_generate_features(obj, self.server_args)
-        text, input_ids = self._prompt_ids(obj)
+        if mm_inputs is not None:
+            text, input_ids = obj.text or "", list(mm_inputs["input_ids"])
+        else:
+            text, input_ids = self._prompt_ids(obj)
         vocab = self.model_config.vocab_size
         if any((not isinstance(t, int)) or t < 0 or t >= vocab for t in input_ids):
             raise ValueError(f"input_ids must be integers in [0, {vocab - 1}].")
@@ -278,6 +324,7 @@ class TokenizerManager:
             session_params=session,
             custom_logit_processor=obj.custom_logit_processor,
             input_embeds=self._embeds_tensor(obj, n_in),
+            mm_inputs=mm_inputs,
         )
 
     def _prompt_ids(self, obj: GenerateReqInput) -> tuple[str, list[int]]:
@@ -357,7 +404,8 @@ class TokenizerManager:
         await self._wait_while_paused()
         subs = [obj] if obj.is_single else [obj[i] for i in range(len(obj))]
         # Validate everything before sending anything: a bad sub-request fails the batch.
-        tokenized = [self._tokenize_one(sub) for sub in subs]
+        mm_inputs = await asyncio.gather(*(self._process_mm(sub) for sub in subs))
+        tokenized = [self._tokenize_one(sub, mm) for sub, mm in zip(subs, mm_inputs)]
         if obj.parallel_sample_num > 1:  # n > 1: cache each prompt first (SGLang)
             await self._prefill_shared_prompts(subs, tokenized, obj.parallel_sample_num, request)
         states = self._register(subs, obj.parent_rids, created)

@@ -157,12 +157,13 @@ def test_freeze_gc(engine):
 
 
 def test_generate_takes_sglangs_other_keywords(engine):
-    """SGLang's Engine.generate keywords: data_parallel_rank and image_data (a text-only
-    model ignores it) generate as usual; return_hidden_states is the /generate 400 as a
-    ValueError; a keyword SGLang does not have is a TypeError."""
+    """SGLang's Engine.generate keywords: data_parallel_rank generates as usual;
+    image_data on a text-only model and return_hidden_states are the /generate 400s as
+    ValueErrors; a keyword SGLang does not have is a TypeError."""
     plain = engine.generate(PROMPTS[0], GREEDY)["output_ids"]
     assert engine.generate(PROMPTS[0], GREEDY, data_parallel_rank=0)["output_ids"] == plain
-    assert engine.generate(PROMPTS[0], GREEDY, image_data="x.png")["output_ids"] == plain
+    with pytest.raises(ValueError, match="does not accept images"):
+        engine.generate(PROMPTS[0], GREEDY, image_data="x.png")
     with pytest.raises(ValueError, match="not configured to return the hidden states"):
         engine.generate(PROMPTS[0], GREEDY, return_hidden_states=True)
     with pytest.raises(TypeError, match="unexpected keyword arguments \\['tempreature'\\]"):

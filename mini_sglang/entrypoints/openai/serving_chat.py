@@ -125,7 +125,17 @@ class OpenAIServingChat(OpenAIServingBase):
     # ---- prompt ------------------------------------------------------------------------
     def render_messages(self, request: ChatCompletionRequest) -> list[int]:
         """The prompt token ids of `request.messages` through the chat template (also the
-        Responses API's prompts); ValueError for a conversation it cannot render."""
+        Responses API's prompts); ValueError for a conversation it cannot render, or one
+        with image parts (render_messages_with_images takes those)."""
+        ids, images = self.render_messages_with_images(request)
+        if images:
+            raise ValueError("Image content parts are supported in chat completions only.")
+        return ids
+
+    def render_messages_with_images(self, request: ChatCompletionRequest) -> tuple[list[int], list]:
+        """(prompt ids, the image_url parts' URLs in order). Each image part becomes the
+        model's image token where the template puts it: an {"type": "image"} part for a
+        template that loops over content, the token text inside the string otherwise."""
         tokenizer = self.tokenizer_manager.tokenizer
         if tokenizer is None:
             raise ValueError("--skip-tokenizer-init is set: chat completions need a tokenizer.")
@@ -134,7 +144,8 @@ class OpenAIServingChat(OpenAIServingBase):
                 "The tokenizer has no chat template; use /v1/completions or pass a model "
                 "whose tokenizer_config.json defines one."
             )
-        messages = [self._message_dict(m) for m in request.messages]
+        images: list = []
+        messages = [self._message_dict(m, images) for m in request.messages]
         prefix = None
         if request.continue_final_message and messages[-1]["role"] == "assistant":
             prefix = messages.pop()["content"]
@@ -166,23 +177,17 @@ class OpenAIServingChat(OpenAIServingBase):
             if encoded and encoded[0] == tokenizer.bos_token_id:
                 encoded = encoded[1:]
             ids += encoded
-        return ids
+        return ids, images
 
-    def _message_dict(self, message: Any) -> dict[str, Any]:
+    def _message_dict(self, message: Any, images: list) -> dict[str, Any]:
+        """The message as the chat template takes it; image_url parts' URLs are appended
+        to `images`."""
         msg = message.model_dump()
         content = msg.get("content")
         if content is None:
             msg["content"] = ""
         elif isinstance(content, list):
-            if any(part.get("type") != "text" for part in content):
-                raise ValueError(
-                    "Only text content parts are supported (this server serves no "
-                    "multimodal model)."
-                )
-            if self.content_format == "string":
-                msg["content"] = " ".join(part["text"] for part in content)
-            else:
-                msg["content"] = [{"type": "text", "text": p["text"]} for p in content]
+            msg["content"] = self._content_parts(content, images)
         # Templates expect the arguments of earlier calls as a dict, clients send a JSON
         # string (OpenAI's format).
         for call in msg.get("tool_calls") or []:
@@ -190,10 +195,36 @@ class OpenAIServingChat(OpenAIServingBase):
                 call["function"]["arguments"] = orjson.loads(call["function"]["arguments"])
         return {k: v for k, v in msg.items() if v is not None}
 
+    def _content_parts(self, content: list[dict], images: list) -> str | list[dict]:
+        mm = self.tokenizer_manager.mm_processor
+        parts: list[dict] = []
+        for part in content:
+            kind = part.get("type")
+            if kind == "text":
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url" and mm is not None:
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str) or not url:
+                    raise ValueError("An image_url part needs image_url.url (a URL or data URL).")
+                images.append(url)
+                parts.append({"type": "image"})
+            elif mm is None:
+                raise ValueError(
+                    "Only text content parts are supported (the model "
+                    f"{self.tokenizer_manager.server_args.served_model_name} takes no images)."
+                )
+            else:
+                raise ValueError(f"Content parts of type {kind!r} are not supported.")
+        if self.content_format == "openai":
+            return parts
+        token = mm.image_token if mm is not None else ""
+        return " ".join(p["text"] if p["type"] == "text" else token for p in parts)
+
     def _convert_to_internal_request(self, request: ChatCompletionRequest) -> GenerateReqInput:
         if request.tools and request.tool_choice != "none":
             request.skip_special_tokens = False  # call markers may be special tokens
-        prompt_ids = self.render_messages(request)
+        prompt_ids, images = self.render_messages_with_images(request)
         params = common_sampling_params(request)
         constraint = tool_call_constraint(request)
         if constraint is not None:
@@ -211,6 +242,8 @@ class OpenAIServingChat(OpenAIServingBase):
         params["max_new_tokens"] = request.max_tokens or request.max_completion_tokens
         return GenerateReqInput(
             input_ids=prompt_ids,
+            image_data=images or None,
+            modalities=["image"] * len(images) if images else None,
             sampling_params=params,
             return_logprob=request.logprobs,
             logprob_start_len=-1,
