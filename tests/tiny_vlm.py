@@ -30,9 +30,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_llava(out_dir: str | Path, tokenizer, seed: int = 0):
+def build_tiny_llava(
+    out_dir: str | Path, tokenizer, seed: int = 0, text_overrides: dict | None = None
+):
     """Save a tiny random LlavaForConditionalGeneration (float32) with its processor and
-    chat template into out_dir; return the transformers model in eval mode."""
+    chat template into out_dir; return the transformers model in eval mode.
+    text_overrides change the language model's config (e.g. a GPU-sized head_dim)."""
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
@@ -53,7 +56,7 @@ def build_tiny_llava(out_dir: str | Path, tokenizer, seed: int = 0):
     )
     cfg = LlavaConfig(
         vision_config=vision,
-        text_config=tiny_config("llama", len(tokenizer)),
+        text_config=tiny_config("llama", len(tokenizer), **(text_overrides or {})),
         image_token_id=image_token_id,
         image_seq_length=TOKENS_PER_IMAGE,
         vision_feature_layer=-2,
@@ -72,8 +75,6 @@ def build_tiny_llava(out_dir: str | Path, tokenizer, seed: int = 0):
         size={"shortest_edge": IMAGE_SIZE},
         crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
     )
-    tokenizer = _copy(tokenizer)
-    tokenizer.chat_template = CHAT_TEMPLATE
     processor = LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
@@ -83,15 +84,10 @@ def build_tiny_llava(out_dir: str | Path, tokenizer, seed: int = 0):
         chat_template=CHAT_TEMPLATE,
         num_additional_image_tokens=1,
     )
+    # Saves the tokenizer files too; AutoTokenizer reads the template from
+    # chat_template.jinja (the shared tokenizer object is left as it is).
     processor.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
     return model
-
-
-def _copy(tokenizer):
-    import copy
-
-    return copy.deepcopy(tokenizer)
 
 
 def make_image(width: int, height: int, seed: int):
