@@ -343,3 +343,13 @@ def assert_memory_all_free(scheduler) -> None:
     assert m["free_req_slots"] == m["req_slots"], m
     assert scheduler.stats.check_memory(), m
     assert not scheduler.waiting_queue and scheduler.chunked_req is None
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> tuple[str, Any]:
+    """(directory, float32 transformers model) of the tiny random LLaVA of tests/tiny_vlm.py,
+    saved once per session (the model and server tests share it)."""
+    from tests.tiny_vlm import build_tiny_llava
+
+    path = tmp_path_factory.mktemp("tiny_llava_shared")
+    return str(path), build_tiny_llava(path, qwen_tokenizer)

@@ -255,6 +255,8 @@ class TokenizerManager:
             )
         if obj.input_embeds is not None:
             raise ValueError("image_data cannot be combined with input_embeds.")
+        if isinstance(obj.session_params, dict) and obj.session_params.get("id"):
+            raise ValueError("image_data cannot be sent in a session.")
         if obj.text is None and obj.input_ids is None:
             raise ValueError("image_data needs a text or input_ids prompt.")
         if obj.input_ids is None:

@@ -20,7 +20,7 @@ from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.multimodal.mm_inputs import MultimodalInputs
 from mini_sglang.sampling.sampling_params import SamplingParams
 from tests.conftest import assert_memory_all_free, collect_outputs, make_req, make_scheduler
-from tests.tiny_vlm import IMAGE_TOKEN, TOKENS_PER_IMAGE, build_tiny_llava, make_image
+from tests.tiny_vlm import IMAGE_TOKEN, TOKENS_PER_IMAGE, make_image
 
 MAX_NEW = 16
 ATOL = 1e-3
@@ -66,13 +66,12 @@ class Tiny:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> Tiny:
+def tiny(tiny_llava: tuple[str, Any]) -> Tiny:
     from transformers import AutoConfig, AutoProcessor
 
     from mini_sglang.multimodal.processors import get_mm_processor
 
-    path = str(tmp_path_factory.mktemp("tiny_llava"))
-    hf = build_tiny_llava(path, qwen_tokenizer)
+    path, hf = tiny_llava
     processor = get_mm_processor(
         AutoConfig.from_pretrained(path), None, AutoProcessor.from_pretrained(path)
     )
@@ -156,14 +155,14 @@ def test_prefill_logits_match_hf(tiny: Tiny) -> None:
 @pytest.mark.parametrize(
     "variant, kw",
     [
-        ("batched", {}),
         ("chunked", {"chunked_prefill_size": 12}),
         ("paged", {"page_size": 4, "chunked_prefill_size": 8}),
         ("retract", {"max_total_tokens": 128, "chunked_prefill_size": 16}),
     ],
 )
 def test_greedy_matches_hf(tiny: Tiny, reference: list[list[int]], variant: str, kw) -> None:
-    """Image requests with a text-only one: 16 greedy tokens as transformers'. Chunks of 12
+    """Image requests with a text-only one: 16 greedy tokens as transformers' (unchunked
+    prefill is test_prefill_logits_match_hf's). Chunks of 12
     and 8 split the 16-token placeholder runs; the small pool forces retractions."""
     scheduler = make_scheduler(tiny.path, **kw)
     assert _run(scheduler, tiny, repeat=3 if variant == "retract" else 1) == reference

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.server.conftest import ServerHandle, free_port, launch_server
-from tests.tiny_vlm import IMAGE_TOKEN, TOKENS_PER_IMAGE, build_tiny_llava, make_image, png_bytes
+from tests.tiny_vlm import IMAGE_TOKEN, TOKENS_PER_IMAGE, make_image, png_bytes
 
 MAX_NEW = 8
 GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
@@ -52,11 +52,10 @@ class Vlm:
 
 
 @pytest.fixture(scope="module")
-def vlm(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> Vlm:
+def vlm(tiny_llava: tuple[str, Any]) -> Vlm:
     from transformers import AutoProcessor
 
-    path = tmp_path_factory.mktemp("tiny_llava_server")
-    hf = build_tiny_llava(path, qwen_tokenizer)
+    path, hf = Path(tiny_llava[0]), tiny_llava[1]
     processor = AutoProcessor.from_pretrained(str(path))
     (path / "not_an_image.png").write_text("plain text, not a picture")
     make_image(300, 300, 9).save(path / "too_big.png")
@@ -191,6 +190,9 @@ def test_bad_images_are_400s(vlm: Vlm, vlm_server: ServerHandle) -> None:
     assert r.status_code == 400 and f"at most {MAX_IMAGES}" in r.text
     r = vlm_server.post("/generate", json={"text": "no image token", "image_data": vlm.b64(0)})
     assert r.status_code == 400 and "image tokens" in r.text
+    session = {"text": PROMPT, "image_data": vlm.b64(0), "session_params": {"id": "s"}}
+    r = vlm_server.post("/generate", json=session)
+    assert r.status_code == 400 and "in a session" in r.text
     r = vlm_server.post(
         "/v1/chat/completions",
         json={
