@@ -218,3 +218,76 @@ def test_unsupported_checkpoint_quantization_stops_the_launch(tmp_path):
     config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     (tmp_path / "config.json").write_text(json.dumps(config))
     check_quantization(args)
+
+
+# ---- tensor-parallel sharding of every method -------------------------------------------
+
+SPECS = {
+    "unquantized": None,
+    "online": QuantSpec("fp8"),
+    "per-tensor": QuantSpec("fp8", checkpoint_fp8=True),
+    "block": QuantSpec("fp8", checkpoint_fp8=True, weight_block_size=(16, 16)),
+}
+
+
+def _checkpoint_tensors(kind: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What a checkpoint of this kind holds for the projection weight w."""
+    if kind in ("unquantized", "online"):
+        return {"weight": w}
+    if kind == "per-tensor":
+        q, s = quantize_tensor(w)
+        return {"weight": q, "weight_scale": s}
+    q, s = quantize_blocks(w, (16, 16))
+    return {"weight": q, "weight_scale_inv": s}
+
+
+def _build(monkeypatch, kind: str, tp: int, rank: int, projections):
+    """QKV (4 q heads, 2 kv heads of 16), gate/up (2 x 64 from 32) and a row-parallel
+    (64 -> 32) layer at (tp, rank), loaded from the full projections."""
+    from mini_sglang.layers import linear
+    from mini_sglang.layers.quantization.fp8 import Fp8Config
+
+    monkeypatch.setattr(linear, "get_tp_size", lambda: tp)
+    monkeypatch.setattr(linear, "get_tp_rank", lambda: rank)
+    cfg = None if SPECS[kind] is None else Fp8Config(SPECS[kind])
+    layers = {
+        "qkv": linear.QKVParallelLinear(32, 16, 4, 2, quant_config=cfg),
+        "gate_up": linear.MergedColumnParallelLinear(32, [64, 64], quant_config=cfg),
+        "row": linear.RowParallelLinear(64, 32, quant_config=cfg),
+    }
+    params = {(k, n): p for k, layer in layers.items() for n, p in layer.named_parameters()}
+    for (layer_name, shard_id), w in projections.items():
+        for pname, t in _checkpoint_tensors(kind, w).items():
+            param = params[(layer_name, pname)]
+            args = () if shard_id is None else (shard_id,)
+            param.weight_loader(param, t, *args)
+    return {k: layer.quant_method.dequantized_weight(layer) for k, layer in layers.items()}
+
+
+def _rows(t: torch.Tensor, n: int, rank: int) -> torch.Tensor:
+    return t[rank * n : (rank + 1) * n]
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_tp_shards_of_every_method_are_slices_of_tp1(monkeypatch, kind):
+    gen = torch.Generator().manual_seed(9)
+    shapes = {
+        ("qkv", "q"): (64, 32), ("qkv", "k"): (32, 32), ("qkv", "v"): (32, 32),
+        ("gate_up", 0): (64, 32), ("gate_up", 1): (64, 32), ("row", None): (32, 64),
+    }  # fmt: skip
+    projections = {key: torch.randn(shape, generator=gen) for key, shape in shapes.items()}
+    full = _build(monkeypatch, kind, 1, 0, projections)
+    for rank in (0, 1):
+        got = _build(monkeypatch, kind, 2, rank, projections)
+        q, k, v = full["qkv"].split([64, 32, 32])
+        want_qkv = torch.cat([_rows(q, 32, rank), _rows(k, 16, rank), _rows(v, 16, rank)])
+        torch.testing.assert_close(got["qkv"], want_qkv)
+        gate, up = full["gate_up"].split([64, 64])
+        want_gate_up = torch.cat([_rows(gate, 32, rank), _rows(up, 32, rank)])
+        torch.testing.assert_close(got["gate_up"], want_gate_up)
+        cols = slice(rank * 32, (rank + 1) * 32)
+        if kind == "online":  # each rank scales the rows of its own columns
+            want = dequantize_rows(*quantize_rows(projections[("row", None)][:, cols]))
+        else:
+            want = full["row"][:, cols]
+        torch.testing.assert_close(got["row"], want)
