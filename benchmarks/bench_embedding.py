@@ -1,13 +1,15 @@
 """Embedding throughput: mini-sglang's embedding path beside HF transformers, same inputs.
 
-    python benchmarks/bench_embedding.py [--model qwen3-0.6b] [--device cuda] \
+    python benchmarks/bench_embedding.py [--model qwen3-0.6b,bert-base] [--device cuda] \
         [--batch-sizes 1,64] [--min-len 32] [--max-len 512] [--num-inputs 256] \
         [--num-layers N] [--arms ours,hf] [--out results.jsonl]
 
 Both arms embed the same random token-id inputs (lengths uniform in [min-len, max-len],
-seed 0) with dummy weights of the named architecture (`benchmarks/models/NAME/config.json`;
-`--num-layers` shrinks it for a CPU run) and the same pooling: the last token's state,
-L2-normalized (Qwen3-Embedding's). "Batch B" means the inputs are submitted B at a time and
+seed 0; capped below an encoder's position table) with dummy weights of the named
+architecture (`benchmarks/models/NAME/config.json`, or BERT-base's published config for
+`bert-base`; `--num-layers` shrinks it for a CPU run) and the same pooling: the last token's
+state, L2-normalized (Qwen3-Embedding's, and SGLang's default for BertModel). `--model`
+takes a comma-separated list, run one after the other. "Batch B" means the inputs are submitted B at a time and
 each group is finished before the next starts.
 
 - ours: the real in-process Scheduler with `--is-embedding` (tokenizer skipped, ids given),
@@ -47,9 +49,28 @@ def decoder_config(name: str, num_layers: int | None) -> dict[str, Any]:
     return cfg
 
 
+def bert_base_config(name: str, num_layers: int | None) -> dict[str, Any]:
+    """BERT-base (bge-base's shape): a non-causal encoder, BertModel."""
+    return {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": 30522,
+        "hidden_size": 768,
+        "num_hidden_layers": num_layers or 12,
+        "num_attention_heads": 12,
+        "intermediate_size": 3072,
+        "hidden_act": "gelu",
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "pad_token_id": 0,
+    }
+
+
 # name -> (config builder, extra ServerArgs for our arm)
 MODELS: dict[str, tuple[Callable[[str, int | None], dict], dict[str, Any]]] = {
     "qwen3-0.6b": (decoder_config, {"is_embedding": True}),
+    "bert-base": (bert_base_config, {}),
 }
 
 
@@ -70,7 +91,9 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_ours(model_dir: str, inputs, batch: int, args, extra: dict[str, Any]) -> float:
+def run_ours(
+    model_dir: str, inputs, batch: int, args, extra: dict[str, Any], max_len: int
+) -> float:
     """Seconds for all inputs through the in-process Scheduler, `batch` at a time."""
     from mini_sglang.managers.io_struct.generate import TokenizedEmbeddingReqInput
     from mini_sglang.managers.scheduler import Scheduler
@@ -83,7 +106,7 @@ def run_ours(model_dir: str, inputs, batch: int, args, extra: dict[str, Any]) ->
         dtype=args.dtype,
         load_format="dummy",
         skip_tokenizer_init=True,
-        max_total_tokens=batch * args.max_len + 4096,
+        max_total_tokens=batch * max_len + 4096,
         max_running_requests=max(batch, 8),
         random_seed=0,
         **extra,
@@ -142,44 +165,35 @@ def run_hf(model_dir: str, inputs, batch: int, args) -> float:
     return time.perf_counter() - start
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="qwen3-0.6b", choices=sorted(MODELS))
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--batch-sizes", default="1,64")
-    p.add_argument("--min-len", type=int, default=32)
-    p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--num-inputs", type=int, default=256)
-    p.add_argument("--num-layers", type=int, default=None, help="shrink the model (CPU runs)")
-    p.add_argument("--arms", default="ours,hf")
-    p.add_argument("--out", default=None, help="append one JSON line per result")
-    args = p.parse_args()
-    if args.dtype is None:
-        args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
-    build, extra = MODELS[args.model]
-    cfg = build(args.model, args.num_layers)
+def run_model(name: str, args) -> None:
+    """Both arms on model `name` at every batch size; prints (and appends) one row each."""
+    build, extra = MODELS[name]
+    cfg = build(name, args.num_layers)
+    # An encoder's absolute positions stop at max_position_embeddings - 1 (and the server
+    # keeps one position spare): cap the lengths there.
+    max_len = min(args.max_len, cfg.get("max_position_embeddings", args.max_len + 2) - 2)
+    min_len = min(args.min_len, max_len)
     with tempfile.TemporaryDirectory() as model_dir:
         with open(os.path.join(model_dir, "config.json"), "w") as f:
             json.dump(cfg, f)
-        inputs = make_inputs(args.num_inputs, args.min_len, args.max_len, cfg["vocab_size"])
+        inputs = make_inputs(args.num_inputs, min_len, max_len, cfg["vocab_size"])
         tokens = sum(len(x) for x in inputs)
         print(
-            f"model={args.model} layers={cfg['num_hidden_layers']} device={args.device} "
+            f"model={name} layers={cfg['num_hidden_layers']} device={args.device} "
             f"dtype={args.dtype} inputs={len(inputs)} tokens={tokens} "
-            f"len=[{args.min_len},{args.max_len}]"
+            f"len=[{min_len},{max_len}]"
         )
         print(f"{'arm':<6}{'batch':>6}{'inputs/s':>12}{'tokens/s':>12}{'seconds':>10}")
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             for arm in args.arms.split(","):
                 if arm == "ours":
-                    sec = run_ours(model_dir, inputs, batch, args, extra)
+                    sec = run_ours(model_dir, inputs, batch, args, extra, max_len)
                 elif arm == "hf":
                     sec = run_hf(model_dir, inputs, batch, args)
                 else:
                     raise SystemExit(f"unknown arm {arm!r} (ours, hf)")
                 row = {
-                    "model": args.model,
+                    "model": name,
                     "arm": arm,
                     "batch": batch,
                     "device": args.device,
@@ -196,6 +210,29 @@ def main() -> None:
                 if args.out:
                     with open(args.out, "a") as f:
                         f.write(json.dumps(row) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default="qwen3-0.6b", help=f"comma-separated: {sorted(MODELS)}")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--batch-sizes", default="1,64")
+    p.add_argument("--min-len", type=int, default=32)
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--num-inputs", type=int, default=256)
+    p.add_argument("--num-layers", type=int, default=None, help="shrink the model (CPU runs)")
+    p.add_argument("--arms", default="ours,hf")
+    p.add_argument("--out", default=None, help="append one JSON line per result")
+    args = p.parse_args()
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    names = args.model.split(",")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {unknown}; have {sorted(MODELS)}")
+    for name in names:
+        run_model(name, args)
 
 
 if __name__ == "__main__":
