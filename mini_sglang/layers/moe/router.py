@@ -51,19 +51,20 @@ def _kernel():
             p = tl.where(valid, p, 0.0)
             p = p / tl.sum(p, axis=0)
             remaining = tl.where(valid, p, -1.0)
-            total = 0.0
+            ks = tl.arange(0, TOP_K)
+            top_w = tl.zeros((TOP_K,), dtype=tl.float32)
+            top_id = tl.zeros((TOP_K,), dtype=tl.int32)
             # k rounds of argmax; the lowest index wins a tie, as torch.topk's CPU path does
             for k in tl.static_range(TOP_K):
                 best = tl.max(remaining, axis=0)
                 idx = tl.min(tl.where(remaining == best, offs, BLOCK_E), axis=0)
-                tl.store(weights_ptr + row * TOP_K + k, best)
-                tl.store(ids_ptr + row * TOP_K + k, idx.to(tl.int32))
-                total += best
+                top_w = tl.where(ks == k, best, top_w)
+                top_id = tl.where(ks == k, idx, top_id)
                 remaining = tl.where(offs == idx, -1.0, remaining)
             if RENORMALIZE:
-                ks = tl.arange(0, TOP_K)
-                w = tl.load(weights_ptr + row * TOP_K + ks)
-                tl.store(weights_ptr + row * TOP_K + ks, w / total)
+                top_w = top_w / tl.sum(top_w, axis=0)
+            tl.store(weights_ptr + row * TOP_K + ks, top_w)
+            tl.store(ids_ptr + row * TOP_K + ks, top_id)
 
         _triton_kernel = topk_softmax_kernel
     return _triton_kernel
@@ -72,8 +73,8 @@ def _kernel():
 def select_experts_triton(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """select_experts_torch in one Triton kernel; top_k must be a power of two (any k works
-    for the stores, but the renormalisation reloads the k weights as one block)."""
+    """select_experts_torch in one Triton kernel; top_k must be a power of two (the k
+    results are one block of registers)."""
     import triton
 
     tokens, num_experts = router_logits.shape
