@@ -44,13 +44,13 @@ def card_peaks() -> tuple[float, float] | None:
 
 
 def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int) -> int:
-    """Weights of the experts the batch routes to, plus x, the [M*k, 2I] / [M*k, I]
-    intermediates and the output (bf16)."""
+    """Weights of the experts the batch routes to, plus x, the [M*k, I] activation and the
+    [M*k, H] per-slot outputs (each written once and read once) and the output (bf16)."""
     touched = int(torch.unique(ids).numel())
     i = layer.intermediate_per_partition
     weights = touched * 3 * i * hidden * 2
     pairs = ids.numel()
-    acts = (m * hidden * 2 + pairs * (2 * i + i + hidden) * 2) * 2
+    acts = 2 * m * hidden * 2 + pairs * (i + hidden) * 2 * 2
     return weights + acts
 
 

@@ -1,16 +1,17 @@
 """The experts on the GPU: one grouped GEMM per projection over expert-sorted blocks.
 
-fused_experts_triton computes what experts_torch.fused_experts_torch does, in five launches
+fused_experts_triton computes what experts_torch.fused_experts_torch does, in four launches
 and with no host sync (CUDA-graph safe):
 
 1. moe_align_block_size (align.py) sorts the n = tokens * k (token, slot) pairs by expert
    into blocks of BLOCK_SIZE_M pairs that share one expert;
-2. GEMM 1: for each block and N tile, the block's token rows times its expert's w13 tile
-   -> gate_up [n, 2I] (rows are pair indices);
-3. SiLU-and-mul -> act [n, I];
-4. GEMM 2: act rows times the expert's w2 tile, scaled by the pair's routing weight
+2. GEMM 1 with SiLU-and-mul in its epilogue: for each block and N tile, the block's token
+   rows times its expert's gate tile and up tile (w13 rows j and I + j), then
+   silu(gate) * up -> act [n, I] (rows are pair indices; the [n, 2I] product is never
+   stored);
+3. GEMM 2: act rows times the expert's w2 tile, scaled by the pair's routing weight
    -> [n, H];
-5. the sum over each token's k slots -> [tokens, H].
+4. the sum over each token's k slots -> [tokens, H].
 
 Padding entries of a block (index n) are masked out of loads and stores; blocks past
 num_post_padded exit at once, so the grid can be sized for the worst case on the host.
@@ -21,12 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from mini_sglang.layers.activation import SiluAndMul
 from mini_sglang.layers.moe.align import moe_align_block_size
 from mini_sglang.layers.moe.kernel_config import get_config
 
 _triton_kernel = None
-_silu_and_mul = SiluAndMul()
 
 
 def _kernel():
@@ -53,6 +52,7 @@ def _kernel():
             stride_bn,
             stride_cm,
             A_ROWS_PER_TOKEN: tl.constexpr,
+            SILU_MUL: tl.constexpr,
             MUL_ROUTED_WEIGHT: tl.constexpr,
             IEEE: tl.constexpr,
             BLOCK_SIZE_M: tl.constexpr,
@@ -61,7 +61,8 @@ def _kernel():
             GROUP_SIZE_M: tl.constexpr,
         ):
             """C[pair] = A[pair // A_ROWS_PER_TOKEN] @ B[expert(pair)]^T (* weight[pair]).
-            A [rows, K] row-major, B [E, N, K] with unit stride along K, C [pairs, N]."""
+            A [rows, K] row-major, B [E, N, K] with unit stride along K, C [pairs, N]. With
+            SILU_MUL, B is [E, 2N, K] ([gate; up]) and C = silu(A @ gate^T) * (A @ up^T)."""
             pid = tl.program_id(0)
             num_pid_m = tl.cdiv(max_padded, BLOCK_SIZE_M)
             num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -84,7 +85,9 @@ def _kernel():
             a_ptrs += offs_k[None, :]
             b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
             b_ptrs += offs_k[:, None]
+            up_ptrs = b_ptrs + N * stride_bn  # the up rows (SILU_MUL only)
             acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            acc_up = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
             for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
                 k_ok = offs_k < K - k * BLOCK_SIZE_K
                 a = tl.load(a_ptrs, mask=pair_ok[:, None] & k_ok[None, :], other=0.0)
@@ -93,8 +96,20 @@ def _kernel():
                     acc += tl.dot(a, b, input_precision="ieee")
                 else:
                     acc += tl.dot(a, b)
+                if SILU_MUL:
+                    u = tl.load(up_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+                    if IEEE:
+                        acc_up += tl.dot(a, u, input_precision="ieee")
+                    else:
+                        acc_up += tl.dot(a, u)
+                    up_ptrs += BLOCK_SIZE_K
                 a_ptrs += BLOCK_SIZE_K
                 b_ptrs += BLOCK_SIZE_K
+            if SILU_MUL:
+                # rounded to the output dtype first, as the unfused GEMM and activation do
+                gate = acc.to(c_ptr.dtype.element_ty).to(tl.float32)
+                up = acc_up.to(c_ptr.dtype.element_ty).to(tl.float32)
+                acc = gate / (1.0 + tl.exp(-gate)) * up
             if MUL_ROUTED_WEIGHT:
                 w = tl.load(topk_weights_ptr + pair, mask=pair_ok, other=0.0)
                 acc = acc * w[:, None]
@@ -112,13 +127,14 @@ def _grouped_gemm(
     topk_weights: torch.Tensor,
     align: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     a_rows_per_token: int,
+    silu_mul: bool,
     mul_routed_weight: bool,
     config: dict[str, int],
 ) -> None:
     import triton
 
     sorted_ids, expert_ids, post_pad = align
-    N, K = b.shape[1], b.shape[2]
+    N, K = b.shape[1] // (2 if silu_mul else 1), b.shape[2]
     assert b.stride(2) == 1 and a.stride(1) == 1 and c.stride(1) == 1
     max_padded = sorted_ids.numel()
     grid = (
@@ -141,6 +157,7 @@ def _grouped_gemm(
         b.stride(1),
         c.stride(0),
         A_ROWS_PER_TOKEN=a_rows_per_token,
+        SILU_MUL=silu_mul,
         MUL_ROUTED_WEIGHT=mul_routed_weight,
         IEEE=a.dtype == torch.float32,
         **config,
@@ -168,11 +185,10 @@ def fused_experts_triton(
     align = moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
     weights = topk_weights.reshape(-1).contiguous()
     x = x.contiguous()
-    gate_up = torch.empty(tokens * k, two_i, dtype=x.dtype, device=x.device)
-    _grouped_gemm(x, w13, gate_up, weights, align, k, False, config)
-    act = _silu_and_mul(gate_up)
+    act = torch.empty(tokens * k, two_i // 2, dtype=x.dtype, device=x.device)
+    _grouped_gemm(x, w13, act, weights, align, k, True, False, config)
     # Dropped pairs' rows are never written, and the sum below must read them as zero.
     alloc = torch.zeros if dropped_pairs else torch.empty
     down = alloc(tokens * k, w2.shape[1], dtype=x.dtype, device=x.device)
-    _grouped_gemm(act, w2, down, weights, align, 1, True, config)
+    _grouped_gemm(act, w2, down, weights, align, 1, False, True, config)
     return down.view(tokens, k, -1).sum(dim=1)
