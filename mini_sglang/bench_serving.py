@@ -40,7 +40,7 @@ from mini_sglang.benchmark.backends import (
 from mini_sglang.benchmark.datasets import DatasetRow, get_dataset
 from mini_sglang.benchmark.metrics import build_result, calculate_metrics, format_report
 
-DATASETS = ["sharegpt", "random", "random-ids", "generated-shared-prefix"]
+DATASETS = ["sharegpt", "random", "random-ids", "generated-shared-prefix", "image"]
 
 
 def _http_get_json(url: str, timeout: float = 10.0) -> tuple[int, Any]:
@@ -205,6 +205,11 @@ def default_output_file(args: argparse.Namespace) -> str:
     if args.output_file:
         return args.output_file
     now = datetime.now().strftime("%m%d")
+    if args.dataset_name == "image":
+        return (
+            f"{args.backend}_{now}_{args.num_prompts}_{args.random_input_len}_"
+            f"{args.random_output_len}_{args.image_count}imgs_{args.image_resolution}.jsonl"
+        )
     if args.dataset_name.startswith("random"):
         return (
             f"{args.backend}_{now}_{args.num_prompts}_{args.random_input_len}_"
@@ -246,6 +251,9 @@ def run_benchmark(args_: Any) -> dict[str, Any]:
         assert args.backend == "sglang", (
             "`--tokenize-prompt` only compatible with `--backend sglang` currently"
         )
+    if args.dataset_name == "image":
+        args.apply_chat_template = True
+        assert not args.tokenize_prompt, "`--tokenize-prompt` not compatible with image dataset"
     if args.backend not in ASYNC_REQUEST_FUNCS:
         raise ValueError(f"Unknown backend: {args.backend}")
     if args.port is None:
@@ -288,7 +296,8 @@ def run_benchmark(args_: Any) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """SGLang 0.5.4's flags and defaults (text-only datasets), plus --ready-check-timeout-sec."""
+    """SGLang 0.5.4's flags and defaults (its datasets but mmmu), plus
+    --ready-check-timeout-sec."""
     p = argparse.ArgumentParser(description="Benchmark the online serving throughput.")
     a = p.add_argument
     a("--backend", type=str, choices=list(ASYNC_REQUEST_FUNCS), default="sglang")
@@ -323,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     a("--warmup-requests", type=int, default=1)
     a("--tokenize-prompt", action="store_true", help="Send input_ids (sglang backend only).")
     a("--ready-check-timeout-sec", type=float, default=60.0, help="0 skips the wait.")
+    g = p.add_argument_group("image dataset arguments").add_argument
+    g("--image-count", type=int, default=1, help="Images per request.")
+    g("--image-resolution", type=str, default="1080p", help="4k/1080p/720p/360p or HxW.")
+    g("--image-format", type=str, default="jpeg", help="jpeg or png.")
+    g("--image-content", type=str, default="random", help="random or blank.")
     g = p.add_argument_group("generated-shared-prefix dataset arguments").add_argument
     g("--gsp-num-groups", type=int, default=64)
     g("--gsp-prompts-per-group", type=int, default=16)

