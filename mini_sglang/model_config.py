@@ -133,6 +133,10 @@ class ModelConfig:
         model_type = getattr(text_cfg, "model_type", "") or ""
         dtype = resolve_dtype(server_args.dtype, config_dtype, server_args.device, model_type)
         derived = getattr(text_cfg, "max_position_embeddings", None) or 2048
+        if model_type in ("roberta", "xlm-roberta"):
+            # RoBERTa numbers positions from pad_token_id + 1 (models/xlm_roberta.py): a
+            # 514-row table serves 512 tokens, so an input must stay below 513.
+            derived -= getattr(text_cfg, "pad_token_id", None) or 0
         context_len = server_args.context_length or derived
         head_dim = getattr(text_cfg, "head_dim", None) or (
             text_cfg.hidden_size // text_cfg.num_attention_heads

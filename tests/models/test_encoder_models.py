@@ -66,6 +66,9 @@ def test_encoder_matches_transformers(saved, arch):
     path, hf = saved[arch]
     config, model = _load(path)
     assert not model.supports_prefix_reuse
+    # The longest input (context_len - 1 tokens) must fit the position table; XLM-R's
+    # positions start at pad_token_id + 1 = 2 (130 rows: 128 tokens).
+    assert config.context_len == (128 if arch.startswith("Bert") else 129)
     seqs, types = tokenized_inputs(arch)
     bert = arch.startswith("Bert")
     if arch == "BertForSequenceClassification":
@@ -126,3 +129,15 @@ def test_scheduler_runs_encoder_inputs_whole_and_alone(saved, tmp_path):
             torch.testing.assert_close(got[f"r{i}"], ref, atol=1e-4, rtol=1e-4)
         assert_memory_all_free(sched)
         assert sched.stats.memory_accounting()["evictable"] == 0
+
+
+def test_xlm_roberta_longest_input_fits_its_positions(saved):
+    """An input of context_len - 1 tokens (the longest the server admits) reads the last
+    row of XLM-R's offset position table and matches transformers."""
+    path, hf = saved["XLMRobertaModel"]
+    config, model = _load(path)
+    ids = [0] + [5 + i % 40 for i in range(config.context_len - 3)] + [2]
+    assert len(ids) == config.context_len - 1
+    got = _run(model, config, [ids], None)
+    ref = hf_reference(hf, "XLMRobertaModel", ids, [0] * len(ids))
+    torch.testing.assert_close(got[0], ref, atol=1e-4, rtol=1e-4)
