@@ -282,7 +282,7 @@ def test_fused_stores_quantize_as_the_pool(dtype):
     device = torch.device("cuda" if CUDA else "cpu")
     gen = torch.Generator().manual_seed(1)
     k = _exact((5, 2, 64), dtype, K_SCALE, gen)
-    k[0, 0, :4] = torch.tensor([1e4, -1e4, 1e6, -1e6])  # saturate, in both formats
+    k[0, 0, :4] = torch.tensor([1e5, -1e5, 1e6, -1e6])  # saturate, in both formats
     k = k.to(device)
     v = _exact((5, 2, 64), dtype, V_SCALE, gen).to(device)
     loc = torch.tensor([3, 9, 1, 7, 4], device=device)
