@@ -50,6 +50,16 @@ def fp8_max(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) if is_fp8(dtype) else 0.0
 
 
+def triton_supports_kv(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether Triton kernels can load and store K/V of `dtype` on `device`: all but
+    float8_e4m3fn on CUDA GPUs before compute capability 8.9, where Triton has no e4m3
+    conversion (e5m2 it emulates). There the pool stores with torch and attention needs
+    flashinfer or torch_native."""
+    if dtype != torch.float8_e4m3fn or device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def quantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """x in the pool's dtype: FP8 pools get x / scale clamped to the finite range (computed
     in float32), others a plain cast (the scale is ignored)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from mini_sglang.layers.kv_quant import is_fp8, quantize_kv, scatter_kv
+from mini_sglang.layers.kv_quant import is_fp8, quantize_kv, scatter_kv, triton_supports_kv
 
 
 class ReqToTokenPool:
@@ -54,7 +54,8 @@ class ReqToTokenPool:
 class MHATokenToKVPool:
     """Per-layer K/V buffers of shape [size + 1, num_kv_heads, head_dim] (slot 0 = padding),
     of `dtype`: the model's, or an FP8 dtype (one byte a value, with per-layer scales that
-    the caller of set_kv_buffer and the readers hold)."""
+    the caller of set_kv_buffer and the readers hold). `triton_ok`: Triton kernels can read
+    and write these buffers (kv_quant.triton_supports_kv)."""
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class MHATokenToKVPool:
         self.v_head_dim = v_head_dim or head_dim
         self.layer_num = layer_num
         self.device = device
+        self.triton_ok = triton_supports_kv(dtype, torch.device(device))
         self.k_buffer = [
             torch.zeros((size + 1, head_num, head_dim), dtype=dtype, device=device)
             for _ in range(layer_num)
@@ -112,7 +114,7 @@ class MHATokenToKVPool:
         pool stores k / k_scale and v / v_scale, clamped to the format's range; a pool in
         another dtype casts and ignores the scales."""
         k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
-        if cache_k.is_cuda:
+        if cache_k.is_cuda and self.triton_ok:
             # Local: the kernel module imports triton, which only CUDA pools use.
             from mini_sglang.layers.fused_kernels import store_kv, triton
 

@@ -140,13 +140,15 @@ class ModelRunner:
         of keys (split-KV plus a merge kernel, both latency-bound, and a host-side plan per
         step), the Triton kernel with 16 splits ~7 us. Only where the user
         did not pick the decode backend, on CUDA with a KV cache in the model dtype or FP8
-        (the Triton kernels read FP8 with the layer scales, layers/kv_quant.py);
+        (the Triton kernels read FP8 with the layer scales, layers/kv_quant.py, where the
+        GPU has the conversions: pool.triton_ok);
         MINI_SGLANG_TRITON_DECODE_MAX_BS overrides the size (0 turns it off)."""
         if (
             decode != "flashinfer"
             or self.config.attention.decode_attention_backend is not None
             or self.device.type != "cuda"
             or not (self.kv_dtype == self.model_config.dtype or is_fp8(self.kv_dtype))
+            or not self.token_to_kv_pool.triton_ok
         ):
             return 0
         return envs.MINI_SGLANG_TRITON_DECODE_MAX_BS.get()

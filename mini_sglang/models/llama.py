@@ -152,7 +152,8 @@ class LlamaAttention(nn.Module):
         # M-RoPE extends carry per-token cos/sin rows that `positions` index (see
         # layers/rotary_embedding.py); decode never does: its positions are plain.
         cos_sin = self.rotary_emb.cos_sin_cache if fb.rope_cos_sin is None else fb.rope_cos_sin
-        if self.use_fused and fused_ops_available(qkv, self.head_dim):
+        pool_ok = fb.token_to_kv_pool.triton_ok  # the fused kernels store into the pool
+        if self.use_fused and pool_ok and fused_ops_available(qkv, self.head_dim):
             if fb.forward_mode.is_decode():
                 out = fb.attn_backend.forward_decode_from_qkv(
                     qkv, positions, self._qk_norm_rope(), self.attn, fb

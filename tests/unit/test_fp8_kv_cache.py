@@ -24,6 +24,7 @@ from mini_sglang.layers.kv_quant import (
     quantize_kv,
     read_scales,
     resolve_kv_cache_dtype,
+    triton_supports_kv,
 )
 from mini_sglang.layers.radix_attention import RadixAttention
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool
@@ -106,6 +107,17 @@ def test_model_dtype_pool_ignores_scales():
     assert read_scales(layer, torch.float32) == {"k_scale": 1.0, "v_scale": 1.0}
     assert read_scales(layer, torch.float8_e4m3fn) == {"k_scale": 0.5, "v_scale": 8.0}
     assert fp8_max(torch.bfloat16) == 0.0 and fp8_max(torch.float8_e4m3fn) == 448.0
+
+
+def test_triton_support_by_device():
+    cpu = torch.device("cpu")
+    assert all(triton_supports_kv(d, cpu) for d in (*FP8, torch.bfloat16))
+    assert MHATokenToKVPool(4, torch.float8_e4m3fn, 1, 4, 1, "cpu").triton_ok
+    if CUDA:  # e4m3 needs sm89+ (Ada, Hopper); e5m2 and bf16 run everywhere
+        cuda = torch.device("cuda")
+        new_enough = torch.cuda.get_device_capability() >= (8, 9)
+        assert triton_supports_kv(torch.float8_e4m3fn, cuda) == new_enough
+        assert triton_supports_kv(torch.float8_e5m2, cuda)
 
 
 # ---- checkpoint scales ------------------------------------------------------------------

@@ -28,6 +28,12 @@ def _triton(runner: ModelRunner, config: AttentionConfig) -> AttentionBackend:
     # Local: the module imports triton, needed only when this backend is chosen.
     from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
+    if not runner.token_to_kv_pool.triton_ok:
+        raise ValueError(
+            f"The triton attention backend cannot read a {runner.kv_dtype} KV cache on this "
+            "GPU (compute capability 8.9 or later needed); use --attention-backend flashinfer "
+            "or --kv-cache-dtype fp8_e5m2."
+        )
     return TritonAttnBackend(runner, config.triton_attention_num_kv_splits)
 
 
