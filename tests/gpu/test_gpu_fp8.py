@@ -176,6 +176,7 @@ SHAPES = [(1, 4096, 4096), (3, 6144, 4096), (8, 28672, 4096), (33, 4096, 14336),
 def test_fp8_gemms_against_float_references(m, n, k):
     from mini_sglang.layers import small_m_gemm
     from mini_sglang.layers.quantization.fp8_kernels import (
+        _quantize_last_dim,
         block_fp8_linear,
         dequantize_blocks,
         dequantize_rows,
@@ -191,7 +192,12 @@ def test_fp8_gemms_against_float_references(m, n, k):
     w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
 
     wq, ws = quantize_rows(w)
-    xq, xs = per_token_quant(x)
+    xq, xs = per_token_quant(x)  # the Triton kernel on CUDA: bit for bit torch's values
+    xq_torch, xs_torch = _quantize_last_dim(x)
+    assert torch.equal(xs, xs_torch) and torch.equal(
+        xq.view(torch.uint8), xq_torch.view(torch.uint8)
+    )
+    gq_torch, gs_torch = _quantize_last_dim(x.view(m, -1, BLOCK[1]))
     ref = (xq.float() * xs) @ dequantize_rows(wq, ws).T
     out = fp8_linear(x, wq, ws).float()
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
@@ -206,6 +212,8 @@ def test_fp8_gemms_against_float_references(m, n, k):
 
     bq, bs = quantize_blocks(w, BLOCK)
     gq, gs = per_token_group_quant(x, BLOCK[1])
+    assert torch.equal(gs, gs_torch.view(m, -1))
+    assert torch.equal(gq.view(torch.uint8), gq_torch.view(m, k).view(torch.uint8))
     ref_b = (gq.float() * gs.repeat_interleave(BLOCK[1], 1)[:, :k]) @ dequantize_blocks(
         bq, bs, BLOCK
     ).T

@@ -137,6 +137,21 @@ def test_triton_block_matmul_matches_the_reference():
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("group", [32, 100])  # 100: per token (one group of the row)
+def test_triton_group_quant_matches_torch(group):
+    pytest.importorskip("triton")
+    from mini_sglang.layers.quantization.fp8_kernels import FP8_DTYPE, group_quant_triton
+
+    x = _rand(3, 100, seed=10)
+    x[1] = 0.0  # an all-zero row: the smallest scale, zeros
+    q_ref, s_ref = per_token_group_quant(x, group)  # torch on CPU
+    out = None if DEVICE == "cuda" else torch.empty(3, 100)  # interpreter: FP8 values in f32
+    q, s = group_quant_triton(x.to(DEVICE), group, out=out)
+    assert s.shape == s_ref.shape == (3, -(-100 // group))
+    torch.testing.assert_close(s.cpu(), s_ref, rtol=0, atol=0)
+    torch.testing.assert_close(q.cpu().to(FP8_DTYPE).float(), q_ref.float(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("silu_mul", [False, True])
 def test_gemv_with_per_row_weight_scales(silu_mul):
     pytest.importorskip("triton")

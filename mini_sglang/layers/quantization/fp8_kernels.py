@@ -26,7 +26,7 @@ except ImportError:
     triton = None
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # Smallest amax a scale is derived from: an all-zero row gets a tiny scale, not 0 / 0.
 _MIN_AMAX = 1e-10
 
@@ -36,6 +36,70 @@ def _quantize_last_dim(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = amax / FP8_MAX
     q = (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, scale
+
+
+if triton is not None:
+
+    @triton.jit
+    def _group_quant_kernel(
+        x,
+        q,
+        s,
+        K,
+        sxm,
+        sqm,
+        ssm,
+        GROUP: tl.constexpr,
+        BLOCK: tl.constexpr,
+        QMAX: tl.constexpr,
+        MIN_AMAX: tl.constexpr,
+    ):
+        # program (row, g) quantizes x[row, g * GROUP : (g + 1) * GROUP] with one scale,
+        # computed as _quantize_last_dim computes it (precise division, so the values match)
+        row = tl.program_id(0)
+        g = tl.program_id(1)
+        offs = tl.arange(0, BLOCK)
+        cols = g * GROUP + offs
+        mask = (offs < GROUP) & (cols < K)
+        v = tl.load(x + row * sxm + cols, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(v), axis=0), MIN_AMAX)
+        scale = tl.math.div_rn(amax, QMAX)
+        out = tl.minimum(tl.maximum(tl.math.div_rn(v, scale), -QMAX), QMAX)
+        tl.store(q + row * sqm + cols, out.to(q.dtype.element_ty), mask=mask)
+        tl.store(s + row * ssm + g, scale)
+
+
+def group_quant_triton(
+    x: torch.Tensor, group: int, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (q [M, K], scale [M, ceil(K / group)]) in one Triton launch, the values
+    of _quantize_last_dim per group (per_token_group_quant; group >= K is per token). q is
+    FP8 unless `out` (float32, for Triton's interpreter) is given."""
+    m, k = x.shape
+    group = min(group, k)
+    ng = -(-k // group)
+    q = out if out is not None else torch.empty((m, k), dtype=FP8_DTYPE, device=x.device)
+    s = torch.empty((m, ng), dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(group)
+    _group_quant_kernel[(m, ng)](
+        x,
+        q,
+        s,
+        k,
+        x.stride(0),
+        q.stride(0),
+        s.stride(0),
+        GROUP=group,
+        BLOCK=block,
+        QMAX=FP8_MAX,
+        MIN_AMAX=_MIN_AMAX,
+        num_warps=min(16, max(4, block // 1024)),
+    )
+    return q, s
+
+
+def _use_triton_quant(x: torch.Tensor) -> bool:
+    return triton is not None and x.is_cuda and x.dim() == 2 and x.stride(1) == 1
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,13 +115,18 @@ def quantize_tensor(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def per_token_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (fp8 [M, K], scale [M, 1]): dynamic per-token activation quantization."""
+    """x [M, K] -> (fp8 [M, K], scale [M, 1]): dynamic per-token activation quantization
+    (one Triton kernel on CUDA, torch elsewhere; the same values)."""
+    if _use_triton_quant(x):
+        return group_quant_triton(x, x.shape[1])
     return _quantize_last_dim(x)
 
 
 def per_token_group_quant(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (fp8 [M, K], scale [M, ceil(K / group)]): one scale per token and group of
     `group` consecutive columns (the last group may be short)."""
+    if _use_triton_quant(x):
+        return group_quant_triton(x, group)
     m, k = x.shape
     pad = -k % group
     xp = F.pad(x, (0, pad)) if pad else x
