@@ -304,6 +304,15 @@ class Engine(EngineWeightsMixin):
         obj = EmbeddingReqInput(text=prompt, image_data=image_data, input_ids=input_ids)
         return await self.tokenizer_manager.generate_request(obj, None).__anext__()
 
+    def rerank(self, prompt: list[list[str]]) -> list[dict]:
+        """SGLang's Engine.rerank on a cross-encoder: one {"embedding": score, "meta_info"}
+        per [query, document] pair, in the given order (unsorted; /v1/rerank sorts). Bad
+        pairs, or a generation model, raise ValueError."""
+        obj = EmbeddingReqInput(text=prompt, is_cross_encoder_request=True)
+        return self.loop.run_until_complete(
+            self.tokenizer_manager.generate_request(obj, None).__anext__()
+        )
+
     def score(self, *args: Any, **kwargs: Any) -> list[list[float]]:
         """async_score, waited for."""
         return self.loop.run_until_complete(self.async_score(*args, **kwargs))

@@ -69,7 +69,7 @@ def test_generate_single_matches_http(engine, server: ServerHandle):
     assert list(out["meta_info"]) == list(http["meta_info"])
 
 
-def test_encode_on_a_generation_model_is_refused(engine):
+def test_encode_and_rerank_on_a_generation_model_are_refused(engine):
     from mini_sglang.managers.input_checks import NOT_AN_EMBEDDING_MODEL
 
     with pytest.raises(ValueError, match="does not appear to be an embedding model"):
@@ -77,6 +77,11 @@ def test_encode_on_a_generation_model_is_refused(engine):
     with pytest.raises(ValueError) as e:
         engine.encode(input_ids=[[1, 2], [3]])
     assert str(e.value) == NOT_AN_EMBEDDING_MODEL
+    with pytest.raises(ValueError) as e:
+        engine.rerank([["a query", "a document"]])
+    assert str(e.value) == NOT_AN_EMBEDDING_MODEL
+    with pytest.raises(ValueError, match=r"\[query, document\] pairs"):
+        engine.rerank([["only a query"]])
 
 
 def test_generate_batch_dict_and_list_params(engine, server: ServerHandle):
