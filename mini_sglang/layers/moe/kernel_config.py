@@ -44,25 +44,27 @@ def config_file_name(E: int, N: int, top_k: int, dtype: torch.dtype, device_name
 
 
 def default_config(M: int, E: int, top_k: int) -> dict[str, int]:
-    """The heuristic: with few pairs per expert (decode) the GEMMs read weights once and are
-    memory bound, so 16-row blocks and wide K tiles; larger batches get square 64 tiles and
-    grouped block order for L2 reuse (SGLang's defaults, plus warps and stages)."""
-    if M * top_k <= 2 * E:
-        return dict(
-            BLOCK_SIZE_M=16,
-            BLOCK_SIZE_N=64,
-            BLOCK_SIZE_K=128,
-            GROUP_SIZE_M=1,
-            num_warps=4,
-            num_stages=4,
-        )
+    """The heuristic, by the pairs an expert gets on average (M * top_k / E): block rows
+    that few pairs fill (decode: 16-row blocks, wide K tiles; the GEMMs are bound by reading
+    the touched experts' weights), larger square tiles and grouped block order (L2 reuse)
+    as batches grow. Every choice keeps the first GEMM's shared memory (stages x (A tile +
+    gate and up tiles), bf16) under 160 KB, so it launches on A100, H100 and H200 alike."""
+    per_expert = M * top_k / E
+    if per_expert <= 16:
+        bm, bn, bk, group, warps, stages = 16, 64, 128, 1, 4, 4
+    elif per_expert <= 48:
+        bm, bn, bk, group, warps, stages = 32, 64, 128, 8, 4, 3
+    elif per_expert <= 128:
+        bm, bn, bk, group, warps, stages = 64, 128, 64, 8, 4, 3
+    else:
+        bm, bn, bk, group, warps, stages = 128, 128, 64, 16, 8, 3
     return dict(
-        BLOCK_SIZE_M=64,
-        BLOCK_SIZE_N=64 if M <= 1024 else 128,
-        BLOCK_SIZE_K=64,
-        GROUP_SIZE_M=8,
-        num_warps=4,
-        num_stages=3,
+        BLOCK_SIZE_M=bm,
+        BLOCK_SIZE_N=bn,
+        BLOCK_SIZE_K=bk,
+        GROUP_SIZE_M=group,
+        num_warps=warps,
+        num_stages=stages,
     )
 
 
