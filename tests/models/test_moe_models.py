@@ -8,9 +8,9 @@ family must get right: Qwen3-MoE q/k norm and top-4 of 8 renormalised; Qwen2-MoE
 the sigmoid-gated shared expert, top-2 not renormalised and a dense layer (mlp_only_layers);
 Mixtral the block_sparse_moe / w1-w3 names and always-renormalised top-2 of 4.
 
-Then the Qwen2-MoE model runs on two gloo ranks (CPU), once with --tp-size 2 (every expert's
-intermediate dimension split) and once with --ep-size 2 (whole experts per rank), and must
-give transformers' first 16 tokens both times.
+Then the Qwen2-MoE model runs on two gloo ranks (CPU) started with --tp-size 2 --ep-size 2
+(whole experts per rank), and again on the same ranks split by TP alone (every expert's
+intermediate dimension split), and must give transformers' first 16 tokens both times.
 """
 
 from __future__ import annotations
@@ -143,14 +143,16 @@ def test_prefill_logits_and_greedy_match_hf(tiny: TinyMoe) -> None:
 
 # ---- tp=2 and ep=2 on two gloo ranks -------------------------------------------------------
 def _rank_generate(server_args, prompts: list[list[int]], tp_rank: int) -> dict[int, list]:
-    """On one TP rank: TP_TOKENS greedy tokens per prompt with the experts split by TP
-    (ep 1), then by whole experts (ep 2), each through its own Scheduler (every rank gets
-    the same requests, as bench_one_batch's ranks do)."""
-    from mini_sglang.distributed.parallel_state import set_expert_parallel_size
+    """On one TP rank: TP_TOKENS greedy tokens per prompt with the experts split as the
+    rank's start-up set it from server_args (--ep-size 2: whole experts per rank), then by
+    TP alone (ep 1), each through its own Scheduler (every rank gets the same requests, as
+    bench_one_batch's ranks do)."""
+    from mini_sglang.distributed.parallel_state import get_moe_ep_size, set_expert_parallel_size
     from mini_sglang.managers.scheduler import Scheduler
 
+    assert get_moe_ep_size() == server_args.ep_size == 2  # the rank's start-up path
     tokens = {}
-    for ep in (1, 2):
+    for ep in (2, 1):
         set_expert_parallel_size(ep)
         outputs: list = []
         args = dataclasses.replace(server_args, ep_size=ep)
@@ -171,7 +173,7 @@ def test_tp2_and_ep2_match_hf(tiny_models) -> None:
 
     tiny = tiny_models["qwen2_moe"]
     args = ServerArgs(
-        model_path=tiny.path, device="cpu", tp_size=2, max_total_tokens=1024,
+        model_path=tiny.path, device="cpu", tp_size=2, ep_size=2, max_total_tokens=1024,
         max_running_requests=8, random_seed=0,
     )  # fmt: skip
     # Two prompts of different lengths (a batch of two rows) keep the two-rank runs short.
