@@ -40,6 +40,7 @@ from mini_sglang.layers.quantization.fp8_kernels import (
     dequantize_rows,
     fp8_linear,
     quantize_rows,
+    triton_fp8_supported,
 )
 from mini_sglang.layers.quantization.methods import QuantSpec
 from mini_sglang.layers.quantization.unquantized import UnquantizedLinearMethod
@@ -114,7 +115,9 @@ class Fp8LinearMethod(LinearMethodBase):
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        out = small_m_gemm.linear_scaled(x, layer.weight, layer.weight_scale)
+        out = None
+        if triton_fp8_supported(x):  # the GEMV reads FP8 where Triton can
+            out = small_m_gemm.linear_scaled(x, layer.weight, layer.weight_scale)
         if out is None:
             return fp8_linear(x, layer.weight, layer.weight_scale, bias)
         return out + bias if bias is not None else out
@@ -125,6 +128,8 @@ class Fp8LinearMethod(LinearMethodBase):
     def apply_rmsnorm(
         self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
     ) -> torch.Tensor | None:
+        if not triton_fp8_supported(x):
+            return None
         return small_m_gemm.linear_rmsnorm(
             x, layer.weight, norm.weight.data, norm.variance_epsilon, w_scale=layer.weight_scale
         )
@@ -132,9 +137,13 @@ class Fp8LinearMethod(LinearMethodBase):
     def apply_silu_mul(
         self, layer: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor | None:
+        if not triton_fp8_supported(x):
+            return None
         return small_m_gemm.linear_silu_mul(x, layer.weight, layer.weight_scale)
 
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        if not triton_fp8_supported(x):
+            return False
         return small_m_gemm.linear_add_(x, layer.weight, residual, layer.weight_scale)
 
 

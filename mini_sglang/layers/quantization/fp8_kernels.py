@@ -98,8 +98,13 @@ def group_quant_triton(
     return q, s
 
 
+def triton_fp8_supported(x: torch.Tensor) -> bool:
+    """Whether Triton kernels can read and write FP8 (e4m3) next to x: CUDA sm89+."""
+    return triton is not None and _cuda_capability(x) >= (8, 9)
+
+
 def _use_triton_quant(x: torch.Tensor) -> bool:
-    return triton is not None and x.is_cuda and x.dim() == 2 and x.stride(1) == 1
+    return triton_fp8_supported(x) and x.dim() == 2 and x.stride(1) == 1
 
 
 def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +202,7 @@ def block_fp8_linear(
     """x [M, K] @ (w [N, K] fp8 with block scales w_scale)^T (+ bias), x quantized per token
     and group of block[1] columns; the result has x's dtype."""
     xq, xs = per_token_group_quant(x, block[1])
-    if triton is not None and _cuda_capability(x) >= (8, 9):
+    if triton_fp8_supported(x):
         out = w8a8_block_matmul(xq, w, xs, w_scale, block, x.dtype)
     else:
         xd = xq.float() * _expand_blocks(xs, (1, block[1]), xq.shape)
