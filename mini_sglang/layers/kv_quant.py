@@ -41,6 +41,7 @@ def resolve_kv_cache_dtype(name: str | None, model_dtype: torch.dtype) -> torch.
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether `dtype` is one of the FP8 KV cache dtypes (the pool then holds scaled values)."""
     return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
