@@ -93,7 +93,9 @@ class TokenizerManager:
         # Images -> MultimodalInputs (multimodal/processors); None for a text-only model.
         self.mm_processor = None
         if is_multimodal_architecture(self.model_config.architectures):
-            processor = get_processor(server_args.tokenizer_path, server_args.trust_remote_code)
+            processor = get_processor(
+                server_args.tokenizer_path, server_args.trust_remote_code, self.tokenizer
+            )
             self.mm_processor = get_mm_processor(
                 self.model_config.model_class_config, server_args, processor
             )

@@ -113,6 +113,9 @@ def test_generate_takes_every_image_form(vlm: Vlm, vlm_server: ServerHandle, ima
         if i:
             assert meta["cached_tokens"] >= n_prompt - 1 - CHUNK, (i, meta)
             assert meta["cached_tokens"] > TOKENS_PER_IMAGE
+    # input_ids hold one image token per image, expanded as the text's is
+    ids = vlm.tokenizer.encode(PROMPT)
+    assert _generate(vlm_server, input_ids=ids, image_data=vlm.b64(0))["output_ids"] == ref
 
 
 def test_different_images_never_share_cache(vlm: Vlm, vlm_server: ServerHandle) -> None:

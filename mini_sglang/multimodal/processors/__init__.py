@@ -34,13 +34,20 @@ class TokenizerAndImageProcessor:
     image_processor: Any
 
 
-def get_processor(model_path: str, trust_remote_code: bool = False) -> Any:
+def get_processor(model_path: str, trust_remote_code: bool = False, tokenizer: Any = None) -> Any:
     """The model's HF processor (AutoProcessor: tokenizer + image processor). Where
     transformers cannot build it because a component's optional dependency is missing
     (ImportError; e.g. Qwen2.5-VL's AutoProcessor also builds a video processor, which
-    needs torchvision), its tokenizer and AutoImageProcessor, which is all images need."""
+    needs torchvision), its tokenizer and AutoImageProcessor, which is all images need.
+    A `tokenizer` already loaded is reused with AutoImageProcessor (loading the tokenizer
+    a second time costs seconds at start-up)."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
+    if tokenizer is not None:
+        image_processor = AutoImageProcessor.from_pretrained(
+            model_path, trust_remote_code=trust_remote_code
+        )
+        return TokenizerAndImageProcessor(tokenizer, image_processor)
     try:
         return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except ImportError:
