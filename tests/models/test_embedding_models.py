@@ -194,3 +194,38 @@ def test_abort_and_bad_input_hold_nothing(tmp_path: Path) -> None:
     assert all(emb is None and reason["type"] == "abort" for emb, reason in out.values())
     assert out["long"][1]["status_code"] == 400 and "context length" in out["long"][1]["message"]
     assert_memory_all_free(sched)
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_context_length_check_or_truncation(tmp_path: Path, truncate: bool) -> None:
+    """The TokenizerManager refuses an input as long as the context (512) with SGLang's
+    message, or with --allow-auto-truncate keeps its first 511 ids; an empty one is refused."""
+    from mini_sglang.managers.io_struct.generate import EmbeddingReqInput
+    from mini_sglang.managers.tokenizer_manager import TokenizerManager
+    from mini_sglang.port_args import PortArgs
+    from mini_sglang.server_args import ServerArgs
+
+    _build("qwen3_causal", tmp_path)
+    args = ServerArgs(
+        model_path=str(tmp_path),
+        device="cpu",
+        skip_tokenizer_init=True,
+        is_embedding=True,
+        allow_auto_truncate=truncate,
+    )
+    tm = TokenizerManager(args, PortArgs.init_new(args))
+    try:
+        obj = EmbeddingReqInput(input_ids=list(range(10, 522)))
+        obj.normalize_batch_and_arguments()
+        if truncate:
+            assert tm._tokenize_embedding(obj).input_ids == list(range(10, 521))
+        else:
+            with pytest.raises(ValueError, match=r"The input \(512 tokens\) is longer"):
+                tm._tokenize_embedding(obj)
+        empty = EmbeddingReqInput(text="")
+        empty.normalize_batch_and_arguments()
+        with pytest.raises(ValueError, match="skip-tokenizer-init"):
+            tm._tokenize_embedding(empty)
+    finally:  # no server process: its sockets must not keep the interpreter from exiting
+        for sock in (tm.send_to_scheduler, tm.recv_from_detokenizer):
+            sock.close(linger=0)
