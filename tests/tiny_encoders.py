@@ -189,14 +189,20 @@ def tokenized_inputs(arch: str) -> tuple[list[list[int]], list[list[int]]]:
     return [e["input_ids"] for e in enc], [e["token_type_ids"] for e in enc]
 
 
-def extend_batch(req_to_token: torch.Tensor, seqs: list[list[int]], token_types=None):
+def extend_batch(
+    req_to_token: torch.Tensor, seqs: list[list[int]], token_types=None, page_size: int = 1
+):
     """A ModelWorkerBatch running `seqs` as one EXTEND of whole sequences: request i in
-    req_to_token row i + 1, KV slots 1 .. total tokens in order (rows and slots are written)."""
+    req_to_token row i + 1, its KV slots consecutive from a page boundary (page 0 unused;
+    with page_size 1, slots 1 .. total tokens in order). Rows and slots are written."""
     from mini_sglang.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
 
     lens = [len(s) for s in seqs]
-    slots = torch.arange(1, sum(lens) + 1)
-    for i, part in enumerate(torch.split(slots, lens)):
+    parts, page = [], 1
+    for n in lens:
+        parts.append(torch.arange(page * page_size, page * page_size + n))
+        page += (n + page_size - 1) // page_size
+    for i, part in enumerate(parts):
         req_to_token[i + 1, : len(part)] = part.to(req_to_token.device, torch.int32)
     return ModelWorkerBatch(
         forward_mode=ForwardMode.EXTEND,
@@ -204,7 +210,7 @@ def extend_batch(req_to_token: torch.Tensor, seqs: list[list[int]], token_types=
         positions=torch.cat([torch.arange(n) for n in lens]),
         req_pool_indices=torch.arange(1, len(seqs) + 1),
         seq_lens=torch.tensor(lens),
-        out_cache_loc=slots,
+        out_cache_loc=torch.cat(parts),
         extend_seq_lens=lens,
         extend_prefix_lens=[0] * len(lens),
         token_type_ids=torch.tensor(sum(token_types, [])) if token_types else None,

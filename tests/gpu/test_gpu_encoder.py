@@ -4,7 +4,8 @@ transformers in bf16 on the same weights.
 Tiny random BertModel, BertForSequenceClassification, XLMRobertaModel and
 XLMRobertaForSequenceClassification (head_dim 64, which every backend's prefill kernel
 takes) run one EXTEND batch of three sequences of different lengths through the ModelRunner
-of an in-process scheduler with --attention-backend torch_native / triton / flashinfer. The
+of an in-process scheduler with --attention-backend torch_native / triton / flashinfer, at
+page size 1 and 16 (each request's KV slots from a page boundary). The
 normalized embeddings must be within 2e-2 of transformers' (per component), the scores within
 5e-2; and each backend must agree with torch_native to the same tolerances.
 
@@ -51,7 +52,7 @@ def _available(backend: str) -> bool:
     return True
 
 
-def _encode(path: str, backend: str, arch: str) -> torch.Tensor:
+def _encode(path: str, backend: str, arch: str, page_size: int) -> torch.Tensor:
     from mini_sglang.managers.scheduler import Scheduler
     from mini_sglang.server_args import ServerArgs
 
@@ -60,6 +61,7 @@ def _encode(path: str, backend: str, arch: str) -> torch.Tensor:
         device="cuda",
         dtype="bfloat16",
         attention_backend=backend,
+        page_size=page_size,
         max_total_tokens=4096,
         max_running_requests=8,
         disable_cuda_graph=True,
@@ -68,7 +70,10 @@ def _encode(path: str, backend: str, arch: str) -> torch.Tensor:
     runner = scheduler.tp_worker.model_runner
     seqs, types = tokenized_inputs(arch)
     batch = extend_batch(
-        runner.req_to_token_pool.req_to_token, seqs, types if arch.startswith("Bert") else None
+        runner.req_to_token_pool.req_to_token,
+        seqs,
+        types if arch.startswith("Bert") else None,
+        page_size,
     )
     out = runner.forward(runner.make_forward_batch(batch), get_embedding=True)
     result = out.embeddings.float().cpu()
@@ -88,8 +93,9 @@ def test_encoder_backends_match_transformers_bf16(saved, arch):
     for backend in BACKENDS:
         if not _available(backend):
             continue
-        outputs[backend] = got = _encode(path, backend, arch)
-        torch.testing.assert_close(got, refs, atol=tol, rtol=0, msg=f"{backend} vs HF")
-        torch.testing.assert_close(
-            got, outputs["torch_native"], atol=tol, rtol=0, msg=f"{backend} vs torch_native"
-        )
+        for page_size in (1, 16):
+            outputs[backend, page_size] = got = _encode(path, backend, arch, page_size)
+            what = f"{backend} page {page_size}"
+            torch.testing.assert_close(got, refs, atol=tol, rtol=0, msg=f"{what} vs HF")
+            native = outputs["torch_native", 1]
+            torch.testing.assert_close(got, native, atol=tol, rtol=0, msg=f"{what} vs native")
