@@ -179,9 +179,9 @@ for step in "${steps[@]}"; do
       # default "bf16 fp8 fp8-block"): bf16; fp8 = --quantization fp8 (dummy bf16 weights
       # quantized per channel at load); fp8-block = a copy of the model directory whose
       # config.json declares Qwen3-FP8's quantization_config (block-wise 128x128 scales;
-      # dummy FP8 weights). Rows in $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in
-      # $OUT/fp8.log; then the GPU FP8 tests and the quality script on the default model
-      # when GGUF parts are staged ($OUT/fp8_quality.jsonl).
+      # the dummy values quantized per block). Rows in $OUT/fp8_{one_batch,offline}_<arm>.jsonl,
+      # lines in $OUT/fp8.log; then the GPU FP8 tests and the quality script on the default
+      # model when GGUF parts are staged ($OUT/fp8_quality.jsonl).
       for round in $(seq "${FP8_ROUNDS:-1}"); do
         for arm in ${FP8_ARMS:-bf16 fp8 fp8-block}; do
           for m in $MODELS; do

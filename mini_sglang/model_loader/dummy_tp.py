@@ -88,7 +88,7 @@ def fill_dummy_weights_tp(
         for pname, param in module.named_parameters(recurse=False):
             if id(param) in done or not torch.is_floating_point(param):
                 continue
-            if getattr(param, "loaded_with_weight", False):  # its weight's loader fills it
+            if getattr(param, "filled_by_weight", False):  # its weight's loader fills it
                 continue
             done.add(id(param))
             where = param.device if device is None else device

@@ -84,7 +84,7 @@ def fill_dummy_weights(
     small and finite.
     """
     for param in model.parameters():
-        if torch.is_floating_point(param) and not getattr(param, "loaded_with_weight", False):
+        if torch.is_floating_point(param) and not getattr(param, "filled_by_weight", False):
             where = param.device if device is None else device
             param.data.copy_(full_dummy(tuple(param.shape), DUMMY_SEED, low, high, where))
 

@@ -242,13 +242,15 @@ SPECS = {
     "online": QuantSpec("fp8"),
     "per-tensor": QuantSpec("fp8", checkpoint_fp8=True),
     "block": QuantSpec("fp8", checkpoint_fp8=True, weight_block_size=(16, 16)),
+    # unquantized tensors into a block-wise model (an online update): quantized per block
+    "block-from-bf16": QuantSpec("fp8", checkpoint_fp8=True, weight_block_size=(16, 16)),
 }
 
 
 def _checkpoint_tensors(kind: str, w: torch.Tensor) -> dict[str, torch.Tensor]:
     """What a checkpoint of this kind holds for the projection weight w."""
-    if kind in ("unquantized", "online"):
-        return {"weight": w}
+    if kind in ("unquantized", "online", "block-from-bf16"):
+        return {"weight": w.to(torch.bfloat16).float() if kind == "block-from-bf16" else w}
     if kind == "per-tensor":
         q, s = quantize_tensor(w)
         return {"weight": q, "weight_scale": s}
@@ -301,6 +303,10 @@ def test_tp_shards_of_every_method_are_slices_of_tp1(monkeypatch, kind):
         want_gate_up = torch.cat([_rows(gate, 32, rank), _rows(up, 32, rank)])
         torch.testing.assert_close(got["gate_up"], want_gate_up)
         cols = slice(rank * 32, (rank + 1) * 32)
+        if kind == "block-from-bf16":
+            wq, ws = quantize_blocks(projections[("qkv", "q")].to(torch.bfloat16).float(), (16, 16))
+            q_full = full["qkv"][:64]
+            torch.testing.assert_close(q_full, dequantize_blocks(wq, ws, (16, 16)))
         if kind == "online":  # each rank scales the rows of its own columns
             want = dequantize_rows(*quantize_rows(projections[("row", None)][:, cols]))
         else:

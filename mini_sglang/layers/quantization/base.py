@@ -14,10 +14,12 @@ layer as parameters):
       per-channel scale).
     - `block_size` (rows, cols): one element of the parameter covers that many weight rows
       / columns (block-wise scales); default (1, 1).
-    - `quantize_into` (a scale parameter [N]) and `quantize(t) -> (values, scales)`: the
+    - `quantize_into` (a scale parameter) and `quantize(t) -> (values, scales)`: the
       parameter stores low-precision values, and a checkpoint tensor of another dtype
-      loaded into it is quantized row by row on the way in, its per-row scales going to
-      the same rows of the scale parameter (online quantization).
+      loaded into it is quantized on the way in, its scales going to the matching rows
+      (or row blocks) of the scale parameter (online quantization, and updates of a
+      quantized model from unquantized tensors). Such a scale parameter is marked
+      `filled_by_weight` (dummy weights skip it).
   A checkpoint tensor with one element loaded into a parameter with more elements is
   broadcast over the rows of its shard (a per-tensor scale stored per channel).
 - `apply(layer, x, bias)` returns x @ W^T + bias as the layer's output dtype.
@@ -95,6 +97,8 @@ def make_param(layer: nn.Module, name: str, data: torch.Tensor, **attrs: object)
     and carrying the sharding attributes `attrs` (see the module doc)."""
     param = nn.Parameter(data, requires_grad=False)
     param.weight_loader = layer.weight_loader
+    if "quantize_into" in attrs:
+        attrs["quantize_into"].filled_by_weight = True
     for key, value in attrs.items():
         setattr(param, key, value)
     layer.register_parameter(name, param)
@@ -113,7 +117,11 @@ def _store(param: nn.Parameter, row: int, loaded: torch.Tensor) -> None:
     # quantizing a large model there would take far longer than the copy
     values, scales = param.quantize(loaded.to(dst.device))
     dst.copy_(values)
-    scale_param.data.narrow(0, row, len(loaded)).copy_(scales.reshape(-1))
+    unit = getattr(scale_param, "block_size", (1, 1))[0]
+    if row % unit:
+        raise ValueError(f"a shard at weight row {row} is not aligned to {unit}-row scale blocks")
+    scale_rows = scale_param.data.narrow(0, row // unit, scales.shape[0])
+    scale_rows.copy_(scales.reshape(scale_rows.shape))
 
 
 def load_column_shard(

@@ -19,6 +19,7 @@ re-quantization. The LM head and embeddings are never quantized.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from mini_sglang.layers.quantization.fp8_kernels import (
     dequantize_blocks,
     dequantize_rows,
     fp8_linear,
+    quantize_blocks,
     quantize_rows,
     triton_fp8_supported,
 )
@@ -151,7 +153,8 @@ class Fp8BlockLinearMethod(LinearMethodBase):
     """weight [N, K] float8_e4m3fn with weight_scale_inv [ceil(N / bn), ceil(K / bk)]
     float32, one scale per (bn, bk) block; x is quantized per token and group of bk columns
     (fp8_kernels.block_fp8_linear). Every projection of a fused layer, and every rank's
-    shard, must start on a block boundary."""
+    shard, must start on a block boundary. A tensor of another dtype loaded into the weight
+    (an online update from an unquantized model) is quantized block by block."""
 
     def __init__(self, block: tuple[int, int]) -> None:
         self.block = block
@@ -172,12 +175,18 @@ class Fp8BlockLinearMethod(LinearMethodBase):
                 "input features are not whole blocks; use a smaller --tp-size"
             )
         n = sum(output_partition_sizes)
-        make_param(layer, "weight", torch.empty((n, input_size_per_partition), dtype=FP8_DTYPE))
-        make_param(
+        scale = make_param(
             layer,
             "weight_scale_inv",
             torch.ones((-(-n // bn), -(-input_size_per_partition // bk)), dtype=torch.float32),
             block_size=self.block,
+        )
+        make_param(
+            layer,
+            "weight",
+            torch.empty((n, input_size_per_partition), dtype=FP8_DTYPE),
+            quantize_into=scale,
+            quantize=functools.partial(quantize_blocks, block=self.block),
         )
 
     def apply(
