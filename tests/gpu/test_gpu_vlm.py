@@ -2,7 +2,8 @@
 backend, CUDA graphs on and off: the logprob of every generated token (prompt images
 through prefill, then 16 decode steps) within 5e-2 of transformers in bf16 on the same
 sequence, for image requests batched with a text-only one, with a chunk size that splits
-an image's placeholder run.
+an image's placeholder run; and with --tp-size 2 on two GPUs (projector split column /
+row parallel, the language model sharded, the vision tower replicated).
 
 Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh (tests).
 """
@@ -116,3 +117,39 @@ def test_vlm_logprobs_match_hf(tiny, backend, graphs):
     del sched
     gc.collect()
     torch.cuda.empty_cache()
+
+
+def _rank_generate(server_args, inputs, tp_rank: int):
+    """On one TP rank (GPU tp_rank): every input's greedy tokens and their logprobs."""
+    from mini_sglang.managers.scheduler import Scheduler
+
+    outputs: list = []
+    sched = Scheduler(
+        server_args, tp_rank=tp_rank, gpu_id=tp_rank, send_to_detokenizer=outputs.append
+    )
+    for i, (ids, mm) in enumerate(inputs):
+        sched.add_request(make_req(f"r{i}", ids, MAX_NEW, True, mm_inputs=mm, return_logprob=True))
+    sched.run_until_idle()
+    results = collect_outputs(outputs)
+    return [
+        (results[f"r{i}"].output_ids, results[f"r{i}"].output_logprobs) for i in range(len(inputs))
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_vlm_tp2_logprobs_match_hf(tiny):
+    from mini_sglang.benchmark.tp_group import run_tp_group
+    from mini_sglang.server_args import ServerArgs
+
+    path, hf, processor = tiny
+    args = ServerArgs(
+        model_path=path, device="cuda", dtype="bfloat16", tp_size=2, chunked_prefill_size=24,
+        max_total_tokens=4096, max_running_requests=8, mem_fraction_static=0.5, random_seed=0,
+    )  # fmt: skip
+    inputs = [_inputs(processor, c) for c in CASES]
+    results = run_tp_group(_rank_generate, args, inputs)
+    for i, ((ids, mm), (out_ids, logprobs)) in enumerate(zip(inputs, results)):
+        assert len(out_ids) == MAX_NEW
+        ref = _hf_token_logprobs(hf, ids, mm, out_ids)
+        diff = (torch.tensor(logprobs) - ref).abs().max().item()
+        assert diff < TOL, f"request {i}: {diff}"
