@@ -1,5 +1,9 @@
 """User errors at launch end with one line on stderr that says what is wrong and what to
-do, and exit code 1, before any model is loaded; the traceback only with --log-level debug."""
+do, and exit code 1, before any model is loaded; the traceback only with --log-level debug.
+
+Every launch below is started at once by the module's `launches` fixture (each one spends
+seconds importing on one core before it fails), and each test checks one of them.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +12,88 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.server.conftest import REPO_ROOT, TinyModel
 
+# All launches share the CPU, so each may take several times as long as alone.
+LAUNCH_TIMEOUT_S = 300.0
 
-def _launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mini_sglang.launch_server", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=str(REPO_ROOT),
-    )
+
+def _launch_all(cases: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+    """Run `launch_server` with each case's arguments, all at the same time, and return each
+    case's finished process (output captured). A launch still running after
+    LAUNCH_TIMEOUT_S is killed and fails the module."""
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "mini_sglang.launch_server", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=str(REPO_ROOT),
+        )
+        for name, args in cases.items()
+    }
+
+    def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+        try:
+            out, err = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    try:
+        with ThreadPoolExecutor(len(procs)) as pool:
+            done = dict(zip(procs, pool.map(finish, procs.values())))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
+def _no_weights_dir(tiny_model: TinyModel, tmp_path: Path) -> str:
+    tmp_path.mkdir()
+    shutil.copy(Path(tiny_model.path) / "config.json", tmp_path / "config.json")
+    return str(tmp_path)
+
+
+def _corrupt_gguf(tmp_path: Path) -> str:
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then a truncated header
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def launches(
+    tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, subprocess.CompletedProcess]]:
+    """Each case's finished `launch_server` process, by case name."""
+    tmp = tmp_path_factory.mktemp("launch_errors")
+    missing = str(tmp / "missing")
+    with socket.socket() as busy:  # listening (in use) until every launch has ended
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cases = {
+            "port-in-use": ["--model-path", tiny_model.path, "--port", str(port)],
+            "missing-path": ["--model-path", missing],
+            "hub-id": ["--model-path", "Qwen/Qwen3-0.6B"],
+            "no-weights": ["--model-path", _no_weights_dir(tiny_model, tmp / "no_weights")],
+            "corrupt-gguf": ["--model-path", _corrupt_gguf(tmp)],
+            "tp-size-3": ["--model-path", tiny_model.path, "--tp-size", "3", "--device", "cpu"],
+            "invalid-value": ["--mem-fraction-static", "2", "--device", "cpu"],
+            "debug-level": ["--model-path", missing, "--log-level", "debug"],
+            "unsupported-flag": ["--enable-p2p-check", "--model-path", missing],
+        }
+        yield _launch_all(cases)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
@@ -35,64 +106,48 @@ def _one_error_line(proc: subprocess.CompletedProcess) -> str:
     return errors[0]
 
 
-def test_port_in_use_exits_before_loading(tiny_model: TinyModel):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        proc = _launch("--model-path", tiny_model.path, "--port", str(port))
+def test_port_in_use_exits_before_loading(launches: dict[str, subprocess.CompletedProcess]):
+    proc = launches["port-in-use"]
+    port = proc.args[proc.args.index("--port") + 1]
     line = _one_error_line(proc)
     assert f"--port {port}" in line and "in use" in line, line
 
 
-def _no_weights_dir(tiny_model: TinyModel, tmp_path: Path) -> str:
-    shutil.copy(Path(tiny_model.path) / "config.json", tmp_path / "config.json")
-    return str(tmp_path)
-
-
-def _corrupt_gguf(tiny_model: TinyModel, tmp_path: Path) -> str:
-    path = tmp_path / "model.gguf"
-    path.write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then a truncated header
-    return str(path)
-
-
 @pytest.mark.parametrize(
-    "make_path, expected",
+    "case, expected",
     [
-        (lambda m, t: str(t / "missing"), "no such file or directory"),
-        (lambda m, t: "Qwen/Qwen3-0.6B", "does not download from a model hub"),
-        (_no_weights_dir, "no model weights"),
-        (_corrupt_gguf, "cannot read it as GGUF"),
+        ("missing-path", "no such file or directory"),
+        ("hub-id", "does not download from a model hub"),
+        ("no-weights", "no model weights"),
+        ("corrupt-gguf", "cannot read it as GGUF"),
     ],
     ids=["missing-path", "hub-id", "no-weights", "corrupt-gguf"],
 )
-def test_bad_model_path_is_one_line(tiny_model: TinyModel, tmp_path: Path, make_path, expected):
-    path = make_path(tiny_model, tmp_path)
-    line = _one_error_line(_launch("--model-path", path))
+def test_bad_model_path_is_one_line(launches, case: str, expected: str):
+    line = _one_error_line(launches[case])
     assert line.startswith("launch_server: error: --model-path") and expected in line, line
 
 
-def test_tp_size_that_does_not_divide_the_heads_is_one_line(tiny_model: TinyModel):
+def test_tp_size_that_does_not_divide_the_heads_is_one_line(launches):
     # The tiny model has 4 attention heads (the default model 9: --tp-size 2 says so too).
-    proc = _launch("--model-path", tiny_model.path, "--tp-size", "3", "--device", "cpu")
-    line = _one_error_line(proc)
+    line = _one_error_line(launches["tp-size-3"])
     assert line == "launch_server: error: --tp-size 3 does not divide the model's 4 attention heads"
 
 
-def test_invalid_value_is_one_line():
-    line = _one_error_line(_launch("--mem-fraction-static", "2", "--device", "cpu"))
+def test_invalid_value_is_one_line(launches):
+    line = _one_error_line(launches["invalid-value"])
     assert "--mem-fraction-static" in line, line
 
 
-def test_traceback_at_debug_level(tmp_path: Path):
-    proc = _launch("--model-path", str(tmp_path / "missing"), "--log-level", "debug")
+def test_traceback_at_debug_level(launches):
+    proc = launches["debug-level"]
     assert proc.returncode == 1
     assert "Traceback" in proc.stderr
     assert "no such file or directory" in proc.stderr.strip().splitlines()[-1]
 
 
-def test_unsupported_flag_is_one_timestamped_warning(tmp_path: Path):
-    proc = _launch("--enable-p2p-check", "--model-path", str(tmp_path / "missing"))
+def test_unsupported_flag_is_one_timestamped_warning(launches):
+    proc = launches["unsupported-flag"]
     assert proc.returncode == 1
     warnings = [line for line in proc.stderr.splitlines() if "--enable-p2p-check" in line]
     assert len(warnings) == 1, proc.stderr[-3000:]
