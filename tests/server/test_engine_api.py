@@ -177,21 +177,6 @@ def test_generate_takes_sglangs_other_keywords(engine):
         engine.generate(PROMPTS[0], GREEDY, custom_logit_processor=BAN)
 
 
-def test_generate_runs_custom_logit_processors(tiny_model: TinyModel):
-    """With enable_custom_logit_processor, Engine.generate takes a processor (one, or one
-    per prompt) and custom_params in the sampling params, as /generate does."""
-    with mini_sglang.Engine(
-        model_path=tiny_model.path, max_total_tokens=2048, enable_custom_logit_processor=True
-    ) as eng:
-        plain = eng.generate(PROMPTS[0], GREEDY)["output_ids"]
-        banned = {**GREEDY, "custom_params": {"token_ids": [plain[0]]}}
-        out = eng.generate(PROMPTS[0], banned, custom_logit_processor=BAN)["output_ids"]
-        assert out[0] != plain[0] and plain[0] not in out
-        both = eng.generate(PROMPTS[:2], [banned, GREEDY], custom_logit_processor=[BAN, None])
-        assert both[0]["output_ids"] == out
-        assert both[1]["output_ids"] == eng.generate(PROMPTS[1], GREEDY)["output_ids"]
-
-
 def test_score_matches_http(engine, server: ServerHandle):
     """Engine.score is /v1/score without HTTP: same scores, and bad input is a ValueError."""
     body = {"query": "Is it", "items": [" yes", " no"], "label_token_ids": [5, 9, 100]}
@@ -214,32 +199,46 @@ def test_shutdown_leaves_no_children(engine):
     _assert_gone(pids)
 
 
-def test_context_manager(tiny_model: TinyModel):
+def test_engine_as_context_manager_with_processors_and_cpu_offload(tiny_model: TinyModel, caplog):
+    """One Engine, used as a context manager, with enable_custom_logit_processor and
+    cpu_offload_gb (each check below would otherwise start an Engine of its own):
+
+    - SGLang's --cpu-offload-gb keeps weights in host memory; on CPU they already are: one
+      warning, then the same greedy output (transformers'), also after a weight update.
+    - Engine.generate takes a custom logit processor (one, or one per prompt) and
+      custom_params in the sampling params, as /generate does.
+    - Leaving the `with` block shuts the Engine down with no child left behind.
+    """
     before = _children()
-    with mini_sglang.Engine(model_path=tiny_model.path, max_total_tokens=2048) as eng:
+    with caplog.at_level(logging.WARNING):
+        cm = mini_sglang.Engine(
+            model_path=tiny_model.path,
+            max_total_tokens=2048,
+            enable_custom_logit_processor=True,
+            cpu_offload_gb=3,
+        )
+    with cm as eng:
         pids = _children() - before
         assert len(pids) >= 2
         out = eng.generate(EOS_PROMPT, GREEDY)
         assert len(out["output_ids"]) == 6
-    _assert_gone(pids)
 
-
-def test_cpu_offload_gb_is_a_noop_on_cpu_that_says_so_once(tiny_model: TinyModel, caplog):
-    """SGLang's --cpu-offload-gb keeps weights in host memory; on CPU they already are:
-    one warning, then the same greedy output (transformers'), also after a weight update."""
-    params = {**GREEDY, "max_new_tokens": len(tiny_model.greedy_ids)}
-    with caplog.at_level(logging.WARNING):
-        eng = mini_sglang.Engine(
-            model_path=tiny_model.path, max_total_tokens=2048, cpu_offload_gb=3
-        )
-    try:
         lines = [r.getMessage() for r in caplog.records if "cpu-offload-gb" in r.getMessage()]
         assert lines == [
             "--cpu-offload-gb has no effect on CPU: weights already live in CPU memory."
         ]
+        params = {**GREEDY, "max_new_tokens": len(tiny_model.greedy_ids)}
         assert eng.generate(EOS_PROMPT, params)["output_ids"] == tiny_model.greedy_ids
+
+        plain = eng.generate(PROMPTS[0], GREEDY)["output_ids"]
+        banned = {**GREEDY, "custom_params": {"token_ids": [plain[0]]}}
+        out = eng.generate(PROMPTS[0], banned, custom_logit_processor=BAN)["output_ids"]
+        assert out[0] != plain[0] and plain[0] not in out
+        both = eng.generate(PROMPTS[:2], [banned, GREEDY], custom_logit_processor=[BAN, None])
+        assert both[0]["output_ids"] == out
+        assert both[1]["output_ids"] == eng.generate(PROMPTS[1], GREEDY)["output_ids"]
+
         ok, message = eng.update_weights_from_disk(tiny_model.path)
         assert ok, message
         assert eng.generate(EOS_PROMPT, params)["output_ids"] == tiny_model.greedy_ids
-    finally:
-        eng.shutdown()
+    _assert_gone(pids)
