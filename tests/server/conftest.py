@@ -7,8 +7,8 @@
   free port, wait for /health 200 (failing with the log tail), and return a `ServerHandle`;
   `handle.stop()` sends SIGTERM and asserts the whole process tree is gone.
 - `SharedServers` (`shared_servers`, session): servers shared across modules, one per
-  distinct launch; `server`, `compact_json_server`, `parser_server` and
-  `default_model_server` are the launches several modules use.
+  distinct launch; `server`, `compact_json_server`, `parser_server`, `metrics_server`
+  and `default_model_server` are the launches several modules use.
 - `tokenizer`, `hf_model` (session): the tiny model's tokenizer and its HF transformers model.
 
 Servers are expensive on CPU (about 15 s to start), so share them.
@@ -194,18 +194,21 @@ class ServerHandle:
         kw.setdefault("timeout", 120)
         return requests.post(self.base_url + path, **kw)
 
-    def memory_accounting(self) -> dict:
-        info = self.get("/get_server_info").json()
+    def memory_accounting(self, headers: dict[str, str] | None = None) -> dict:
+        info = self.get("/get_server_info", headers=headers).json()
         state = info["internal_states"][0]
         return {**state["memory_accounting"], "failures": state["memory_check_failures"]}
 
-    def wait_memory_all_free(self, timeout: float = 30.0) -> dict:
+    def wait_memory_all_free(
+        self, timeout: float = 30.0, headers: dict[str, str] | None = None
+    ) -> dict:
         """Poll until no KV slot or request slot is held (cached prefixes may stay evictable);
-        fail with the last accounting otherwise."""
+        fail with the last accounting otherwise. `headers` go with each request (a server
+        started with --api-key needs its Authorization)."""
         deadline = time.time() + timeout
         m: dict = {}
         while time.time() < deadline:
-            m = self.memory_accounting()
+            m = self.memory_accounting(headers)
             if (
                 m["protected"] == 0
                 and m["free"] + m["evictable"] == m["capacity"]
@@ -321,8 +324,12 @@ class SharedServers:
         entry = self._servers.get(key)
         if entry is not None and entry[0].proc.poll() is None:
             handle, last_user = entry
+            headers = None
+            if "--api-key" in extra_args:
+                key = extra_args[extra_args.index("--api-key") + 1]
+                headers = {"Authorization": f"Bearer {key}"}
             try:
-                handle.wait_memory_all_free()
+                handle.wait_memory_all_free(headers=headers)
             except AssertionError as e:
                 pytest.fail(f"shared server {extra_args} left busy by {last_user}: {e}")
         else:
@@ -391,6 +398,26 @@ def parser_server(
 
     env = {"SGLANG_TORCH_PROFILER_DIR": PROFILE_DIR}
     return shared_servers.get(tiny_model.path, *PARSER_ARGS, env=env, user=request.module.__name__)
+
+
+# The key of `metrics_server`.
+METRICS_API_KEY = "k"
+
+
+@pytest.fixture(scope="module")
+def metrics_server(
+    request: pytest.FixtureRequest, tiny_model: TinyModel, shared_servers: SharedServers
+) -> ServerHandle:
+    """The tiny model's server with --enable-metrics, --api-key METRICS_API_KEY and
+    --enable-cache-report."""
+    return shared_servers.get(
+        tiny_model.path,
+        "--enable-metrics",
+        "--api-key",
+        METRICS_API_KEY,
+        "--enable-cache-report",
+        user=request.module.__name__,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """/metrics: Prometheus text with SGLang's names, counting what the server really did; and
-/dashboard (its page, assets and data) on the same servers."""
+/dashboard (its page, assets and data) on the same servers: conftest's shared
+`metrics_server` (--enable-metrics --api-key k) and the default `server`."""
 
 from __future__ import annotations
 
@@ -7,21 +8,10 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 import requests
 
-from tests.server.conftest import ServerHandle, TinyModel, launch_server
-
-
-@pytest.fixture(scope="module")
-def metrics_server(tiny_model: TinyModel, server_logs) -> Iterator[ServerHandle]:
-    handle = launch_server(
-        tiny_model.path, "--enable-metrics", "--api-key", "k", log_dir=server_logs
-    )
-    yield handle
-    handle.stop()
+from tests.server.conftest import ServerHandle
 
 
 def _value(text: str, name: str) -> float:

@@ -1,8 +1,9 @@
 """The OpenAI-compatible API of the real multi-process server, through the official `openai`
 client (sync and async) and raw httpx (exact JSON keys, SSE framing, error envelopes).
 
-Servers (module-scoped, on a tiny random Llama with the real Qwen3 tokenizer, context 512):
-`server` plain; `auth_server` with --api-key and --enable-cache-report. Generations are
+Servers (conftest's shared ones, on its tiny random Llama with the real Qwen3 tokenizer,
+context 512): `server` plain; `metrics_server` (--api-key and --enable-cache-report) for
+the API key test. Generations are
 greedy (temperature 0) and short; the model is random, so tests derive expectations from
 the server's own greedy output instead of fixed strings.
 """
@@ -13,18 +14,16 @@ import asyncio
 import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+
+from tests.server.conftest import METRICS_API_KEY, ServerHandle, TinyModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONTEXT_LEN = 512
@@ -60,78 +59,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> str:
-    """A 2-layer random Llama; a large init range makes greedy text vary token to token."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=CONTEXT_LEN,
-        initializer_range=0.3,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    out = tmp_path_factory.mktemp("oai_tiny_llama")
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    return str(out)
-
-
-def _launch(model_path: str, log_dir: Path, *extra: str) -> Server:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = log_dir / f"server_{port}.log"
-    args = [sys.executable, "-m", "mini_sglang.launch_server", "--model-path", model_path]
-    args += ["--port", str(port), "--max-total-tokens", "4096", *extra]
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    server = Server(f"http://127.0.0.1:{port}", proc, log, model_path)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited during start-up:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{server.url}/health", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    _stop(server)
-    pytest.fail(f"server not healthy in time:\n{log.read_text()[-3000:]}")
-
-
-def _stop(server: Server) -> None:
-    server.proc.send_signal(signal.SIGTERM)
-    try:
-        server.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def server(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = _launch(model_dir, tmp_path_factory.mktemp("oai_logs"))
-    yield srv
-    _stop(srv)
-
-
-@pytest.fixture(scope="module")
-def auth_server(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    logs = tmp_path_factory.mktemp("oai_auth_logs")
-    srv = _launch(model_dir, logs, "--api-key", "sk-test", "--enable-cache-report")
-    yield srv
-    _stop(srv)
+def server(server: ServerHandle, tiny_model: TinyModel) -> Server:
+    """conftest's shared default server, as this module's Server."""
+    return Server(server.base_url, server.proc, server.log_path, tiny_model.path)
 
 
 @pytest.fixture(scope="module")
@@ -556,12 +486,13 @@ def test_non_stream_disconnect_frees_kv(server: Server) -> None:
 
 
 # ---- api key, cache report -------------------------------------------------------------------
-def test_api_key_and_cache_report(auth_server: Server) -> None:
-    assert httpx.get(f"{auth_server.url}/health", timeout=30).status_code == 200
-    bad = openai.OpenAI(base_url=f"{auth_server.url}/v1", api_key="wrong", max_retries=0)
+def test_api_key_and_cache_report(metrics_server: ServerHandle) -> None:
+    url = metrics_server.base_url
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+    bad = openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.completions.create(model="m", prompt=PROMPT, max_tokens=2)
-    good = openai.OpenAI(base_url=f"{auth_server.url}/v1", api_key="sk-test", max_retries=0)
+    good = openai.OpenAI(base_url=f"{url}/v1", api_key=METRICS_API_KEY, max_retries=0)
     # A prompt sharing no first token with the warm-up request ("The capital ...").
     prompt = "Zebras graze quietly near"
     kw = dict(model="m", prompt=prompt, max_tokens=2, extra_body={"ignore_eos": True}, **GREEDY)
