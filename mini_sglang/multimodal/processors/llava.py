@@ -2,8 +2,8 @@
 
 Each image is resized and cropped by the model's image processor (CLIPImageProcessor or
 SiglipImageProcessor) to the vision tower's size, so every image of a request yields
-(H / patch) * (W / patch) features, plus the CLS row with vision_feature_select_strategy
-"full". The prompt puts one image token where each image goes (text "<image>", or its id
+(H / patch) * (W / patch) features, plus CLIP's CLS row, minus the tower's first row under
+vision_feature_select_strategy "default" (as transformers counts them). The prompt puts one image token where each image goes (text "<image>", or its id
 in input_ids); it is expanded here to that count.
 """
 
@@ -28,7 +28,13 @@ class LlavaImageProcessor(BaseMultimodalProcessor):
         if self.im_token_id is None:
             self.im_token_id = cfg.image_token_index
         self.patch_size = cfg.vision_config.patch_size
-        self.cls_row = int(getattr(cfg, "vision_feature_select_strategy", "default") == "full")
+        # Rows beyond the patches: CLIP's tower adds a CLS row, SigLIP's none; the
+        # "default" strategy drops the tower's first row (transformers' LLaVA rule).
+        extra = getattr(processor, "num_additional_image_tokens", None)
+        if extra is None:
+            extra = int(cfg.vision_config.model_type == "clip_vision_model")
+        default = getattr(cfg, "vision_feature_select_strategy", "default") == "default"
+        self.extra_rows = extra - int(default)
         self.tokenizer = getattr(processor, "tokenizer", None)
         self.image_processor = getattr(processor, "image_processor", processor)
 
@@ -49,7 +55,7 @@ class LlavaImageProcessor(BaseMultimodalProcessor):
             input_ids = list(input_text)
         pixel_values = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
         h, w = pixel_values.shape[-2:]
-        count = (h // self.patch_size) * (w // self.patch_size) + self.cls_row
+        count = (h // self.patch_size) * (w // self.patch_size) + self.extra_rows
         ids, offsets = expand_image_tokens(
             input_ids, self.im_token_id, [count] * len(images), self.image_token
         )
