@@ -311,27 +311,20 @@ def test_greedy_batch_matches_hf_and_reuses_image_kv(tiny_vl: TinyVL, scheduler)
     assert_memory_all_free(scheduler)
 
 
-CHUNKED = {
-    # Each prompt twice: 8 requests, ~330 tokens of work for 110 KV slots.
-    "retract": dict(chunked_prefill_size=8, max_total_tokens=110),
-    "mixed": dict(chunked_prefill_size=8, enable_mixed_chunk=True),
-}
-
-
-@pytest.mark.parametrize("variant", list(CHUNKED))
-def test_chunk_boundary_inside_an_image_matches_hf(tiny_vl: TinyVL, variant: str) -> None:
+def test_chunk_boundary_inside_an_image_matches_hf(tiny_vl: TinyVL) -> None:
     """Chunked prefill of 8 tokens splits every image's tokens across chunks (the image
-    features are computed once, their rows and M-RoPE columns taken per chunk). "retract":
-    a KV pool too small for the batch retracts running requests, whose re-prefill covers
-    output tokens past the prompt (positions p + delta). "mixed" (--enable-mixed-chunk):
-    prefill chunks run beside decodes, whose rows sit at seq + delta in an extend batch."""
+    features are computed once, their rows and M-RoPE columns taken per chunk), and a KV
+    pool too small for the batch retracts running requests, whose re-prefill covers
+    output tokens past the prompt (positions p + delta). (Chunks mixed with running
+    decodes, whose rows sit at seq + delta in an extend batch, are checked on the GPU:
+    tests/gpu/test_gpu_qwen2_5_vl.py.)"""
     for p in tiny_vl.prompts:
         for item in p.processed.get("mm_items") or []:
             ((start, end),) = item.offsets
             assert start // 8 != (end - 1) // 8, "the image should span chunks"
-    sched = make_scheduler(tiny_vl.path, **CHUNKED[variant])
+    # Each prompt twice: 8 requests, ~330 tokens of work for 110 KV slots.
+    sched = make_scheduler(tiny_vl.path, chunked_prefill_size=8, max_total_tokens=110)
     outputs, _ = _run(sched, tiny_vl.prompts * 2, "c")
     assert outputs == [p.hf_output for p in tiny_vl.prompts] * 2
-    if variant == "retract":
-        assert sched.stats.num_retracted_reqs > 0, "the small pool should force retraction"
+    assert sched.stats.num_retracted_reqs > 0, "the small pool should force retraction"
     assert_memory_all_free(sched)
