@@ -246,8 +246,11 @@ async def openai_v1_embeddings(request: EmbeddingRequest, raw_request: Request) 
     )
 
 
-def classify_data(index: int, scores: list[float] | None, id2label: dict) -> ClassifyData:
-    """SGLang's per-input entry: softmax of the scores and the argmax's label."""
+def classify_data(index: int, scores: list[float] | float | None, id2label: dict) -> ClassifyData:
+    """SGLang's per-input entry: softmax of the scores and the argmax's label. A single-label
+    cross-encoder's score is one number: one class (SGLang fails on it with a 500)."""
+    if isinstance(scores, (int, float)):
+        scores = [float(scores)]
     probs, label = [1.0], "Default"  # SGLang's answer without scores or without a label
     if scores:
         logits = torch.tensor(scores, dtype=torch.float32)

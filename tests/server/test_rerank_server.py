@@ -98,6 +98,18 @@ def test_encode_text_pair_and_single_text(cross_encoder):
     assert "[query, document] pairs" in r.json()["error"]["message"]
 
 
+def test_classify_single_label_cross_encoder(cross_encoder):
+    """/v1/classify on a one-label cross-encoder: one class, probability 1."""
+    server, _ = cross_encoder
+    r = server.post("/v1/classify", json={"input": [DOCS[0], DOCS[1]]})
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    assert [(d["index"], d["label"], d["probs"], d["num_classes"]) for d in data] == [
+        (0, "LABEL_0", [1.0], 1),
+        (1, "LABEL_0", [1.0], 1),
+    ]
+
+
 def _openai_error(message: str) -> dict:
     return {
         "object": "error",
