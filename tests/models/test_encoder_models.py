@@ -35,12 +35,16 @@ def saved(tmp_path_factory):
     return out
 
 
-def _load(path: str):
+def _load(path: str, **overrides):
+    """(ModelConfig, model) for `path`; `overrides` go into config.json's values."""
+    import json
+
     from mini_sglang.model_config import ModelConfig
     from mini_sglang.model_loader.loader import get_model
     from mini_sglang.server_args import ServerArgs
 
-    config = ModelConfig.from_server_args(ServerArgs(model_path=path, device="cpu"))
+    args = ServerArgs(model_path=path, device="cpu", json_model_override_args=json.dumps(overrides))
+    config = ModelConfig.from_server_args(args)
     return config, get_model(config, "auto", "cpu")
 
 
@@ -141,3 +145,32 @@ def test_xlm_roberta_longest_input_fits_its_positions(saved):
     got = _run(model, config, [ids], None)
     ref = hf_reference(hf, "XLMRobertaModel", ids, [0] * len(ids))
     torch.testing.assert_close(got[0], ref, atol=1e-4, rtol=1e-4)
+
+
+def _with_activation(src: str, dst, name: str) -> str:
+    """A copy of model directory `src` whose config names `name` as the sentence-transformers
+    CrossEncoder activation."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["sbert_ce_default_activation_function"] = name
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def test_cross_encoder_activation_from_config(saved, tmp_path):
+    """sbert_ce_default_activation_function (a torch.nn.modules class) applies to the
+    scores, as SGLang's CrossEncodingPooler does; a name outside torch.nn.modules is
+    refused at load."""
+    path, hf = saved["XLMRobertaForSequenceClassification"]
+    name = "torch.nn.modules.activation.Sigmoid"
+    config, model = _load(_with_activation(path, tmp_path / "sigmoid", name))
+    seqs, types = tokenized_inputs("XLMRobertaForSequenceClassification")
+    got = _run(model, config, seqs, None)
+    for i, (ids, tt) in enumerate(zip(seqs, types)):
+        ref = hf_reference(hf, "XLMRobertaForSequenceClassification", ids, tt).sigmoid()
+        torch.testing.assert_close(got[i], ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="torch.nn.modules"):
+        _load(_with_activation(path, tmp_path / "bad", "os.system"))
