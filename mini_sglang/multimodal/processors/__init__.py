@@ -6,6 +6,8 @@ A model family adds its processor module here (a BaseMultimodalProcessor subclas
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,8 @@ def get_processor(model_path: str, trust_remote_code: bool = False, tokenizer: A
         image_processor = AutoImageProcessor.from_pretrained(
             model_path, trust_remote_code=trust_remote_code
         )
+        if not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = processor_chat_template(model_path)
         return TokenizerAndImageProcessor(tokenizer, image_processor)
     try:
         return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
@@ -55,6 +59,17 @@ def get_processor(model_path: str, trust_remote_code: bool = False, tokenizer: A
             AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code),
             AutoImageProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code),
         )
+
+
+def processor_chat_template(model_path: str) -> str | None:
+    """The chat template a processor keeps beside the tokenizer (chat_template.json, as
+    llava-hf checkpoints ship it), or None."""
+    path = os.path.join(model_path, "chat_template.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        template = json.load(f).get("chat_template")
+    return template if isinstance(template, str) else None
 
 
 def get_mm_processor(
