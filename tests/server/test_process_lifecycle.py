@@ -3,7 +3,8 @@
 server down promptly, a hung forward taking it down through the watchdog
 (--watchdog-timeout), a bad --model-path failing fast, and two servers side by side.
 
-Each test starts its own server(s) because each one ends them; they are the slow tests.
+Each test starts its own server(s) because each one ends them; they are the slow tests, so
+checks that can share a server's life share one test.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import psutil
 import pytest
 import requests
 
-from tests.server.conftest import ServerHandle, TinyModel, start_server, wait_ready
+from tests.server.conftest import (
+    STARTUP_TIMEOUT_S,
+    ServerHandle,
+    TinyModel,
+    start_server,
+    wait_ready,
+)
 
 
 def _greedy_ok(handle: ServerHandle) -> list[int]:
@@ -40,41 +47,42 @@ def _exit_code(handle: ServerHandle, timeout: float, after: str) -> int:
         pytest.fail(f"server still running {timeout} s after {after}:\n{handle.log_tail()}")
 
 
-def test_health_503_until_ready_then_sigint_stops_everything(
+def _health_until_ready(handle: ServerHandle) -> list[int]:
+    """Poll /health as fast as possible from the server's start until it answers 200; the
+    statuses seen, in order."""
+    statuses: list[int] = []
+    deadline = time.time() + STARTUP_TIMEOUT_S
+    while time.time() < deadline:
+        assert handle.proc.poll() is None, handle.log_tail()
+        try:
+            code = requests.get(handle.base_url + "/health", timeout=5).status_code
+        except requests.RequestException:
+            time.sleep(0.01)
+            continue
+        statuses.append(code)
+        if code == 200:
+            break
+        time.sleep(0.005)
+    return statuses
+
+
+def test_two_servers_readiness_sigterm_sigint_and_served_model_name(
     tiny_model: TinyModel, server_logs: Path
 ):
-    handle = start_server(tiny_model.path, log_dir=server_logs)
-    statuses: list[int] = []
-    deadline = time.time() + 120
-    try:
-        while time.time() < deadline:
-            assert handle.proc.poll() is None, handle.log_tail()
-            try:
-                code = requests.get(handle.base_url + "/health", timeout=5).status_code
-            except requests.RequestException:
-                time.sleep(0.01)
-                continue
-            statuses.append(code)
-            if code == 200:
-                break
-            time.sleep(0.005)
-        assert statuses and statuses[-1] == 200, (statuses, handle.log_tail())
-        # Before warm-up finished the server answered 503 (never 200 then 503, never 500).
-        assert set(statuses[:-1]) <= {503}, statuses
-        assert 503 in statuses, "never saw /health 503 during warm-up"
-        assert "The server is fired up and ready to roll!" in handle.log()
-        assert requests.get(handle.base_url + "/health", timeout=30).content == b""
-        _greedy_ok(handle)
-        assert len(handle.tree()) >= 3  # server + scheduler + detokenizer
-    finally:
-        handle.stop(signal.SIGINT)
-
-
-def test_two_servers_sigterm_and_served_model_name(tiny_model: TinyModel, server_logs: Path):
+    """Two servers side by side (the second with --served-model-name). The first answers
+    /health 503 until its warm-up is done, then 200. SIGTERM stops the first (exit 0) and
+    leaves the second serving; SIGINT stops the second; nothing of either is left."""
     a = start_server(tiny_model.path, log_dir=server_logs)
     b = start_server(tiny_model.path, "--served-model-name", "tiny-served", log_dir=server_logs)
     try:
-        wait_ready(a)
+        statuses = _health_until_ready(a)
+        assert statuses and statuses[-1] == 200, (statuses, a.log_tail())
+        # Before warm-up finished the server answered 503 (never 200 then 503, never 500).
+        assert set(statuses[:-1]) <= {503}, statuses
+        assert 503 in statuses, "never saw /health 503 during warm-up"
+        assert "The server is fired up and ready to roll!" in a.log()
+        assert requests.get(a.base_url + "/health", timeout=30).content == b""
+        assert len(a.tree()) >= 3  # server + scheduler + detokenizer
         wait_ready(b)
         # Both answer, and identically (same weights, greedy).
         assert _greedy_ok(a) == _greedy_ok(b)
@@ -89,7 +97,7 @@ def test_two_servers_sigterm_and_served_model_name(tiny_model: TinyModel, server
         # The other server is unaffected by the first one's shutdown.
         if b.proc.poll() is None:
             assert _greedy_ok(b)
-        b.stop(signal.SIGTERM)
+        b.stop(signal.SIGINT)
     assert rc_a == 0
 
 
