@@ -156,9 +156,12 @@ def inputs(row):
     text = tok.apply_chat_template([{"role": "user", "content": content}],
                                    add_generation_prompt=True, tokenize=False)
     return proc.process_mm_data(row.image_data, text, None)
-with torch.device("cuda"):
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+with torch.device(dev):
     model = Qwen2_5_VLForConditionalGeneration._from_config(
-        config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        config, dtype=dtype, attn_implementation="sdpa")
 model.eval()
 processed = [inputs(r) for r in rows]
 def batch(ps):
@@ -166,19 +169,19 @@ def batch(ps):
     ids = torch.tensor([[0] * (n - len(p["input_ids"])) + p["input_ids"] for p in ps])
     mask = torch.tensor([[0] * (n - len(p["input_ids"])) + [1] * len(p["input_ids"]) for p in ps])
     items = [it for p in ps for it in p["mm_items"]]
-    return dict(input_ids=ids.cuda(), attention_mask=mask.cuda(),
-                pixel_values=torch.cat([it.feature for it in items]).cuda().to(torch.bfloat16),
-                image_grid_thw=torch.cat([it.image_grid_thw for it in items]).cuda(),
-                mm_token_type_ids=(ids == config.image_token_id).int().cuda())
+    return dict(input_ids=ids.to(dev), attention_mask=mask.to(dev),
+                pixel_values=torch.cat([it.feature for it in items]).to(dev, dtype),
+                image_grid_thw=torch.cat([it.image_grid_thw for it in items]).to(dev),
+                mm_token_type_ids=(ids == config.image_token_id).int().to(dev))
 out_len = rows[0].output_len
 def run(ps):
     model.model.rope_deltas = None
     kw = batch(ps)
-    torch.cuda.synchronize(); t = time.perf_counter()
+    sync(); t = time.perf_counter()
     with torch.no_grad():
         out = model.generate(**kw, max_new_tokens=out_len, min_new_tokens=out_len,
                              do_sample=False, pad_token_id=0)
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t, out.shape[1] - kw["input_ids"].shape[1]
 run(processed[:1])  # warm-up
 single = [run([p])[0] for p in processed[:SINGLE]]
@@ -216,7 +219,12 @@ def main() -> None:
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--out", default=None, help="JSONL file the results are appended to")
     p.add_argument("--skip-hf", action="store_true")
+    for key in ("image_count", "image_resolution", "random_input_len", "random_output_len"):
+        p.add_argument("--" + key.replace("_", "-"), type=type(WORKLOAD[key]), default=None)
     args = p.parse_args()
+    for key in ("image_count", "image_resolution", "random_input_len", "random_output_len"):
+        if getattr(args, key) is not None:
+            WORKLOAD[key] = getattr(args, key)
     rows = make_workload(args.model_dir, args.num_prompts, WORKLOAD)
     print(
         f"{len(rows)} requests: {rows[0].text_prompt_len} text + {rows[0].vision_prompt_len} "
