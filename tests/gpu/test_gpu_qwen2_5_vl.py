@@ -2,7 +2,8 @@
 CUDA graphs on and off: top-5 logprobs within 5e-2 (SGLang's tolerance) at every prompt
 position (image rows included) and over 32 decode steps (M-RoPE decode positions through
 the fused RoPE kernels and the graphs), for prompts with 0, 1 and 2 images batched
-together; plus chunked prefill splitting the images, mixed with running decodes.
+together; plus chunked prefill splitting the images, mixed with running decodes; and
+--tp-size 2 on two GPUs (decoder sharded, vision tower replicated).
 
 Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh (tests, vlm).
 """
@@ -127,3 +128,51 @@ def test_chunked_mixed_top5_logprobs_match_hf(vl, backend: str) -> None:
         path, chunked_prefill_size=8, enable_mixed_chunk=True, **_backend_kwargs(backend)
     )
     _check_top5(sched, outputs, hf, prompts)
+
+
+def _rank_generate(server_args, prompts: list[dict], tp_rank: int) -> list[tuple[list, list]]:
+    """On one TP rank (device tp_rank): each prompt's greedy tokens and their logprobs."""
+    from mini_sglang.managers.scheduler import Scheduler
+    from tests.conftest import collect_outputs
+
+    outputs: list = []
+    sched = Scheduler(
+        server_args, tp_rank=tp_rank, gpu_id=tp_rank, send_to_detokenizer=outputs.append
+    )
+    for i, p in enumerate(prompts):
+        mm = {k: v for k, v in p.items() if k != "input_ids"} or None
+        sched.add_request(
+            make_req(f"t{i}", p["input_ids"], DECODE_STEPS, True, mm_inputs=mm, return_logprob=True)
+        )
+    sched.run_until_idle()
+    results = collect_outputs(outputs)
+    return [
+        (results[f"t{i}"].output_ids, results[f"t{i}"].output_logprobs) for i in range(len(prompts))
+    ]
+
+
+def check_tp2(path: str, hf, prompts: list[dict], device: str, tol: float) -> None:
+    """--tp-size 2 (decoder sharded, vision tower replicated on each rank): every generated
+    token's logprob within tol of transformers on the same sequence."""
+    from mini_sglang.benchmark.tp_group import run_tp_group
+    from mini_sglang.server_args import ServerArgs
+
+    kw = dict(mem_fraction_static=0.5, dtype="bfloat16") if device == "cuda" else {}
+    args = ServerArgs(
+        model_path=path, device=device, tp_size=2, chunked_prefill_size=8,
+        max_total_tokens=4096, max_running_requests=8, random_seed=0, **kw,
+    )  # fmt: skip
+    results = run_tp_group(_rank_generate, args, prompts)
+    for i, (p, (out_ids, logprobs)) in enumerate(zip(prompts, results)):
+        assert len(out_ids) == DECODE_STEPS
+        ref = _hf_logprobs(hf, p, out_ids)
+        n = len(p["input_ids"])
+        want = ref[torch.arange(n - 1, n - 1 + len(out_ids)), torch.tensor(out_ids)].cpu()
+        diff = (torch.tensor(logprobs) - want).abs().max().item()
+        assert diff <= tol, f"prompt {i}: {diff}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_tp2_logprobs_match_hf(vl) -> None:
+    path, hf, prompts = vl
+    check_tp2(path, hf, prompts, "cuda", TOL)
