@@ -264,6 +264,20 @@ def test_processor_expands_images_and_matches_hf_rope_index(tiny_vl: TinyVL) -> 
         assert d["mrope_position_delta"].item() == delta.item() < 0
 
 
+def test_loads_transformers_5_parameter_names(tiny_vl: TinyVL, scheduler) -> None:
+    """transformers >= 5 names the modules model.language_model.* and model.visual.*
+    (published checkpoints: model.* and visual.*): both load, every parameter filled. The
+    tests below then run on weights loaded this way."""
+    names = dict(tiny_vl.hf.named_parameters())
+    assert any(n.startswith("model.language_model.") for n in names)
+    model = scheduler.tp_worker.model_runner.model
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    model.load_weights(iter(names.items()))  # strict: raises if any parameter stays unfilled
+    assert torch.equal(model.visual.merger.mlp[0].weight, names["model.visual.merger.mlp.0.weight"])
+
+
 # ---- prefill logits -----------------------------------------------------------------------
 def test_prefill_logits_match_hf(tiny_vl: TinyVL, scheduler) -> None:
     """Every position's logits of one EXTEND batch holding all prompts."""
