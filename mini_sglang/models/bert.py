@@ -33,6 +33,7 @@ from mini_sglang.layers.linear import ColumnParallelLinear, QKVParallelLinear, R
 from mini_sglang.layers.pooler import EmbeddingPoolerOutput, Pooler, PoolingType
 from mini_sglang.layers.radix_attention import AttentionType, RadixAttention
 from mini_sglang.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from mini_sglang.models.weight_loading import load_checkpoint_weights
 
 if TYPE_CHECKING:
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
@@ -180,6 +181,14 @@ def scores_output(logits: torch.Tensor, activation: nn.Module) -> EmbeddingPoole
     return EmbeddingPoolerOutput(embeddings=activation(logits).squeeze(-1))
 
 
+# checkpoint name fragment -> (fused parameter fragment, shard id), as the decoders' mapping
+ENCODER_STACKED_PARAMS: list[tuple[str, str, str | int]] = [
+    ("qkv_proj", "query", "q"),
+    ("qkv_proj", "key", "k"),
+    ("qkv_proj", "value", "v"),
+]
+
+
 class EncoderWeightsMixin:
     """Checkpoint loading shared by the encoders: HF names -> this module tree.
 
@@ -205,32 +214,8 @@ class EncoderWeightsMixin:
     def load_weights(
         self, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True
     ) -> None:
-        params = dict(self.named_parameters())  # type: ignore[attr-defined]
-        loaded: set[str] = set()
-        for hf_name, tensor in weights:
-            name = self._param_name(hf_name)
-            shard_id = None
-            for part, shard in ((".query.", "q"), (".key.", "k"), (".value.", "v")):
-                if part in name:
-                    name, shard_id = name.replace(part, ".qkv_proj."), shard
-                    break
-            if name not in params:
-                continue
-            param = params[name]
-            loader = getattr(param, "weight_loader", None)
-            if shard_id is not None:
-                loader(param, tensor, shard_id)
-            elif loader is not None:
-                loader(param, tensor)
-            else:
-                param.data.copy_(tensor)
-            loaded.add(name)
-        missing = sorted(set(params) - loaded)
-        if missing and strict:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(
-                f"The checkpoint has no weights for {len(missing)} parameters: {shown}"
-            )
+        renamed = ((self._param_name(name), tensor) for name, tensor in weights)
+        load_checkpoint_weights(self, renamed, ENCODER_STACKED_PARAMS, False, strict)  # type: ignore[arg-type]
 
 
 class BertModel(EncoderWeightsMixin, nn.Module):

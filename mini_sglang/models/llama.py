@@ -7,7 +7,7 @@ before RoPE. Everything else (RMSNorm, SwiGLU MLP, RoPE, tied embeddings) is sha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,7 +21,6 @@ from mini_sglang.layers.attention.base_attn_backend import QKNormRope
 from mini_sglang.layers.cpu_offload import offload_layers
 from mini_sglang.layers.fused_kernels import fused_ops_available, qk_norm_rope_store
 from mini_sglang.layers.kernels import pdl_enabled
-from mini_sglang.layers.kv_quant import load_kv_scale
 from mini_sglang.layers.layernorm import RMSNorm
 from mini_sglang.layers.linear import (
     MergedColumnParallelLinear,
@@ -33,6 +32,7 @@ from mini_sglang.layers.pooler import EmbeddingPoolerOutput, Pooler, PoolingType
 from mini_sglang.layers.radix_attention import RadixAttention
 from mini_sglang.layers.rotary_embedding import RotaryEmbedding, get_rope
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from mini_sglang.models.weight_loading import load_checkpoint_weights
 
 if TYPE_CHECKING:
     from mini_sglang.layers.quantization.base import QuantizationConfig
@@ -382,59 +382,3 @@ class LlamaForCausalLM(nn.Module):
         load_checkpoint_weights(
             self, weights, self.stacked_params_mapping, self.tie_word_embeddings, strict
         )
-
-
-def load_checkpoint_weights(
-    model: nn.Module,
-    weights: Iterable[tuple[str, torch.Tensor]],
-    stacked_params_mapping: list[tuple[str, str, str | int]],
-    tie_word_embeddings: bool,
-    strict: bool = True,
-    unstacked_prefixes: tuple[str, ...] = (),
-    expert_loader: Callable[[dict[str, nn.Parameter], str, torch.Tensor], str | None] | None = None,
-) -> None:
-    """Route each (HF name, tensor) to its parameter: checkpoint pieces of a fused parameter
-    (stacked_params_mapping) through its weight_loader with their shard id, the rest through
-    the parameter's weight_loader or a plain copy. Names starting with one of
-    `unstacked_prefixes` (modules kept unfused, e.g. a transformers vision tower) are never
-    fused. KV cache scales (`*.k_scale` / `*.v_scale` / `*.kv_scale`) go to the layers'
-    RadixAttention (layers/kv_quant.py). `expert_loader(params, name, tensor)` (MoE models)
-    is tried first: it returns the parameter it filled, or None for a tensor that is not an
-    expert's. Raises ValueError naming the parameters nothing filled, unless strict is False.
-    """
-    params = dict(model.named_parameters())
-    loaded: set[str] = set()
-    for name, tensor in weights:
-        if "rotary_emb.inv_freq" in name or load_kv_scale(model, name, tensor):
-            continue
-        if tie_word_embeddings and name == "lm_head.weight":
-            continue
-        expert = expert_loader(params, name, tensor) if expert_loader else None
-        if expert is not None:
-            loaded.add(expert)
-            continue
-        stacked = () if name.startswith(unstacked_prefixes) else stacked_params_mapping
-        for fused, part, shard_id in stacked:
-            if f".{part}." in name:
-                target = name.replace(f".{part}.", f".{fused}.")
-                if target in params:
-                    param = params[target]
-                    param.weight_loader(param, tensor, shard_id)
-                    loaded.add(target)
-                break
-        else:
-            if name in params:
-                param = params[name]
-                loader = getattr(param, "weight_loader", None)
-                if loader is None:
-                    param.data.copy_(tensor)
-                else:
-                    loader(param, tensor)
-                loaded.add(name)
-    # A scale that its weight's loader computes (online quantization) is in no checkpoint.
-    missing = sorted(
-        n for n in set(params) - loaded if not getattr(params[n], "loaded_with_weight", False)
-    )
-    if missing and strict:
-        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-        raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters: {shown}")

@@ -16,13 +16,16 @@ from torch import nn
 
 from mini_sglang.layers.pooler import EmbeddingPoolerOutput, Pooler, PoolingType
 from mini_sglang.models.llama import LlamaForCausalLM, LlamaModel
+from mini_sglang.models.weight_loading import load_checkpoint_weights
 
 if TYPE_CHECKING:
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
 
-class LlamaEmbeddingModel(nn.Module):
-    """Embedding only: ``forward`` returns EmbeddingPoolerOutput whatever get_embedding is."""
+class LlamaPooledModel(nn.Module):
+    """The Llama decoder (`self.model`) without an LM head, for models that pool its states;
+    subclasses add their pooler and head in `__init__` and define `forward`. `load_weights`
+    takes HF names through `param_name`, skipping an LM head in the checkpoint."""
 
     qkv_bias_default = False
     qk_norm = False
@@ -35,6 +38,25 @@ class LlamaEmbeddingModel(nn.Module):
         self.config = config
         qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
         self.model = LlamaModel(config, qkv_bias=qkv_bias, qk_norm=self.qk_norm)
+
+    @staticmethod
+    def param_name(name: str) -> str:
+        """This model's parameter name for the HF tensor `name` (the same by default)."""
+        return name
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True
+    ) -> None:
+        """HF names through `param_name`; an LM head in the file is skipped."""
+        kept = ((self.param_name(n), t) for n, t in weights if not n.startswith("lm_head."))
+        load_checkpoint_weights(self, kept, self.stacked_params_mapping, False, strict)
+
+
+class LlamaEmbeddingModel(LlamaPooledModel):
+    """Embedding only: ``forward`` returns EmbeddingPoolerOutput whatever get_embedding is."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
         self.pooler = Pooler(PoolingType.LAST, normalize=True)
 
     @torch.no_grad()
@@ -47,16 +69,10 @@ class LlamaEmbeddingModel(nn.Module):
     ) -> EmbeddingPoolerOutput:
         return self.pooler(self.model(input_ids, positions, fb), fb)
 
-    def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True
-    ) -> None:
-        """HF names with or without the "model." prefix; an LM head in the file is skipped."""
-        renamed = (
-            (name if name.startswith("model.") else f"model.{name}", tensor)
-            for name, tensor in weights
-            if not name.startswith("lm_head.")
-        )
-        LlamaForCausalLM.load_weights(self, renamed, strict)  # type: ignore[arg-type]
+    @staticmethod
+    def param_name(name: str) -> str:
+        """HF names with or without the "model." prefix."""
+        return name if name.startswith("model.") else f"model.{name}"
 
 
 class MistralModel(LlamaEmbeddingModel):

@@ -28,8 +28,9 @@ from torch import nn
 from mini_sglang.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from mini_sglang.layers.rotary_embedding import MRotaryEmbedding
 from mini_sglang.layers.vocab_parallel_embedding import ParallelLMHead
-from mini_sglang.models.llama import LlamaModel, load_checkpoint_weights
+from mini_sglang.models.llama import LlamaModel
 from mini_sglang.models.qwen2 import Qwen2ForCausalLM
+from mini_sglang.models.weight_loading import load_checkpoint_weights
 from mini_sglang.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs
 from mini_sglang.multimodal.mm_utils import (
     MultiModalityDataPaddingPatternMultimodalTokens,

@@ -10,31 +10,21 @@ rows only, which equals HF's head on every token followed by the last-token pick
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from mini_sglang.layers.pooler import EmbeddingPoolerOutput, Pooler, PoolingType
-from mini_sglang.models.llama import LlamaForCausalLM, LlamaModel
+from mini_sglang.models.llama_embedding import LlamaPooledModel
 
 if TYPE_CHECKING:
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
 
-class LlamaForSequenceClassification(nn.Module):
-    qkv_bias_default = False
-    qk_norm = False
-    supports_prefix_reuse = True
-    tie_word_embeddings = False  # no LM head (read by the shared weight loader)
-    stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
-
+class LlamaForSequenceClassification(LlamaPooledModel):
     def __init__(self, config) -> None:
-        super().__init__()
-        self.config = config
-        qkv_bias = getattr(config, "attention_bias", self.qkv_bias_default) or self.qkv_bias_default
-        self.model = LlamaModel(config, qkv_bias=qkv_bias, qk_norm=self.qk_norm)
+        super().__init__(config)
         self.score = self.build_head(config)
         self.pooler = Pooler(PoolingType.LAST, normalize=False)
 
@@ -52,13 +42,6 @@ class LlamaForSequenceClassification(nn.Module):
     ) -> EmbeddingPoolerOutput:
         last = self.pooler(self.model(input_ids, positions, fb), fb).embeddings
         return EmbeddingPoolerOutput(self.score(last))
-
-    def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True
-    ) -> None:
-        """HF names; an LM head in the file is skipped."""
-        kept = ((n, t) for n, t in weights if not n.startswith("lm_head."))
-        LlamaForCausalLM.load_weights(self, kept, strict)  # type: ignore[arg-type]
 
 
 class Qwen2ForSequenceClassification(LlamaForSequenceClassification):

@@ -28,8 +28,8 @@ from mini_sglang.models.llama import (
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaMLP,
-    load_checkpoint_weights,
 )
+from mini_sglang.models.weight_loading import load_checkpoint_weights
 
 if TYPE_CHECKING:
     from mini_sglang.layers.quantization.base import QuantizationConfig
