@@ -50,11 +50,26 @@ def is_generation_model(architectures: list[str], is_embedding: bool = False) ->
     return not is_embedding
 
 
-def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -> PretrainedConfig:
+def apply_model_overrides(hf: PretrainedConfig, overrides: dict) -> PretrainedConfig:
+    """--json-model-override-args applied to a loaded config, as SGLang's get_config does
+    (`config.update(overrides)`): every key is set on the top-level config, whether or not
+    config.json has it. A dict given for a nested sub-config (e.g. `text_config`) updates
+    only the keys it names, keeping the others. Returns `hf`, changed in place."""
+    for key, value in overrides.items():
+        current = getattr(hf, key, None)
+        if isinstance(current, PretrainedConfig) and isinstance(value, dict):
+            merged = current.to_dict()
+            merged.update(value)
+            value = current.__class__(**merged)
+        setattr(hf, key, value)
+    return hf
+
+
+def _load_hf_config(model_path: str, trust_remote_code: bool) -> PretrainedConfig:
     if is_gguf_path(model_path):
         cfg = gguf_config_dict(model_path)
         model_type = cfg.pop("model_type")
-        return AutoConfig.for_model(model_type, **cfg, **overrides)
+        return AutoConfig.for_model(model_type, **cfg)
     if not os.path.isdir(model_path):
         raise ValueError(
             f"Model path {model_path!r} is not a local directory or .gguf file "
@@ -63,9 +78,7 @@ def _load_hf_config(model_path: str, trust_remote_code: bool, overrides: dict) -
     if not os.path.exists(os.path.join(model_path, "config.json")):
         raise ValueError(f"Model directory {model_path!r} has no config.json")
     try:
-        return AutoConfig.from_pretrained(
-            model_path, trust_remote_code=trust_remote_code, **overrides
-        )
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except ValueError as e:
         raise ValueError(f"Cannot read the config of {model_path!r}: {e}") from e
 
@@ -125,7 +138,8 @@ class ModelConfig:
     @classmethod
     def from_server_args(cls, server_args) -> ModelConfig:
         overrides = json.loads(getattr(server_args, "json_model_override_args", None) or "{}")
-        hf = _load_hf_config(server_args.model_path, server_args.trust_remote_code, overrides)
+        hf = _load_hf_config(server_args.model_path, server_args.trust_remote_code)
+        hf = apply_model_overrides(hf, overrides)
         text_cfg = getattr(hf, "text_config", None) or hf
         config_dtype = getattr(text_cfg, "dtype", None) or getattr(text_cfg, "torch_dtype", None)
         if isinstance(config_dtype, str):

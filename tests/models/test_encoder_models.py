@@ -147,30 +147,17 @@ def test_xlm_roberta_longest_input_fits_its_positions(saved):
     torch.testing.assert_close(got[0], ref, atol=1e-4, rtol=1e-4)
 
 
-def _with_activation(src: str, dst, name: str) -> str:
-    """A copy of model directory `src` whose config names `name` as the sentence-transformers
-    CrossEncoder activation."""
-    import json
-    import shutil
-
-    shutil.copytree(src, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["sbert_ce_default_activation_function"] = name
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return str(dst)
-
-
-def test_cross_encoder_activation_from_config(saved, tmp_path):
-    """sbert_ce_default_activation_function (a torch.nn.modules class) applies to the
-    scores, as SGLang's CrossEncodingPooler does; a name outside torch.nn.modules is
-    refused at load."""
+def test_cross_encoder_activation_from_config(saved):
+    """sbert_ce_default_activation_function (a torch.nn.modules class; a key config.json
+    lacks, set by --json-model-override-args) applies to the scores, as SGLang's
+    CrossEncodingPooler does; a name outside torch.nn.modules is refused at load."""
     path, hf = saved["XLMRobertaForSequenceClassification"]
     name = "torch.nn.modules.activation.Sigmoid"
-    config, model = _load(_with_activation(path, tmp_path / "sigmoid", name))
+    config, model = _load(path, sbert_ce_default_activation_function=name)
     seqs, types = tokenized_inputs("XLMRobertaForSequenceClassification")
     got = _run(model, config, seqs, None)
     for i, (ids, tt) in enumerate(zip(seqs, types)):
         ref = hf_reference(hf, "XLMRobertaForSequenceClassification", ids, tt).sigmoid()
         torch.testing.assert_close(got[i], ref, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="torch.nn.modules"):
-        _load(_with_activation(path, tmp_path / "bad", "os.system"))
+        _load(path, sbert_ce_default_activation_function="os.system")

@@ -1,0 +1,72 @@
+"""ModelConfig's start-up handling of the model's config against SGLang 0.5.4's ModelConfig.
+
+--json-model-override-args sets every key on the loaded config (SGLang's
+`config.update(overrides)`), also keys config.json lacks, and a dict for a nested sub-config
+updates only the keys it names. Tiny configs only (no weights): each directory is written
+once per module.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mini_sglang.entrypoints.embedding_routes import matryoshka_error
+from mini_sglang.model_config import ModelConfig
+from mini_sglang.server_args import ServerArgs
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory):
+    """A Qwen2 config.json (max_position_embeddings 512, rope_theta 1e6)."""
+    path = tmp_path_factory.mktemp("qwen2_cfg")
+    tiny_config("qwen2", 256).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory):
+    """A LLaVA config.json whose text_config is the tiny Llama's."""
+    from transformers import CLIPVisionConfig, LlavaConfig
+
+    path = tmp_path_factory.mktemp("llava_cfg")
+    vision = CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    LlavaConfig(vision_config=vision, text_config=tiny_config("llama", 256)).save_pretrained(path)
+    return str(path)
+
+
+def _config(path: str, overrides: dict | None = None, **kw) -> ModelConfig:
+    args = ServerArgs(
+        model_path=path, device="cpu", json_model_override_args=json.dumps(overrides or {}), **kw
+    )
+    return ModelConfig.from_server_args(args)
+
+
+def test_override_sets_keys_config_json_lacks(qwen2_dir):
+    plain = _config(qwen2_dir)
+    assert not hasattr(plain.hf_config, "matryoshka_dimensions")
+    assert "does not support matryoshka" in matryoshka_error(plain.hf_config, 16, 64)
+    cfg = _config(
+        qwen2_dir,
+        {"matryoshka_dimensions": [16, 32], "brand_new": {"a": 1}, "max_position_embeddings": 300},
+    )
+    assert cfg.hf_config.matryoshka_dimensions == [16, 32]
+    assert cfg.hf_config.brand_new == {"a": 1}
+    # The new key acts where mini-sglang reads it: /v1/embeddings' dimensions check.
+    assert matryoshka_error(cfg.hf_config, 16, 64) is None
+    assert "only supports [16, 32]" in matryoshka_error(cfg.hf_config, 8, 64)
+    # A key config.json has is overridden as before.
+    assert plain.context_len == 512 and cfg.context_len == 300
+
+
+def test_override_of_a_sub_config_keeps_its_other_keys(llava_dir):
+    cfg = _config(llava_dir, {"text_config": {"max_position_embeddings": 100, "extra": 7}})
+    assert cfg.hf_full_config is not None
+    assert cfg.hf_config is cfg.hf_full_config.text_config
+    assert cfg.context_len == 100 and cfg.hf_config.extra == 7
+    assert cfg.num_hidden_layers == 2 and cfg.hidden_size == 64
+    assert cfg.hf_config.rope_parameters["rope_type"] == "llama3"
