@@ -54,13 +54,20 @@ def apply_model_overrides(hf: PretrainedConfig, overrides: dict) -> PretrainedCo
     """--json-model-override-args applied to a loaded config, as SGLang's get_config does
     (`config.update(overrides)`): every key is set on the top-level config, whether or not
     config.json has it. A dict given for a nested sub-config (e.g. `text_config`) updates
-    only the keys it names, keeping the others. Returns `hf`, changed in place."""
+    only the keys it names, keeping the others. A rope dict (`rope_scaling` /
+    `rope_parameters`) that names no `rope_theta` keeps the config's base, which in SGLang
+    is a separate attribute the override leaves alone. Returns `hf`, changed in place."""
     for key, value in overrides.items():
         current = getattr(hf, key, None)
         if isinstance(current, PretrainedConfig) and isinstance(value, dict):
             merged = current.to_dict()
             merged.update(value)
             value = current.__class__(**merged)
+        elif key in ("rope_scaling", "rope_parameters") and isinstance(value, dict):
+            theta = (getattr(hf, "rope_parameters", None) or {}).get("rope_theta")
+            theta = theta or getattr(hf, "rope_theta", None)
+            if value.get("rope_theta") is None and theta is not None:
+                value = {**value, "rope_theta": theta}
         setattr(hf, key, value)
     return hf
 

@@ -2,7 +2,8 @@
 
 --json-model-override-args sets every key on the loaded config (SGLang's
 `config.update(overrides)`), also keys config.json lacks, and a dict for a nested sub-config
-updates only the keys it names. Tiny configs only (no weights): each directory is written
+updates only the keys it names; a rope_scaling override keeps the checkpoint's rope_theta.
+Tiny configs only (no weights): each directory is written
 once per module.
 """
 
@@ -70,3 +71,19 @@ def test_override_of_a_sub_config_keeps_its_other_keys(llava_dir):
     assert cfg.context_len == 100 and cfg.hf_config.extra == 7
     assert cfg.num_hidden_layers == 2 and cfg.hidden_size == 64
     assert cfg.hf_config.rope_parameters["rope_type"] == "llama3"
+
+
+def test_rope_scaling_override_keeps_the_base(qwen2_dir):
+    """An override of rope_scaling alone (SGLang's usual way to stretch the context) scales
+    the frequencies of the checkpoint's rope_theta; the base is not lost."""
+    import torch
+
+    from mini_sglang.layers.rotary_embedding import compute_inv_freq
+
+    head_dim = 16
+    base = 1e6 ** (-torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    plain = _config(qwen2_dir)
+    torch.testing.assert_close(compute_inv_freq(plain.hf_config, head_dim)[0], base)
+    cfg = _config(qwen2_dir, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
+    assert cfg.hf_config.rope_parameters["rope_theta"] == 1e6
+    torch.testing.assert_close(compute_inv_freq(cfg.hf_config, head_dim)[0], base / 2)
