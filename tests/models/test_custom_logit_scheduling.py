@@ -19,7 +19,7 @@ from mini_sglang.sampling.custom_logit_processor import (
     DisallowedTokensLogitsProcessor,
 )
 from mini_sglang.sampling.sampling_params import SamplingParams
-from tests.conftest import assert_memory_all_free, build_tiny_model, collect_outputs, make_scheduler
+from tests.conftest import assert_memory_all_free, collect_outputs, make_scheduler
 
 MAX_NEW = 24
 
@@ -36,10 +36,9 @@ class ForceByCount(CustomLogitProcessor):
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> str:
-    path = tmp_path_factory.mktemp("tiny_llama_clp")
-    build_tiny_model("llama", path, qwen_tokenizer)
-    return str(path)
+def model_path(tiny_llama_path: str) -> str:
+    """The session's tiny random Llama (seed 0), read-only."""
+    return tiny_llama_path
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ import pytest
 
 from tests.conftest import (
     assert_memory_all_free,
-    build_tiny_model,
     collect_outputs,
     make_req,
     make_scheduler,
@@ -45,10 +44,9 @@ def _stagger(i: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> str:
-    path = tmp_path_factory.mktemp("tiny_llama_mixed")
-    build_tiny_model("llama", path, qwen_tokenizer)
-    return str(path)
+def model_path(tiny_llama_path: str) -> str:
+    """The session's tiny random Llama (seed 0), read-only."""
+    return tiny_llama_path
 
 
 def _sched(model_path: str, mixed: bool, **kw: Any):

@@ -31,7 +31,6 @@ from mini_sglang.sampling.sampling_params import SamplingParams
 from mini_sglang.server_args import ServerArgs
 from tests.conftest import (
     assert_memory_all_free,
-    build_tiny_model,
     collect_outputs,
     make_req,
     make_scheduler,
@@ -48,10 +47,9 @@ def _rand_ids(rng: random.Random, n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> str:
-    path = tmp_path_factory.mktemp("tiny_llama_sched")
-    build_tiny_model("llama", path, qwen_tokenizer)
-    return str(path)
+def model_path(tiny_llama_path: str) -> str:
+    """The session's tiny random Llama (seed 0), read-only."""
+    return tiny_llama_path
 
 
 @pytest.fixture(scope="module")
