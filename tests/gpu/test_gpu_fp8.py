@@ -8,9 +8,11 @@ backend):
 - the decoder's linear weights are float8_e4m3fn, the LM head and embeddings bf16;
 - prefill logits at every prompt position (batches of > 8 tokens: torch._scaled_mm or the
   block-wise Triton GEMM with per-token activation quantization) within
-  TOL_UNITS * 2^-4 * max|logit| + BF16_NOISE of transformers' float32 model with the same
-  FP8 numerics emulated (tests/models/test_fp8_models.py), and less than half as far from
-  it as transformers' unquantized model is (so the FP8 numerics are what is matched);
+  BF16_TOL_UNITS * 2^-4 * max|logit| + BF16_NOISE of transformers' float32 model with the
+  same FP8 numerics emulated (tests/models/test_fp8_models.py), reproducing more than
+  MIN_EFFECT_REPRODUCED of the FP8 effect on the logits (fp8_effect_reproduced: the FP8
+  numerics, not only the model, are what is matched; a bf16 engine cannot match them to
+  much better than that, see there);
 - 16 greedy tokens per prompt, decoded under CUDA graphs (batches <= 8 take the FP8 Triton
   GEMV, which reads x unquantized), equal to the emulated model's greedy choice at every
   step, except where the emulation itself was within 2 x the tolerance of a tie;
@@ -31,8 +33,6 @@ from tests.conftest import prefill_logits, run_prompts, tiny_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-TOL_UNITS = 2
-BF16_NOISE = 5e-2
 MAX_NEW = 16
 BLOCK = (128, 128)
 BACKENDS = ["flashinfer", "triton"]
@@ -114,7 +114,12 @@ def _fp8_model(case, fmt: str, tmp_path: Path):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_fp8_weights_against_the_emulated_model(case, fmt, backend, tmp_path):
     from mini_sglang.layers import small_m_gemm
-    from tests.models.test_fp8_models import emulated_model
+    from tests.models.test_fp8_models import (
+        MIN_EFFECT_REPRODUCED,
+        bf16_tolerance,
+        emulated_model,
+        fp8_effect_reproduced,
+    )
 
     path, quantization, weights, group = _fp8_model(case, fmt, tmp_path)
     emulated = emulated_model(case.hf_model, weights, group)
@@ -132,17 +137,21 @@ def test_fp8_weights_against_the_emulated_model(case, fmt, backend, tmp_path):
 
     got = prefill_logits(sched, PROMPTS, all_positions=True).input_logits.float().cpu()
     want = torch.cat([_all_logits(emulated, p) for p in PROMPTS])
-    tol = TOL_UNITS * 2**-4 * want.abs().max().item() + BF16_NOISE
+    unquantized = torch.cat([_all_logits(case.hf_model, p) for p in PROMPTS])
+    tol = bf16_tolerance(want)
     diff = (got - want).abs().max().item()
+    share = fp8_effect_reproduced(got, want, unquantized)
     plain = prefill_logits(bf16, PROMPTS, all_positions=True).input_logits.float().cpu()
     print(f"{case.arch} {fmt} {backend}: max|fp8 - emulated| {diff:.4f} (tol {tol:.4f}), "
-          f"max|fp8 - bf16| {(got - plain).abs().max().item():.4f}")  # fmt: skip
+          f"FP8 effect {(want - unquantized).abs().max().item():.4f} (max), "
+          f"share reproduced {share:.3f}, max|fp8 - bf16| {(got - plain).abs().max().item():.4f}")  # fmt: skip
     assert diff <= tol, (diff, tol)
     assert not torch.equal(got, plain)
-    # closer to the FP8 emulation than the unquantized model is: the format's numerics, not
-    # only the model, are what the GPU path reproduces
-    fp8_effect = (want - torch.cat([_all_logits(case.hf_model, p) for p in PROMPTS])).abs().max()
-    assert diff < 0.5 * fp8_effect.item(), (diff, fp8_effect.item())
+    # the format's numerics, not only the model, are what the GPU path reproduces. Not as
+    # "closer than half the FP8 effect" in max |difference|: bf16 activations flip FP8
+    # roundings, so no bf16 engine is (the CPU bf16 path, with these models: 0.58-0.75 x
+    # the FP8 effect; see fp8_effect_reproduced)
+    assert MIN_EFFECT_REPRODUCED < share <= 1.1, share
 
     # greedy decode under CUDA graphs: the FP8 GEMV at batch <= 8
     outs = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="g")]
@@ -152,7 +161,7 @@ def test_fp8_weights_against_the_emulated_model(case, fmt, backend, tmp_path):
         for step in range(MAX_NEW):
             row = rows[len(prompt) - 1 + step]
             margin = (row.max() - row[out[step]]).item()
-            step_tol = TOL_UNITS * 2**-4 * row.abs().max().item() + BF16_NOISE
+            step_tol = bf16_tolerance(row)
             assert margin <= 2 * step_tol, (prompt[:3], step, margin, step_tol)
     if fmt != "fp8-block":
         picked = [k for k in small_m_gemm._choice if "fp8" in k[-1]]

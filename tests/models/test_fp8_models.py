@@ -8,6 +8,10 @@ per token and group for block-wise weights). mini-sglang's CPU path computes exa
 function, so the logits agree to float32 summation noise (LOGITS_ATOL, as for the
 unquantized models; measured ~5e-6); the unquantized model is checked to be much further
 away (> 10 x LOGITS_ATOL, measured 2-3), so the emulation is what is being matched.
+
+In bfloat16 (the GPU dtype) the logits cannot match the emulation that closely: see
+fp8_effect_reproduced, which tests/gpu/test_gpu_fp8.py checks and the bfloat16 test here
+shows a correct engine passing.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 LOGITS_ATOL = 1e-3
 BLOCK = (32, 32)
 VOCAB = 512
+# bfloat16 engines (tests/gpu/test_gpu_fp8.py, and the bf16 test here): logits within
+# BF16_TOL_UNITS FP8 half-steps (2^-4) of max |logit| plus BF16_NOISE of the emulation, and
+# more than MIN_EFFECT_REPRODUCED of the FP8 effect reproduced (fp8_effect_reproduced)
+BF16_TOL_UNITS = 2
+BF16_NOISE = 5e-2
+MIN_EFFECT_REPRODUCED = 0.5
 # token ids (no tokenizer: the models have a small vocabulary): one token, short, long
 PROMPTS = [[7], list(range(3, 20)), [(i * 37) % VOCAB for i in range(1, 60)]]
 
@@ -86,6 +96,34 @@ def emulated_logits(hf_model, prompts, weights: dict[str, torch.Tensor], group: 
 @torch.no_grad()
 def _hf_logits(hf_model, prompts):
     return torch.stack([hf_model(torch.tensor([ids])).logits[0, -1].float() for ids in prompts])
+
+
+def bf16_tolerance(want: torch.Tensor) -> float:
+    """The max |logit difference| a bfloat16 FP8 engine may have from the emulation's
+    logits `want` (see BF16_TOL_UNITS)."""
+    return BF16_TOL_UNITS * 2**-4 * want.abs().max().item() + BF16_NOISE
+
+
+def fp8_effect_reproduced(got: torch.Tensor, want: torch.Tensor, plain: torch.Tensor) -> float:
+    """The share of the FP8 effect on the logits that `got` reproduces: the least-squares
+    coefficient of got - plain on want - plain, where want is the FP8 emulation's logits and
+    plain the unquantized model's (float32). 1 is the emulation, 0 an engine that does not
+    quantize.
+
+    A correct bfloat16 engine does not reach 1, and the gap is not small: it quantizes bf16
+    activations, whose rounding (2^-9 relative) moves a value across an FP8 rounding
+    midpoint (FP8 steps are 2^-4..2^-3 relative) for a few percent of the elements, each
+    then off by a whole FP8 step. Rounding only the quantized layers' inputs of the float32
+    emulation to bf16 already leaves it 0.6-0.8 x the FP8 effect away in max |logit
+    difference| (tiny Llama / Qwen3, every format), so "closer than half the FP8 effect"
+    fails for any bf16 engine; the share reproduced stays ~0.8 (0.81 for that rounded
+    emulation, 0.78 for mini-sglang's CPU bf16 path), and such flips, uncorrelated with the
+    FP8 rounding errors, only lower it towards 1 - (share of elements flipped). An
+    unquantized engine scores ~0 (measured |share| < 0.01); one quantizing weights only
+    0.55-0.65, which MIN_EFFECT_REPRODUCED does not tell from W8A8 with bf16 noise. Above
+    ~1 the engine's effect is larger than the format's (flips only lower the share)."""
+    effect = (want - plain).flatten().double()
+    return float((got - plain).flatten().double() @ effect / (effect @ effect))
 
 
 class Case:
@@ -219,3 +257,42 @@ def test_fp8_checkpoints_match_their_emulation(case: Case, tmp_path: Path) -> No
         ref = emulated_logits(case.hf_model, case.prompts, deq, group=group)
         diff = (got - ref).abs().max().item()
         assert diff <= LOGITS_ATOL, (fmt, diff)
+
+
+def test_bf16_engine_reproduces_the_fp8_effect(tmp_path: Path) -> None:
+    """The GPU test's checks (tests/gpu/test_gpu_fp8.py) on the CPU bfloat16 path, with its
+    model shape (initializer_range 0.02, so bf16 represents the logits well; a small
+    vocabulary): a correct bf16 engine is within bf16_tolerance of the emulation at every
+    prompt position and reproduces most of the FP8 effect (fp8_effect_reproduced)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = tiny_config(
+        "llama",
+        VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        head_dim=64,
+        initializer_range=0.02,
+    )
+    hf_model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    hf_model.save_pretrained(str(tmp_path), safe_serialization=True)
+    prompts = [list(range(100, 100 + n)) for n in (5, 17, 33, 64)]
+    sched = make_scheduler(
+        str(tmp_path), quantization="fp8", dtype="bfloat16", skip_tokenizer_init=True
+    )
+    got = prefill_logits(sched, prompts, all_positions=True).input_logits.float()
+    weights = {
+        n: dequantize_rows(*quantize_rows(hf_model.get_parameter(n)))
+        for n in _linear_names(hf_model)
+    }
+    with torch.no_grad():
+        emulated = emulated_model(hf_model, weights, group=None)
+        want = torch.cat([emulated(torch.tensor([p])).logits[0] for p in prompts])
+        plain = torch.cat([hf_model(torch.tensor([p])).logits[0] for p in prompts])
+    diff = (got - want).abs().max().item()
+    assert diff <= bf16_tolerance(want), (diff, bf16_tolerance(want))
+    share = fp8_effect_reproduced(got, want, plain)
+    print(f"max|bf16 fp8 - emulated| {diff:.4f}, FP8 effect "
+          f"{(want - plain).abs().max().item():.4f} (max), share reproduced {share:.3f}")  # fmt: skip
+    assert MIN_EFFECT_REPRODUCED < share <= 1.1, share
