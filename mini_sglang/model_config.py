@@ -110,6 +110,39 @@ def resolve_dtype(
     return resolve_cli_dtype(dtype, config_dtype, model_type)
 
 
+# config.json keys that state a model's context length, in SGLang's order of preference
+# (some configs state two).
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+    "model_max_length",
+    "max_position_embeddings",
+)
+
+
+def derived_context_length(text_cfg: PretrainedConfig) -> int:
+    """The context length the config states (SGLang's get_context_length): the first of
+    CONTEXT_LENGTH_KEYS it has (2048 when none), times the rope scaling factor unless the
+    rope parameters name original_max_position_embeddings or are llama3's (the stated
+    length is then already the scaled one). RoBERTa numbers positions from
+    pad_token_id + 1 (models/xlm_roberta.py), so its table serves pad_token_id fewer
+    tokens than it has rows."""
+    rope = getattr(text_cfg, "rope_scaling", None) or {}
+    factor = rope.get("factor", 1) or 1
+    if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3":
+        factor = 1
+    derived = 2048
+    for key in CONTEXT_LENGTH_KEYS:
+        value = getattr(text_cfg, key, None)
+        if value is not None:
+            derived = int(factor * value)
+            break
+    if getattr(text_cfg, "model_type", "") in ("roberta", "xlm-roberta"):
+        derived -= getattr(text_cfg, "pad_token_id", None) or 0
+    return derived
+
+
 @dataclass
 class ModelConfig:
     model_path: str
@@ -153,11 +186,7 @@ class ModelConfig:
             config_dtype = getattr(torch, config_dtype, None)
         model_type = getattr(text_cfg, "model_type", "") or ""
         dtype = resolve_dtype(server_args.dtype, config_dtype, server_args.device, model_type)
-        derived = getattr(text_cfg, "max_position_embeddings", None) or 2048
-        if model_type in ("roberta", "xlm-roberta"):
-            # RoBERTa numbers positions from pad_token_id + 1 (models/xlm_roberta.py): a
-            # 514-row table serves 512 tokens, so an input must stay below 513.
-            derived -= getattr(text_cfg, "pad_token_id", None) or 0
+        derived = derived_context_length(text_cfg)
         context_len = server_args.context_length or derived
         head_dim = getattr(text_cfg, "head_dim", None) or (
             text_cfg.hidden_size // text_cfg.num_attention_heads

@@ -3,8 +3,8 @@
 --json-model-override-args sets every key on the loaded config (SGLang's
 `config.update(overrides)`), also keys config.json lacks, and a dict for a nested sub-config
 updates only the keys it names; a rope_scaling override keeps the checkpoint's rope_theta.
-Tiny configs only (no weights): each directory is written
-once per module.
+The derived context length follows SGLang's get_context_length (its keys, the rope factor).
+Tiny configs only (no weights): each directory is written once per module.
 """
 
 from __future__ import annotations
@@ -87,3 +87,29 @@ def test_rope_scaling_override_keeps_the_base(qwen2_dir):
     cfg = _config(qwen2_dir, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     assert cfg.hf_config.rope_parameters["rope_theta"] == 1e6
     torch.testing.assert_close(compute_inv_freq(cfg.hf_config, head_dim)[0], base / 2)
+
+
+@pytest.mark.parametrize(
+    "overrides,expected",
+    [
+        ({}, 512),
+        # The first of SGLang's context-length keys the config has wins.
+        ({"seq_length": 300}, 300),
+        ({"max_sequence_length": 200, "seq_length": 300}, 200),
+        # A rope scaling factor stretches the stated length...
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, 1024),
+        # ...unless the stated length is already the scaled one.
+        (
+            {
+                "rope_scaling": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 128,
+                }
+            },
+            512,
+        ),
+    ],
+)
+def test_derived_context_length(qwen2_dir, overrides, expected):
+    assert _config(qwen2_dir, overrides).context_len == expected
