@@ -271,6 +271,19 @@ class TokenizerManager:
             max_req_input_len=self.context_len - 1,
         )
 
+    def _fit_context(self, input_ids: list[int]) -> list[int]:
+        """`input_ids` if shorter than the context length; else its first context_len - 1
+        tokens under --allow-auto-truncate, or ValueError without it."""
+        n_in = len(input_ids)
+        if n_in < self.context_len:
+            return input_ids
+        if not self.server_args.allow_auto_truncate:
+            raise ValueError(
+                f"The input ({n_in} tokens) is longer than the model's context length "
+                f"({self.context_len} tokens)."
+            )
+        return input_ids[: self.context_len - 1]
+
     def _tokenize_one(
         self, obj: GenerateReqInput, mm_inputs: dict | None = None
     ) -> TokenizedGenerateReqInput:
@@ -289,15 +302,8 @@ class TokenizerManager:
         sp.normalize(self.tokenizer)
         sp.verify(vocab)
         sp.seed_given = seed_given
+        input_ids = self._fit_context(input_ids)
         n_in = len(input_ids)
-        if n_in >= self.context_len:
-            if not self.server_args.allow_auto_truncate:
-                raise ValueError(
-                    f"The input ({n_in} tokens) is longer than the model's context length "
-                    f"({self.context_len} tokens)."
-                )
-            input_ids = input_ids[: self.context_len - 1]
-            n_in = len(input_ids)
         if sp.max_new_tokens is not None and sp.max_new_tokens + n_in >= self.context_len:
             if self.server_args.allow_auto_truncate:
                 sp.max_new_tokens = max(0, self.context_len - n_in)
@@ -474,15 +480,9 @@ class TokenizerManager:
         if any(t >= vocab for t in input_ids):
             raise ValueError(f"input_ids must be integers in [0, {vocab - 1}].")
         n_in = len(input_ids)
-        if n_in >= self.context_len:
-            if not self.server_args.allow_auto_truncate:
-                raise ValueError(
-                    f"The input ({n_in} tokens) is longer than the model's context length "
-                    f"({self.context_len} tokens)."
-                )
-            input_ids = input_ids[: self.context_len - 1]
-            if token_type_ids is not None:
-                token_type_ids = token_type_ids[: self.context_len - 1]
+        input_ids = self._fit_context(input_ids)
+        if token_type_ids is not None and len(input_ids) < n_in:
+            token_type_ids = token_type_ids[: self.context_len - 1]
         sp = SamplingParams(max_new_tokens=0)
         sp.normalize(None)
         return TokenizedEmbeddingReqInput(
