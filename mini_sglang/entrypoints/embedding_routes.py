@@ -137,6 +137,26 @@ async def _run(tm: Any, obj: EmbeddingReqInput, request: Request | None) -> list
     return ret if isinstance(ret, list) else [ret]
 
 
+def _openai_error(tm: Any, value: Any) -> str | None:
+    """The first error of an OpenAI-style request's input (openai_input_error), then of the
+    model kind (a generation model serves no embeddings or scores); None if there is none."""
+    error = openai_input_error(value)
+    if error is None and tm.is_generation:
+        error = NOT_AN_EMBEDDING_MODEL
+    return error
+
+
+async def _run_openai(tm: Any, obj: EmbeddingReqInput, request: Request) -> list[dict] | Response:
+    """The request's outputs (one dict per input), or the OpenAI error response for an input
+    the TokenizerManager rejects, an aborted request or a scheduler refusal."""
+    try:
+        return await _run(tm, obj, request)
+    except (ValueError, TypeError, RequestAborted) as e:
+        return create_error_response(str(e))
+    except SchedulerRefused as e:
+        return http_exception_response(e.status_code, e.message)
+
+
 async def native(request: Request) -> Response:
     """/encode and /classify: SGLang returns the TokenizerManager's dict (or list) as is."""
     tm = server_state(request).tokenizer_manager
@@ -215,9 +235,7 @@ def shape_embedding(vector: list[float], dimensions: int | None, encoding: str) 
 @router.post("/v1/embeddings", dependencies=_json_only)
 async def openai_v1_embeddings(request: EmbeddingRequest, raw_request: Request) -> Response:
     tm = server_state(raw_request).tokenizer_manager
-    error = openai_input_error(request.input)
-    if error is None and tm.is_generation:
-        error = NOT_AN_EMBEDDING_MODEL
+    error = _openai_error(tm, request.input)
     if error is None and request.encoding_format not in ("float", "base64"):
         error = f"encoding_format must be 'float' or 'base64', got {request.encoding_format!r}."
     if error is None:
@@ -226,12 +244,9 @@ async def openai_v1_embeddings(request: EmbeddingRequest, raw_request: Request) 
         )
     if error is not None:
         return create_error_response(error)
-    try:
-        ret = await _run(tm, openai_to_internal(request.input), raw_request)
-    except (ValueError, TypeError, RequestAborted) as e:
-        return create_error_response(str(e))
-    except SchedulerRefused as e:
-        return http_exception_response(e.status_code, e.message)
+    ret = await _run_openai(tm, openai_to_internal(request.input), raw_request)
+    if isinstance(ret, Response):
+        return ret
     data = [
         EmbeddingObject(
             embedding=shape_embedding(r["embedding"], request.dimensions, request.encoding_format),
@@ -263,17 +278,12 @@ def classify_data(index: int, scores: list[float] | float | None, id2label: dict
 @router.post("/v1/classify", dependencies=_json_only)
 async def openai_v1_classify(request: ClassifyRequest, raw_request: Request) -> Response:
     tm = server_state(raw_request).tokenizer_manager
-    error = openai_input_error(request.input)
-    if error is None and tm.is_generation:
-        error = NOT_AN_EMBEDDING_MODEL
+    error = _openai_error(tm, request.input)
     if error is not None:
         return create_error_response(error)
-    try:
-        ret = await _run(tm, openai_to_internal(request.input), raw_request)
-    except (ValueError, TypeError, RequestAborted) as e:
-        return create_error_response(str(e))
-    except SchedulerRefused as e:
-        return http_exception_response(e.status_code, e.message)
+    ret = await _run_openai(tm, openai_to_internal(request.input), raw_request)
+    if isinstance(ret, Response):
+        return ret
     hf = tm.model_config.hf_config
     id2label = getattr(hf, "id2label", None) or {
         i: f"LABEL_{i}" for i in range(getattr(hf, "num_labels", 0) or 0)
