@@ -180,6 +180,12 @@ class Envs:
     MINI_SGLANG_MAX_IMAGES_PER_REQUEST = EnvInt(
         16, "Most images one prompt may carry (a model may accept fewer)."
     )
+    # Model config (ModelConfig)
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN = EnvBool(
+        False,
+        "true/1/yes/y: --context-length may exceed the model's derived length (with a warning).",
+        ("true", "1", "yes", "y"),
+    )
     # Memory and files
     MINI_SGLANG_CPU_KV_CACHE_GB = EnvFloat(2.0, "GiB of KV cache on --device cpu.")
     MINI_SGLANG_CACHE_DIR = EnvStr(

@@ -9,17 +9,21 @@ model pools (`pooling`, from sentence-transformers' files in the model directory
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 
+from mini_sglang.environ import envs
 from mini_sglang.layers.pooler import PoolingConfig, read_sentence_transformers_pooling
 from mini_sglang.layers.quantization.methods import QuantSpec, parse_quantization
 from mini_sglang.model_loader.gguf_loader import gguf_config_dict
 from mini_sglang.server_args_defaults import resolve_dtype as resolve_cli_dtype
 from mini_sglang.utils.gguf_path import is_gguf_path
+
+logger = logging.getLogger(__name__)
 
 # Architectures that only embed or score (SGLang 0.5.4's is_generation_model list); any
 # other architecture generates unless --is-embedding is given.
@@ -143,6 +147,30 @@ def derived_context_length(text_cfg: PretrainedConfig) -> int:
     return derived
 
 
+def checked_context_length(requested: int | None, derived: int) -> int:
+    """--context-length against the model's derived length, as SGLang's
+    _derive_context_length: unset -> the derived length; at most the derived length -> as
+    given; longer -> ValueError, unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set,
+    which takes it with a warning (positions past the model's table or training length may
+    give wrong outputs)."""
+    if requested is None:
+        return derived
+    if requested > derived:
+        msg = (
+            f"Warning: User-specified context_length ({requested}) is greater than the derived "
+            f"context_length ({derived}). This may lead to incorrect model outputs or CUDA "
+            "errors. Note that the derived context_length may differ from "
+            "max_position_embeddings in the model's config."
+        )
+        if not envs.SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.get():
+            raise ValueError(
+                f"{msg} To allow overriding this maximum, set the env var "
+                "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"
+            )
+        logger.warning(msg)
+    return requested
+
+
 @dataclass
 class ModelConfig:
     model_path: str
@@ -187,7 +215,7 @@ class ModelConfig:
         model_type = getattr(text_cfg, "model_type", "") or ""
         dtype = resolve_dtype(server_args.dtype, config_dtype, server_args.device, model_type)
         derived = derived_context_length(text_cfg)
-        context_len = server_args.context_length or derived
+        context_len = checked_context_length(server_args.context_length, derived)
         head_dim = getattr(text_cfg, "head_dim", None) or (
             text_cfg.hidden_size // text_cfg.num_attention_heads
         )

@@ -3,7 +3,8 @@
 --json-model-override-args sets every key on the loaded config (SGLang's
 `config.update(overrides)`), also keys config.json lacks, and a dict for a nested sub-config
 updates only the keys it names; a rope_scaling override keeps the checkpoint's rope_theta.
-The derived context length follows SGLang's get_context_length (its keys, the rope factor).
+The derived context length follows SGLang's get_context_length (its keys, the rope factor),
+and a longer --context-length is refused unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN.
 Tiny configs only (no weights): each directory is written once per module.
 """
 
@@ -113,3 +114,16 @@ def test_rope_scaling_override_keeps_the_base(qwen2_dir):
 )
 def test_derived_context_length(qwen2_dir, overrides, expected):
     assert _config(qwen2_dir, overrides).context_len == expected
+
+
+def test_context_length_longer_than_the_model_is_refused(qwen2_dir, monkeypatch, caplog):
+    """--context-length up to the derived length is taken as given; longer is refused with
+    SGLang's message unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN allows it (warning)."""
+    assert _config(qwen2_dir, context_length=100).context_len == 100
+    assert _config(qwen2_dir, context_length=512).context_len == 512
+    monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
+    with pytest.raises(ValueError, match=r"context_length \(1000\) is greater than the derived"):
+        _config(qwen2_dir, context_length=1000)
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    assert _config(qwen2_dir, context_length=1000).context_len == 1000
+    assert any("is greater than the derived" in r.getMessage() for r in caplog.records)
