@@ -72,11 +72,16 @@ def test_shipped_gemv_tables_name_current_candidates():
     import os
     import re
 
-    from mini_sglang.layers.small_m_gemm import _CONFIGS
+    import torch
+
+    from mini_sglang.layers.small_m_gemm import _CONFIGS, _choice_key
 
     files = glob.glob(os.path.join(kc.SHIPPED_DIR, "gemv_*.json"))
     assert files, "no shipped GEMV tables"
-    key = re.compile(r"^M(1|2|4|8)\|N\d+\|K\d+\|(bfloat16|float16)\|[a-z_+]+$")
+    key = re.compile(r"^M(1|2|4|8)\|N\d+\|K\d+\|(bfloat16|float16)\|[a-z0-9_]+(\+[a-z0-9_]+)*$")
+    # the pattern admits every variant small_m_gemm builds, the FP8 ones included
+    for variant in [(), ("silu_mul",), ("norm", "fp8"), ("residual", "fp8"), ("silu_mul", "fp8")]:
+        assert key.match(_choice_key((8, 4096, 4096, torch.bfloat16, variant))), variant
     for path in files:
         with open(path) as f:
             table = json.load(f)
