@@ -274,7 +274,13 @@ class ServerArgs:
                 cfg = json.load(f)
         except (OSError, ValueError):
             return
-        config_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        # --json-model-override-args' keys win over config.json's, as they do in the config
+        # SGLang resolves "auto" from.
+        overrides = json.loads(self.json_model_override_args or "{}")
+        cfg.update(overrides)
+        config_dtype = next(
+            (d[k] for d in (overrides, cfg) for k in ("torch_dtype", "dtype") if d.get(k)), None
+        )
         torch_dtype = resolve_dtype("auto", config_dtype, cfg.get("model_type", ""))
         self.dtype = str(torch_dtype).removeprefix("torch.")
 

@@ -328,6 +328,22 @@ def test_gpu_auto_dtype_from_checkpoint(monkeypatch, tmp_path, config_dtype, exp
     assert ServerArgs(model_path=str(tmp_path), device="cuda").dtype == expected
 
 
+def test_gpu_auto_dtype_follows_the_model_override(monkeypatch, tmp_path):
+    """A dtype named by --json-model-override-args is the checkpoint's dtype for "auto"."""
+    _on_gpu(monkeypatch, 81559)
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
+    cases = (
+        ({"torch_dtype": "float16"}, "float16"),
+        ({"dtype": "float16"}, "float16"),
+        ({}, "bfloat16"),
+    )
+    for override, expected in cases:
+        args = ServerArgs(
+            model_path=str(tmp_path), device="cuda", json_model_override_args=json.dumps(override)
+        )
+        assert args.dtype == expected
+
+
 def test_resolve_dtype_rules():
     import torch
 
