@@ -26,6 +26,7 @@ from mini_sglang.layers.logits_processor import LogitsProcessorOutput
 from mini_sglang.models.llama import LlamaForCausalLM
 from mini_sglang.models.qwen2 import Qwen2ForCausalLM
 from mini_sglang.models.qwen3 import Qwen3ForCausalLM
+from mini_sglang.models.weight_loading import check_nothing_missing, load_tensor
 from mini_sglang.multimodal.mm_inputs import MultimodalDataItem, MultimodalInputs
 from mini_sglang.multimodal.mm_utils import (
     MultiModalityDataPaddingPatternMultimodalTokens,
@@ -133,21 +134,12 @@ class LlavaForConditionalGeneration(nn.Module):
                 target = _vision_name(name, own)
                 if target is None:
                     continue
-                param = own[target]
-                loader = getattr(param, "weight_loader", None)
-                if loader is None:
-                    param.data.copy_(tensor)
-                else:
-                    loader(param, tensor)
+                load_tensor(own[target], tensor)
                 loaded.add(target)
 
         self.language_model.load_weights(language_weights(), strict=strict)
-        missing = sorted(set(own) - loaded)
-        if missing and strict:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise ValueError(
-                f"The checkpoint has no weights for {len(missing)} parameters: {shown}"
-            )
+        if strict:
+            check_nothing_missing(set(own) - loaded)
 
 
 def _language_model_name(name: str) -> str | None:

@@ -55,17 +55,30 @@ def load_checkpoint_weights(
                 break
         else:
             if name in params:
-                param = params[name]
-                loader = getattr(param, "weight_loader", None)
-                if loader is None:
-                    param.data.copy_(tensor)
-                else:
-                    loader(param, tensor)
+                load_tensor(params[name], tensor)
                 loaded.add(name)
     # A scale that its weight's loader computes (online quantization) is in no checkpoint.
-    missing = sorted(
+    missing = [
         n for n in set(params) - loaded if not getattr(params[n], "loaded_with_weight", False)
-    )
-    if missing and strict:
+    ]
+    if strict:
+        check_nothing_missing(missing)
+
+
+def load_tensor(param: nn.Parameter, tensor: torch.Tensor) -> None:
+    """Fill `param` with the checkpoint tensor through its weight_loader (sharding,
+    quantizing), or copy it as it is where the parameter has none."""
+    loader = getattr(param, "weight_loader", None)
+    if loader is None:
+        param.data.copy_(tensor)
+    else:
+        loader(param, tensor)
+
+
+def check_nothing_missing(missing: Iterable[str]) -> None:
+    """Raise ValueError naming (the first five, sorted) of the parameters `missing` that no
+    checkpoint tensor filled; nothing if there are none."""
+    missing = sorted(missing)
+    if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters: {shown}")
