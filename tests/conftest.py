@@ -243,11 +243,38 @@ def collect_outputs(messages: list[Any]) -> dict[str, ReqResult]:
     return results
 
 
+# Tokenizers loaded by make_scheduler, by what they were loaded from (see session_tokenizer).
+_TOKENIZERS: dict[tuple, Any] = {}
+
+
+def session_tokenizer(tokenizer_path: str, server_args: Any = None) -> Any:
+    """`get_tokenizer`, loaded once per session for each tokenizer directory or file (and its
+    files' modification times, tokenizer mode and trust_remote_code).
+
+    A load is about a second of CPU (transformers parses tokenizer.json in Python) and the
+    in-process tests build a hundred Schedulers on a few model directories. Schedulers
+    only read their tokenizer, so sharing one between them changes nothing they do."""
+    from mini_sglang.utils.hf_tokenizer import get_tokenizer
+
+    path = Path(tokenizer_path)
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    key = (
+        str(path.resolve()),
+        tuple((f.name, f.stat().st_mtime_ns) for f in files if f.is_file()),
+        getattr(server_args, "tokenizer_mode", "auto"),
+        bool(getattr(server_args, "trust_remote_code", False)),
+    )
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = get_tokenizer(tokenizer_path, server_args)
+    return _TOKENIZERS[key]
+
+
 def make_scheduler(model_path: str, **server_kw: Any):
     """An in-process Scheduler on CPU, with its outputs appended to `scheduler.test_outputs`.
 
-    The KV pool and request table are kept small (the CPU default is a 2 GiB pool)."""
-    from mini_sglang.managers.scheduler import Scheduler
+    The KV pool and request table are kept small (the CPU default is a 2 GiB pool). Its
+    tokenizer comes from session_tokenizer."""
+    from mini_sglang.managers import scheduler as scheduler_module
     from mini_sglang.server_args import ServerArgs
 
     server_kw.setdefault("max_total_tokens", 4096)
@@ -255,7 +282,9 @@ def make_scheduler(model_path: str, **server_kw: Any):
     server_kw.setdefault("random_seed", 0)
     args = ServerArgs(model_path=model_path, device="cpu", **server_kw)
     outputs: list[Any] = []
-    scheduler = Scheduler(args, send_to_detokenizer=outputs.append)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scheduler_module, "get_tokenizer", session_tokenizer)
+        scheduler = scheduler_module.Scheduler(args, send_to_detokenizer=outputs.append)
     scheduler.test_outputs = outputs
     return scheduler
 
