@@ -205,8 +205,9 @@ def check_tp_size(server_args: Any) -> None:
 
 def check_quantization(server_args: Any) -> None:
     """Raise StartupError unless mini-sglang can serve the model's quantization
-    (--quantization and the checkpoint's config.json quantization_config; see
-    layers/quantization/methods.py). Reads only config.json."""
+    (--quantization and the checkpoint's config.json quantization_config, or the one
+    --json-model-override-args gives; see layers/quantization/methods.py). Reads only
+    config.json."""
     from mini_sglang.layers.quantization.methods import parse_quantization
 
     path = os.path.join(server_args.model_path, "config.json")
@@ -217,6 +218,8 @@ def check_quantization(server_args: Any) -> None:
                 config = json.load(f)
         except (OSError, ValueError):
             config = {}  # unreadable: the model config's own loading reports it
+        # --json-model-override-args' keys replace config.json's, as in the model config.
+        config.update(json.loads(getattr(server_args, "json_model_override_args", None) or "{}"))
         hf_quant_config = config.get("quantization_config") or (
             config.get("text_config") or {}
         ).get("quantization_config")

@@ -233,6 +233,10 @@ def test_unsupported_checkpoint_quantization_stops_the_launch(tmp_path):
     config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
     (tmp_path / "config.json").write_text(json.dumps(config))
     check_quantization(args)
+    # --json-model-override-args' quantization_config is the one judged.
+    args.json_model_override_args = json.dumps({"quantization_config": {"quant_method": "awq"}})
+    with pytest.raises(StartupError, match="Unsupported quantization method: awq"):
+        check_quantization(args)
 
 
 # ---- tensor-parallel sharding of every method -------------------------------------------
