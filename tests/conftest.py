@@ -67,6 +67,20 @@ def qwen_tokenizer():
 
 
 # ---- tiny random models -----------------------------------------------------------------
+# The decoder shape every tiny test model shares (its family config adds the MLP sizes).
+TINY_DECODER: dict[str, Any] = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    initializer_range=0.3,
+    rms_norm_eps=1e-6,
+    bos_token_id=None,
+    eos_token_id=151645,
+)
+
+
 def tiny_config(arch: str, vocab_size: int, **overrides: Any):
     """A few-layer, small-hidden HF config for `arch` ("llama", "qwen2" or "qwen3").
 
@@ -77,19 +91,7 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
     """
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    common: dict[str, Any] = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.3,
-        rms_norm_eps=1e-6,
-        bos_token_id=None,
-        eos_token_id=151645,
-    )
+    common: dict[str, Any] = dict(TINY_DECODER, vocab_size=vocab_size, intermediate_size=128)
     if arch == "llama":
         cfg = LlamaConfig(
             **common,
@@ -117,14 +119,17 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
 
 
 @torch.no_grad()
-def randomize_norms_and_biases(model: torch.nn.Module, seed: int = 0) -> None:
-    """HF initialises RMSNorm weights to 1 and biases to 0, which would hide a model that
-    ignores them (e.g. drops the Qwen2 qkv bias or the Qwen3 q/k norm). Perturb them."""
+def randomize_norms_and_biases(
+    model: torch.nn.Module, seed: int = 0, bias_std: float = 0.5, norm_key: str = "norm"
+) -> None:
+    """HF initialises norm weights to 1 and biases to 0, which would hide a model that
+    ignores them (e.g. drops the Qwen2 qkv bias or the Qwen3 q/k norm). Perturb them: biases
+    to N(0, bias_std), the weights of parameters named with `norm_key` to 1 + N(0, 0.2)."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("bias"):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-        elif "norm" in name:
+            p.copy_(torch.randn(p.shape, generator=gen) * bias_std)
+        elif norm_key in name:
             p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.2)
 
 
@@ -327,7 +332,6 @@ def prefill_logits(scheduler, prompts: list[list[int]], all_positions: bool):
     With all_positions, every request asks for prompt logprobs from position 0, so the
     logits processor also returns the logits of every prompt position (input_logits)."""
     from mini_sglang.managers.req import Req
-    from mini_sglang.managers.schedule_batch import ScheduleBatch
     from mini_sglang.sampling.sampling_params import SamplingParams
 
     reqs = []
@@ -345,6 +349,15 @@ def prefill_logits(scheduler, prompts: list[list[int]], all_positions: bool):
         )
         req.init_next_round_input(None)
         reqs.append(req)
+    return run_extend(scheduler, reqs)
+
+
+def run_extend(scheduler, reqs: list):
+    """Run the ready `reqs` (init_next_round_input done) as one EXTEND batch through
+    ScheduleBatch -> ModelWorkerBatch -> TpModelWorker, then release its KV and request
+    slots. Returns the LogitsProcessorOutput."""
+    from mini_sglang.managers.schedule_batch import ScheduleBatch
+
     batch = ScheduleBatch(
         reqs,
         scheduler.req_to_token_pool,

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from tests.conftest import randomize_norms_and_biases
+
 WORDS = [
     "the",
     "a",
@@ -85,18 +87,6 @@ def build_tokenizer(style: str):
     )
 
 
-@torch.no_grad()
-def _perturb(model: torch.nn.Module, seed: int) -> None:
-    """HF initialises LayerNorm weights to 1 and biases to 0, which would hide a model that
-    ignores them. Perturb them."""
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("bias"):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-        elif "LayerNorm" in name:
-            p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.2)
-
-
 def build_tiny_encoder(arch: str, out_dir: str | Path, seed: int = 0, **overrides: Any):
     """Save a tiny random `arch` (an HF architecture name: BertModel,
     BertForSequenceClassification, XLMRobertaModel, XLMRobertaForSequenceClassification) with
@@ -133,7 +123,8 @@ def build_tiny_encoder(arch: str, out_dir: str | Path, seed: int = 0, **override
     cfg.architectures = [arch]
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(cfg).float().eval()
-    _perturb(model, seed)
+    # LayerNorm weights start at 1 and biases at 0, which would hide a model ignoring them
+    randomize_norms_and_biases(model, seed, bias_std=0.2, norm_key="LayerNorm")
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return model

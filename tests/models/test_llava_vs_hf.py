@@ -16,10 +16,15 @@ import torch
 
 from mini_sglang.managers.io_struct.control import AbortReq
 from mini_sglang.managers.req import Req
-from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.multimodal.mm_inputs import MultimodalInputs
 from mini_sglang.sampling.sampling_params import SamplingParams
-from tests.conftest import assert_memory_all_free, collect_outputs, make_req, make_scheduler
+from tests.conftest import (
+    assert_memory_all_free,
+    collect_outputs,
+    make_req,
+    make_scheduler,
+    run_extend,
+)
 from tests.tiny_vlm import IMAGE_TOKEN, TOKENS_PER_IMAGE, make_image
 
 MAX_NEW = 16
@@ -128,17 +133,7 @@ def test_prefill_logits_match_hf(tiny: Tiny) -> None:
         req.init_next_round_input(None)
         reqs.append(req)
         expanded.append((ids, mm))
-    batch = ScheduleBatch(
-        reqs,
-        scheduler.req_to_token_pool,
-        scheduler.allocator,
-        scheduler.tree_cache,
-        vocab,
-        scheduler.device,
-    )
-    batch.prepare_for_extend()
-    out = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
-    out = out.logits_output
+    out = run_extend(scheduler, reqs)
     offset = 0
     for i, (ids, mm) in enumerate(expanded):
         ref = tiny.logits(ids, mm)

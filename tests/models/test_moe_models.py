@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from tests.conftest import (
+    TINY_DECODER,
     assert_memory_all_free,
     hf_greedy,
     make_scheduler,
@@ -46,18 +47,7 @@ def tiny_moe_config(arch: str, vocab_size: int):
     from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common: dict[str, Any] = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.3,
-        rms_norm_eps=1e-6,
-        bos_token_id=None,
-        eos_token_id=151645,
-        tie_word_embeddings=True,
-        rope_theta=1e6,
+        TINY_DECODER, vocab_size=vocab_size, tie_word_embeddings=True, rope_theta=1e6
     )
     if arch == "qwen3_moe":
         return Qwen3MoeConfig(

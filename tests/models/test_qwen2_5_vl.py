@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 import torch
 
-from mini_sglang.managers.schedule_batch import ScheduleBatch
 from mini_sglang.multimodal.mm_inputs import MultimodalInputs
 from tests.conftest import (
+    TINY_DECODER,
     assert_memory_all_free,
     collect_outputs,
     make_req,
     make_scheduler,
     randomize_norms_and_biases,
+    run_extend,
 )
 
 MAX_NEW_TOKENS = 16
@@ -53,19 +54,13 @@ def tiny_qwen2_5_vl_config(tokenizer, **text_overrides: Any) -> Any:
 
     ids = tokenizer.convert_tokens_to_ids
     text = dict(
+        TINY_DECODER,
         vocab_size=len(tokenizer),
-        hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=1024,
         rope_theta=10000.0,
         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        rms_norm_eps=1e-6,
-        initializer_range=0.3,
         eos_token_id=ids("<|im_end|>"),
-        bos_token_id=None,
         tie_word_embeddings=False,
     )
     text.update(text_overrides)
@@ -288,19 +283,7 @@ def test_prefill_logits_match_hf(tiny_vl: TinyVL, scheduler) -> None:
         req.init_next_round_input(None)
         reqs.append(req)
     assert isinstance(reqs[1].multimodal_inputs, MultimodalInputs)
-    batch = ScheduleBatch(
-        reqs,
-        scheduler.req_to_token_pool,
-        scheduler.allocator,
-        scheduler.tree_cache,
-        scheduler.model_config.vocab_size,
-        scheduler.device,
-    )
-    batch.prepare_for_extend()
-    out = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
-    scheduler.allocator.free(batch.out_cache_loc)
-    scheduler.req_to_token_pool.free([r.req_pool_idx for r in reqs])
-    logits = out.logits_output.input_logits
+    logits = run_extend(scheduler, reqs).input_logits
     offset = 0
     for i, p in enumerate(tiny_vl.prompts):
         n = len(p.processed["input_ids"])
