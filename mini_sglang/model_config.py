@@ -219,7 +219,10 @@ class ModelConfig:
         head_dim = getattr(text_cfg, "head_dim", None) or (
             text_cfg.hidden_size // text_cfg.num_attention_heads
         )
-        eos = getattr(text_cfg, "eos_token_id", None)
+        # SGLang reads the top-level config's (a text_config's only where it has none).
+        eos = getattr(hf, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(text_cfg, "eos_token_id", None)
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         gen_defaults: dict = {}
         if os.path.isdir(server_args.model_path):

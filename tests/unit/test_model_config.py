@@ -74,6 +74,13 @@ def test_override_of_a_sub_config_keeps_its_other_keys(llava_dir):
     assert cfg.hf_config.rope_parameters["rope_type"] == "llama3"
 
 
+def test_eos_ids_come_from_the_top_level_config(llava_dir):
+    """As SGLang's hf_eos_token_id: the top-level config's eos_token_id (here set by the
+    override), the text_config's only where the top level has none."""
+    assert _config(llava_dir).eos_token_ids == {151645}
+    assert _config(llava_dir, {"eos_token_id": [7, 8]}).eos_token_ids == {7, 8}
+
+
 def test_rope_scaling_override_keeps_the_base(qwen2_dir):
     """An override of rope_scaling alone (SGLang's usual way to stretch the context) scales
     the frequencies of the checkpoint's rope_theta; the base is not lost."""
