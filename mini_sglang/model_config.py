@@ -1,7 +1,9 @@
 """ModelConfig: the facts about a model that the runtime needs, read from config.json.
 
-The HF config is read with transformers' AutoConfig (GGUF files through the gguf loader);
-context length, head counts and EOS ids are resolved here once, and so is whether the model
+The HF config is read with transformers' AutoConfig (GGUF files through the gguf loader),
+then --json-model-override-args is applied to it key by key (apply_model_overrides);
+context length (checked against --context-length), head counts and EOS ids are resolved
+here once, and so is whether the model
 generates or embeds (`is_generation`, SGLang's is_generation_model) and how an embedding
 model pools (`pooling`, from sentence-transformers' files in the model directory).
 """
