@@ -3,9 +3,9 @@
 The HF config is read with transformers' AutoConfig (GGUF files through the gguf loader),
 then --json-model-override-args is applied to it key by key (apply_model_overrides);
 context length (checked against --context-length), head counts and EOS ids are resolved
-here once, and so is whether the model
-generates or embeds (`is_generation`, SGLang's is_generation_model) and how an embedding
-model pools (`pooling`, from sentence-transformers' files in the model directory).
+here once, and so is whether the model generates or embeds (`is_generation`, SGLang's
+is_generation_model) and how an embedding model pools (`pooling`, from
+sentence-transformers' files in the model directory).
 """
 
 from __future__ import annotations
