@@ -250,20 +250,22 @@ class BertModel(EncoderWeightsMixin, nn.Module):
         return self.pooler(self.encode(input_ids, positions, fb), fb)
 
 
-class BertForSequenceClassification(EncoderWeightsMixin, nn.Module):
-    """A BERT cross-encoder: one relevance score per (query, document) request."""
+class EncoderCrossEncoder(EncoderWeightsMixin, nn.Module):
+    """A cross-encoder: one relevance score row per (query, document) request. Subclasses
+    hold their encoder model (with `encode`) under `checkpoint_prefix` and map its hidden
+    states to logits [batch, num_labels] in `head`; the config's activation then applies
+    (scores_output)."""
 
     supports_prefix_reuse = False
-    checkpoint_prefix = "bert"
     holds_base_as_attribute = True
 
     def __init__(self, config) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
-        self.bert.pooler = BertPooler(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.activation = cross_encoder_activation(config)
+
+    def head(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        raise NotImplementedError
 
     @torch.no_grad()
     def forward(
@@ -273,5 +275,20 @@ class BertForSequenceClassification(EncoderWeightsMixin, nn.Module):
         fb: ForwardBatch,
         get_embedding: bool = True,
     ) -> EmbeddingPoolerOutput:
-        hidden = self.bert.encode(input_ids, positions, fb)
-        return scores_output(self.classifier(self.bert.pooler(hidden, fb)), self.activation)
+        hidden = getattr(self, self.checkpoint_prefix).encode(input_ids, positions, fb)
+        return scores_output(self.head(hidden, fb), self.activation)
+
+
+class BertForSequenceClassification(EncoderCrossEncoder):
+    """A BERT cross-encoder: BERT's pooler, then the classifier."""
+
+    checkpoint_prefix = "bert"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.bert.pooler = BertPooler(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    def head(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        return self.classifier(self.bert.pooler(hidden, fb))

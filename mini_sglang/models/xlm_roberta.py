@@ -20,14 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mini_sglang.layers.pooler import EmbeddingPoolerOutput, PoolingType
-from mini_sglang.models.bert import (
-    BertEmbedding,
-    BertModel,
-    EncoderWeightsMixin,
-    cross_encoder_activation,
-    scores_output,
-)
+from mini_sglang.layers.pooler import PoolingType
+from mini_sglang.models.bert import BertEmbedding, BertModel, EncoderCrossEncoder
 
 if TYPE_CHECKING:
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
@@ -73,27 +67,15 @@ class XLMRobertaClassificationHead(nn.Module):
         return self.out_proj(torch.tanh(self.dense(hidden[fb.extend_start_loc.long()])))
 
 
-class XLMRobertaForSequenceClassification(EncoderWeightsMixin, nn.Module):
-    """An XLM-RoBERTa cross-encoder: one relevance score per (query, document) request."""
+class XLMRobertaForSequenceClassification(EncoderCrossEncoder):
+    """An XLM-RoBERTa cross-encoder: the classification head over the first token."""
 
-    supports_prefix_reuse = False
     checkpoint_prefix = "roberta"
-    holds_base_as_attribute = True
 
     def __init__(self, config) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.roberta = XLMRobertaModel(config)
         self.classifier = XLMRobertaClassificationHead(config)
-        self.activation = cross_encoder_activation(config)
 
-    @torch.no_grad()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        fb: ForwardBatch,
-        get_embedding: bool = True,
-    ) -> EmbeddingPoolerOutput:
-        hidden = self.roberta.encode(input_ids, positions, fb)
-        return scores_output(self.classifier(hidden, fb), self.activation)
+    def head(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        return self.classifier(hidden, fb)
