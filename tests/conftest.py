@@ -120,17 +120,21 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any):
 
 @torch.no_grad()
 def randomize_norms_and_biases(
-    model: torch.nn.Module, seed: int = 0, bias_std: float = 0.5, norm_key: str = "norm"
+    model: torch.nn.Module,
+    seed: int = 0,
+    bias_std: float = 0.5,
+    norm_key: str = "norm",
+    norm_std: float = 0.2,
 ) -> None:
     """HF initialises norm weights to 1 and biases to 0, which would hide a model that
     ignores them (e.g. drops the Qwen2 qkv bias or the Qwen3 q/k norm). Perturb them: biases
-    to N(0, bias_std), the weights of parameters named with `norm_key` to 1 + N(0, 0.2)."""
+    to N(0, bias_std), the weights of parameters named with `norm_key` to 1 + N(0, norm_std)."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         if name.endswith("bias"):
             p.copy_(torch.randn(p.shape, generator=gen) * bias_std)
         elif norm_key in name:
-            p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.2)
+            p.copy_(1.0 + torch.randn(p.shape, generator=gen) * norm_std)
 
 
 def build_tiny_model(arch: str, out_dir: str | Path, tokenizer, seed: int = 0, **overrides: Any):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import make_req, tiny_config
+from tests.conftest import make_req, randomize_norms_and_biases, tiny_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -90,11 +90,12 @@ def tiny_model(request, tmp_path_factory, qwen_tokenizer):
 
 
 @torch.no_grad()
-def _build_gpu_tiny_model(arch: str, out, tokenizer):
+def _build_gpu_tiny_model(arch: str, out, tokenizer, perturb: bool = True):
     """A tiny model whose logits bf16 can represent: flashinfer needs head_dim >= 64, and
     initializer_range 0.02 (HF's default) keeps HF's own fp32-vs-bf16 top-5 gap near 0.01
-    (0.03 at 0.05; about 3 at 0.3, which makes any bf16 comparison meaningless). Norm
-    weights and biases get a mild perturbation so a model that ignores them still fails."""
+    (0.03 at 0.05; about 3 at 0.3, which makes any bf16 comparison meaningless). With
+    `perturb`, norm weights and biases get a mild perturbation so a model that ignores them
+    still fails. Saved with the tokenizer to `out`; returns the float32 model in eval mode."""
     from transformers import AutoModelForCausalLM
 
     cfg = tiny_config(
@@ -107,12 +108,8 @@ def _build_gpu_tiny_model(arch: str, out, tokenizer):
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(0)
-    for name, p in model.named_parameters():
-        if name.endswith("bias"):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-        elif "norm" in name:
-            p.copy_(1.0 + torch.randn(p.shape, generator=gen) * 0.05)
+    if perturb:
+        randomize_norms_and_biases(model, 0, bias_std=0.05, norm_std=0.05)
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     return model

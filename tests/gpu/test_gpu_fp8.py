@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import prefill_logits, run_prompts, tiny_config
+from tests.conftest import prefill_logits, run_prompts
+from tests.gpu.test_gpu_correctness import _build_gpu_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -49,24 +50,11 @@ def _release_gpu_memory():
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def case(request, tmp_path_factory, qwen_tokenizer):
-    from transformers import AutoModelForCausalLM
-
     from tests.models.test_fp8_models import Case
 
     arch = request.param
     out = tmp_path_factory.mktemp(f"gpu_fp8_{arch}")
-    cfg = tiny_config(
-        arch,
-        len(qwen_tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
-        head_dim=64,
-        initializer_range=0.02,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    model.save_pretrained(str(out), safe_serialization=True)
-    qwen_tokenizer.save_pretrained(str(out))
+    model = _build_gpu_tiny_model(arch, out, qwen_tokenizer, perturb=False)
     return Case(arch, out, model, PROMPTS)
 
 

@@ -20,7 +20,8 @@ import gc
 import pytest
 import torch
 
-from tests.conftest import prefill_logits, run_prompts, tiny_config
+from tests.conftest import prefill_logits, run_prompts
+from tests.gpu.test_gpu_correctness import _build_gpu_tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -56,22 +57,10 @@ def model_path(request, tmp_path_factory, qwen_tokenizer) -> str:
     """A tiny model flashinfer can run (head_dim 64) whose logits bf16 represents well
     (initializer_range 0.02, see test_gpu_correctness.py); Qwen3 with checkpoint KV scales."""
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
 
     arch = request.param
     out = tmp_path_factory.mktemp(f"gpu_fp8kv_{arch}")
-    cfg = tiny_config(
-        arch,
-        len(qwen_tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
-        head_dim=64,
-        initializer_range=0.02,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-    model.save_pretrained(str(out), safe_serialization=True)
-    qwen_tokenizer.save_pretrained(str(out))
+    _build_gpu_tiny_model(arch, out, qwen_tokenizer, perturb=False)
     if arch == "qwen3":
         (k0, _), (k1, v1) = QWEN3_SCALES
         scales = {
