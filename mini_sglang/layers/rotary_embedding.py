@@ -141,10 +141,29 @@ class MRotaryEmbedding(RotaryEmbedding):
         return torch.cat([pick(cos), pick(sin)], dim=-1)
 
 
+def cache_positions(params: dict, max_position: int) -> int:
+    """Positions the cos/sin cache must hold for rope parameters `params` and the config's
+    max_position_embeddings, as SGLang's scaled rope classes size theirs: linear and dynamic
+    scaling serve max_position x factor positions, YaRN original_max_position_embeddings x
+    factor; other types max_position. Never fewer than max_position, so the context length
+    ModelConfig derives (which stretches max_position by the same factor) always fits."""
+    factor = float(params.get("factor") or 1.0)
+    rope_type = params["rope_type"]
+    if rope_type in ("linear", "dynamic"):
+        return max(max_position, int(max_position * factor))
+    if rope_type == "yarn":
+        original = params.get("original_max_position_embeddings") or max_position
+        return max(max_position, int(original * factor))
+    return max_position
+
+
 def get_rope(hf_config, head_dim: int, max_position: int) -> RotaryEmbedding:
-    """The config's RoPE: MRotaryEmbedding when its rope parameters carry `mrope_section`."""
+    """The config's RoPE: MRotaryEmbedding when its rope parameters carry `mrope_section`.
+    The cache holds cache_positions(...) positions (at least `max_position`)."""
     inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
-    section = _rope_parameters(hf_config).get("mrope_section")
+    params = _rope_parameters(hf_config)
+    max_position = cache_positions(params, max_position)
+    section = params.get("mrope_section")
     if section:
         return MRotaryEmbedding(head_dim, max_position, inv_freq, scaling, section)
     return RotaryEmbedding(head_dim, max_position, inv_freq, scaling)

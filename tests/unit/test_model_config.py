@@ -120,7 +120,13 @@ def test_rope_scaling_override_keeps_the_base(qwen2_dir):
     ],
 )
 def test_derived_context_length(qwen2_dir, overrides, expected):
-    assert _config(qwen2_dir, overrides).context_len == expected
+    from mini_sglang.layers.rotary_embedding import get_rope
+
+    cfg = _config(qwen2_dir, overrides)
+    assert cfg.context_len == expected
+    # Every position of the context has a row in the rope cache the model builds.
+    rope = get_rope(cfg.hf_config, cfg.head_dim, cfg.hf_config.max_position_embeddings)
+    assert rope.cos_sin_cache.shape[0] >= cfg.context_len
 
 
 def test_context_length_longer_than_the_model_is_refused(qwen2_dir, monkeypatch, caplog):
