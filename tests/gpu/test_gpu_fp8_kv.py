@@ -22,11 +22,15 @@ import torch
 
 from tests.conftest import prefill_logits, run_prompts
 from tests.gpu.test_gpu_correctness import _build_gpu_tiny_model
+from tests.models.test_fp8_kv_end_to_end import (
+    QWEN3_SCALES,
+    TOL_UNITS,
+    UNIT_ROUNDOFF,
+    write_qwen3_kv_scales,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-UNIT_ROUNDOFF = {"fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3}
-TOL_UNITS = 2
 BF16_NOISE = 5e-2  # SGLang's bf16 logprob tolerance, for the two bf16 runs' own rounding
 MAX_NEW = 16
 # (kv dtype, backend, CUDA graphs). "flashinfer" alone decodes batches of up to 32 requests
@@ -42,7 +46,6 @@ CASES = [
     ("fp8_e5m2", "flashinfer+flashinfer", True),
     ("fp8_e5m2", "triton", True),
 ]
-QWEN3_SCALES = [(0.5, 0.5), (0.25, 2.0)]  # (k_scale, v_scale) of layers 0 and 1
 
 
 @pytest.fixture(autouse=True)
@@ -56,19 +59,11 @@ def _release_gpu_memory():
 def model_path(request, tmp_path_factory, qwen_tokenizer) -> str:
     """A tiny model flashinfer can run (head_dim 64) whose logits bf16 represents well
     (initializer_range 0.02, see test_gpu_correctness.py); Qwen3 with checkpoint KV scales."""
-    from safetensors.torch import save_file
-
     arch = request.param
     out = tmp_path_factory.mktemp(f"gpu_fp8kv_{arch}")
     _build_gpu_tiny_model(arch, out, qwen_tokenizer, perturb=False)
     if arch == "qwen3":
-        (k0, _), (k1, v1) = QWEN3_SCALES
-        scales = {
-            "model.layers.0.self_attn.kv_scale": torch.tensor(k0),
-            "model.layers.1.self_attn.k_proj.k_scale": torch.tensor(k1),
-            "model.layers.1.self_attn.v_proj.v_scale": torch.tensor(v1),
-        }
-        save_file(scales, str(out / "kv_scales.safetensors"))
+        write_qwen3_kv_scales(out)
     return str(out)
 
 

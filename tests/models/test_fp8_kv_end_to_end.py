@@ -17,6 +17,8 @@ softmax, which says more about the random weights than about the cache.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -56,19 +58,25 @@ class Tiny:
         return self._schedulers[kv_cache_dtype]
 
 
+def write_qwen3_kv_scales(model_dir: Path) -> None:
+    """Save QWEN3_SCALES into model_dir as a checkpoint shard, in the three spellings a
+    checkpoint may use (layer 0's deprecated kv_scale, layer 1's k_proj / v_proj form)."""
+    (k0, _), (k1, v1) = QWEN3_SCALES
+    scales = {
+        "model.layers.0.self_attn.kv_scale": torch.tensor(k0),
+        "model.layers.1.self_attn.k_proj.k_scale": torch.tensor(k1),
+        "model.layers.1.self_attn.v_proj.v_scale": torch.tensor(v1),
+    }
+    save_file(scales, str(model_dir / "kv_scales.safetensors"))
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def tiny(request, tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> Tiny:
     arch = request.param
     path = tmp_path_factory.mktemp(f"fp8kv_{arch}")
     build_tiny_model(arch, path, qwen_tokenizer, initializer_range=0.1)
     if arch == "qwen3":
-        (k0, _), (k1, v1) = QWEN3_SCALES
-        scales = {
-            "model.layers.0.self_attn.kv_scale": torch.tensor(k0),
-            "model.layers.1.self_attn.k_proj.k_scale": torch.tensor(k1),
-            "model.layers.1.self_attn.v_proj.v_scale": torch.tensor(v1),
-        }
-        save_file(scales, str(path / "kv_scales.safetensors"))
+        write_qwen3_kv_scales(path)
     return Tiny(arch, str(path), [qwen_tokenizer.encode(p) for p in PROMPTS])
 
 
