@@ -18,10 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mini_sglang.managers.io_struct.generate import TokenizedEmbeddingReqInput
-from mini_sglang.sampling.sampling_params import SamplingParams
 from tests.conftest import assert_memory_all_free, make_scheduler
-from tests.models.test_embedding_models import KINDS, _build, _inputs
+from tests.models.test_embedding_models import KINDS, _build, _inputs, run_embeddings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -56,15 +54,9 @@ def test_gpu_embeddings_match_transformers(kind: str, backend: str, tmp_path: Pa
             chunked_prefill_size=chunk,
             **server_kw,
         )
-        start = len(sched.test_outputs)
-        for i, ids in enumerate(prompts):
-            sp = SamplingParams(max_new_tokens=0)
-            sp.normalize(None)
-            sched.add_request(TokenizedEmbeddingReqInput(f"r{i}", "", ids, sp))
-        sched.run_until_idle()
         got = {
             rid: torch.tensor(emb)
-            for msg in sched.test_outputs[start:]
+            for msg in run_embeddings(sched, prompts)
             for rid, emb in zip(msg.rids, msg.embeddings)
         }
         for i, ref in enumerate(expected):

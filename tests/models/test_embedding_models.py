@@ -127,6 +127,18 @@ KINDS = [
 ]
 
 
+def run_embeddings(sched, prompts: list[list[int]]) -> list:
+    """Submit one embedding request per prompt (rids r0, r1, ...) to the in-process
+    scheduler and run it until idle; returns the output messages these requests produced."""
+    start = len(sched.test_outputs)
+    for i, ids in enumerate(prompts):
+        sp = SamplingParams(max_new_tokens=0)
+        sp.normalize(None)
+        sched.add_request(TokenizedEmbeddingReqInput(f"r{i}", "", ids, sp))
+    sched.run_until_idle()
+    return sched.test_outputs[start:]
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
 def test_embeddings_match_transformers(kind: str, tmp_path: Path) -> None:
@@ -141,14 +153,8 @@ def test_embeddings_match_transformers(kind: str, tmp_path: Path) -> None:
             str(tmp_path), skip_tokenizer_init=True, chunked_prefill_size=chunk, **server_kw
         )
         assert not sched.model_config.is_generation
-        start = len(sched.test_outputs)
-        for i, ids in enumerate(prompts):
-            sp = SamplingParams(max_new_tokens=0)
-            sp.normalize(None)
-            sched.add_request(TokenizedEmbeddingReqInput(f"r{i}", "", ids, sp))
-        sched.run_until_idle()
         got = {}
-        for msg in sched.test_outputs[start:]:
+        for msg in run_embeddings(sched, prompts):
             for rid, emb, reason, n in zip(
                 msg.rids, msg.embeddings, msg.finished_reasons, msg.prompt_tokens
             ):
