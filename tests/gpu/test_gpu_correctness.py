@@ -145,6 +145,21 @@ def _make_gpu_scheduler(model_path: str, **kw):
     return Scheduler(args, send_to_detokenizer=outputs.append), outputs
 
 
+def _collect_top_logprobs(outputs: list) -> dict[str, dict]:
+    """Per rid, from a scheduler's output messages: "out" (output ids), "in_top" / "out_top"
+    (each position's top logprobs as (values, ids) pairs, prompt and output)."""
+    per_rid: dict[str, dict] = {}
+    for msg in outputs:
+        for j, rid in enumerate(msg.rids):
+            d = per_rid.setdefault(rid, {"out": [], "in_top": [], "out_top": []})
+            d["out"] += msg.output_ids[j]
+            d["in_top"] += list(zip(msg.input_top_logprobs_val[j], msg.input_top_logprobs_idx[j]))
+            d["out_top"] += list(
+                zip(msg.output_top_logprobs_val[j], msg.output_top_logprobs_idx[j])
+            )
+    return per_rid
+
+
 def _backend_kwargs(backend: str) -> dict[str, str]:
     """ServerArgs for a BACKENDS entry ("a+b": prefill on a, decode on b); skips the test
     when the backend's library is missing."""
@@ -227,15 +242,7 @@ def _check_top5_against_hf(
             )
         )
     sched.run_until_idle()
-    per_rid: dict[str, dict] = {}
-    for msg in outputs:
-        for j, rid in enumerate(msg.rids):
-            d = per_rid.setdefault(rid, {"out": [], "in_top": [], "out_top": []})
-            d["out"] += msg.output_ids[j]
-            d["in_top"] += list(zip(msg.input_top_logprobs_val[j], msg.input_top_logprobs_idx[j]))
-            d["out_top"] += list(
-                zip(msg.output_top_logprobs_val[j], msg.output_top_logprobs_idx[j])
-            )
+    per_rid = _collect_top_logprobs(outputs)
     worst = twin_worst = 0.0
     for i, p in enumerate(prompts):
         d = per_rid[f"g{i}"]

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from tests.conftest import prefill_logits, run_prompts
-from tests.gpu.test_gpu_correctness import _build_gpu_tiny_model
+from tests.gpu.test_gpu_correctness import _build_gpu_tiny_model, _make_gpu_scheduler
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -59,26 +59,11 @@ def case(request, tmp_path_factory, qwen_tokenizer):
 
 
 def _scheduler(model_path: str, backend: str, quantization: str | None):
-    from mini_sglang.managers.scheduler import Scheduler
-    from mini_sglang.server_args import ServerArgs
-
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
-    args = ServerArgs(
-        model_path=model_path,
-        device="cuda",
-        dtype="bfloat16",
-        quantization=quantization,
-        attention_backend=backend,
-        max_total_tokens=8192,
-        max_running_requests=16,
-        mem_fraction_static=0.85,
-        cuda_graph_max_bs=8,
-        skip_tokenizer_init=True,
-        random_seed=0,
+    sched, outputs = _make_gpu_scheduler(
+        model_path, quantization=quantization, attention_backend=backend, skip_tokenizer_init=True
     )
-    outputs: list = []
-    sched = Scheduler(args, send_to_detokenizer=outputs.append)
     sched.test_outputs = outputs
     return sched
 

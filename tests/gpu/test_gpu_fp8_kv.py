@@ -21,7 +21,11 @@ import pytest
 import torch
 
 from tests.conftest import prefill_logits, run_prompts
-from tests.gpu.test_gpu_correctness import _build_gpu_tiny_model
+from tests.gpu.test_gpu_correctness import (
+    _backend_kwargs,
+    _build_gpu_tiny_model,
+    _make_gpu_scheduler,
+)
 from tests.models.test_fp8_kv_end_to_end import (
     QWEN3_SCALES,
     TOL_UNITS,
@@ -68,32 +72,13 @@ def model_path(request, tmp_path_factory, qwen_tokenizer) -> str:
 
 
 def _scheduler(model_path: str, backend: str, graphs: bool, kv: str):
-    from mini_sglang.managers.scheduler import Scheduler
-    from mini_sglang.server_args import ServerArgs
-
-    if "+" in backend:
-        prefill, decode = backend.split("+")
-        attn = dict(prefill_attention_backend=prefill, decode_attention_backend=decode)
-    else:
-        attn = dict(attention_backend=backend)
-    if "flashinfer" in backend:
-        pytest.importorskip("flashinfer")
-    args = ServerArgs(
-        model_path=model_path,
-        device="cuda",
-        dtype="bfloat16",
+    sched, outputs = _make_gpu_scheduler(
+        model_path,
         kv_cache_dtype=kv,
-        max_total_tokens=8192,
-        max_running_requests=16,
-        mem_fraction_static=0.85,
-        cuda_graph_max_bs=8,
         disable_cuda_graph=not graphs,
         skip_tokenizer_init=True,
-        random_seed=0,
-        **attn,
+        **_backend_kwargs(backend),
     )
-    outputs: list = []
-    sched = Scheduler(args, send_to_detokenizer=outputs.append)
     sched.test_outputs = outputs
     return sched
 

@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from tests.conftest import make_req
-from tests.gpu.test_gpu_correctness import BACKENDS, TOL, _backend_kwargs, _make_gpu_scheduler
+from tests.gpu.test_gpu_correctness import (
+    BACKENDS,
+    TOL,
+    _backend_kwargs,
+    _collect_top_logprobs,
+    _make_gpu_scheduler,
+)
 from tests.models.test_qwen2_5_vl import _hf_inputs, build_prompts, build_tiny_qwen2_5_vl
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -84,15 +90,7 @@ def _check_top5(sched, outputs: list, hf, prompts: list[dict]) -> None:
         )
         sched.add_request(req)
     sched.run_until_idle()
-    per_rid: dict[str, dict] = {}
-    for msg in outputs:
-        for j, rid in enumerate(msg.rids):
-            d = per_rid.setdefault(rid, {"out": [], "in_top": [], "out_top": []})
-            d["out"] += msg.output_ids[j]
-            d["in_top"] += list(zip(msg.input_top_logprobs_val[j], msg.input_top_logprobs_idx[j]))
-            d["out_top"] += list(
-                zip(msg.output_top_logprobs_val[j], msg.output_top_logprobs_idx[j])
-            )
+    per_rid = _collect_top_logprobs(outputs)
     worst = 0.0
     for i, p in enumerate(prompts):
         d = per_rid[f"v{i}"]
