@@ -126,6 +126,18 @@ def hf_model(tiny_model: TinyModel) -> Any:
     return AutoModelForCausalLM.from_pretrained(tiny_model.path, dtype=torch.float32).eval()
 
 
+# ---- response bodies --------------------------------------------------------------------
+def openai_error(message: str) -> dict:
+    """SGLang's OpenAI-style 400 body (ErrorResponse) for `message`."""
+    return {
+        "object": "error",
+        "message": message,
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+
+
 # ---- server process ---------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from mini_sglang.entrypoints.embedding_routes import NOT_AN_EMBEDDING_MODEL
+from tests.server.conftest import openai_error
 
 NATIVE_CASES = [
     ("post", "/encode", {"text": "hello"}, NOT_AN_EMBEDDING_MODEL),
@@ -31,16 +32,6 @@ def test_native_routes(server, method, path, body, message):
     r = requests.request(method, server.base_url + path, json=body, timeout=60)
     assert r.status_code == 400
     assert r.content == b'{"error":{"message":"' + message.encode() + b'"}}'
-
-
-def openai_error(message: str) -> dict:
-    return {
-        "object": "error",
-        "message": message,
-        "type": "BadRequestError",
-        "param": None,
-        "code": 400,
-    }
 
 
 OPENAI_CASES = [

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from tests.server.conftest import launch_server
+from tests.server.conftest import launch_server, openai_error
 from tests.tiny_encoders import build_tiny_encoder, build_tokenizer
 
 QUERY = "what is the capital of france?"
@@ -110,16 +110,6 @@ def test_classify_single_label_cross_encoder(cross_encoder):
     ]
 
 
-def _openai_error(message: str) -> dict:
-    return {
-        "object": "error",
-        "message": message,
-        "type": "BadRequestError",
-        "param": None,
-        "code": 400,
-    }
-
-
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -135,7 +125,7 @@ def test_rerank_bad_inputs_are_400(cross_encoder, body, message):
     server, _ = cross_encoder
     r = server.post("/v1/rerank", json=body)
     assert r.status_code == 400
-    assert r.json() == _openai_error(message)
+    assert r.json() == openai_error(message)
 
 
 def test_idle_kv_is_all_free(cross_encoder):
