@@ -11,6 +11,7 @@ Tiny configs only (no weights): each directory is written once per module.
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -132,6 +133,8 @@ def test_derived_context_length(qwen2_dir, overrides, expected):
 def test_context_length_longer_than_the_model_is_refused(qwen2_dir, monkeypatch, caplog):
     """--context-length up to the derived length is taken as given; longer is refused with
     SGLang's message unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN allows it (warning)."""
+    # an earlier in-process server start may have left the root logger above WARNING
+    caplog.set_level(logging.WARNING)
     assert _config(qwen2_dir, context_length=100).context_len == 100
     assert _config(qwen2_dir, context_length=512).context_len == 512
     monkeypatch.delenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", raising=False)
