@@ -109,19 +109,20 @@ def main(argv: list[str] | None = None) -> str:
     w13 = torch.randn(local_experts, 2 * n, args.hidden, device="cuda") * args.hidden**-0.5
     w2 = torch.randn(local_experts, args.hidden, n, device="cuda") * n**-0.5
     w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
-    table = {}
-    for m in args.batch_sizes:
-        cfg, ms = tune_one(m, args, w13, w2)
-        table[str(m)] = cfg
-        print(f"M={m}: {1000 * ms:.1f} us {cfg}", flush=True)
     name = kernel_config.config_file_name(
         local_experts, n, args.top_k, torch.bfloat16, torch.cuda.get_device_name()
     )
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, name)
-    with open(path, "w") as f:
-        json.dump(table, f, indent=2)
-        f.write("\n")
+    table = {}
+    for m in args.batch_sizes:
+        cfg, ms = tune_one(m, args, w13, w2)
+        table[str(m)] = cfg
+        print(f"M={m}: {1000 * ms:.1f} us {cfg}", flush=True)
+        # rewritten after every batch size, so a run cut short still leaves what it found
+        with open(path, "w") as f:
+            json.dump(table, f, indent=2)
+            f.write("\n")
     print(f"wrote {path}")
     return path
 

@@ -3,7 +3,9 @@
 # Needs: an NVIDIA GPU (nvidia-smi) and the GPU packages importable (torch with CUDA,
 # flashinfer, triton; where the machine lacks some, stage them as wheels and put them on
 # PYTHONPATH first). Usage, from the repository root:
-#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab] [ab] [nano_ab] [fp8kv] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [moe_tune] [vlm] [save_jit]
+#   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab]
+#     [ab] [nano_ab] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [mixtral]
+#     [moe_tune] [vlm] [embedding] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -66,10 +68,11 @@ ab_rounds() {
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
-      # plus the unit tests whose kernels run compiled (and in bf16) where CUDA is present
-      python -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_qk_norm_rope_store.py \
-        tests/unit/test_fp8_kv_cache.py tests/unit/test_fp8_kernels.py \
-        2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+      # plus the unit tests whose kernels run compiled (and in bf16) where CUDA is present;
+      # GPU_TEST_FILES replaces the file list (e.g. only the files a change touched)
+      python -m pytest -q -p no:cacheprovider -rf --tb=short \
+        ${GPU_TEST_FILES:-tests/gpu tests/unit/test_qk_norm_rope_store.py tests/unit/test_fp8_kv_cache.py tests/unit/test_fp8_kernels.py tests/unit/test_fused_moe.py} \
+        2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     one_batch)
       for m in $MODELS; do
         # scheduler mode: the real loop (overlap, streaming); runner mode: forward occupancy
@@ -153,60 +156,37 @@ for step in "${steps[@]}"; do
       # A fresh machine spends minutes compiling in the first run: give it a long timeout.
       ab_rounds nano_ab "Output token throughput|Error" -m mini_sglang.bench_offline_throughput \
         --load-format dummy --preset nano-vllm ${AB_FLAGS:-} ;;
-    fp8kv)
-      # bf16 vs FP8 KV cache (--kv-cache-dtype): the batch-1 latency target (scheduler mode,
-      # in 128, out 1024) and the nano-vllm workload per model, arms alternating FP8KV_ROUNDS
-      # times (default 1); rows in $OUT/fp8kv_{one_batch,offline}_<dtype>.jsonl, lines in
-      # $OUT/fp8kv.log. FP8KV_DTYPES picks the arms (default "auto fp8_e4m3").
-      for round in $(seq "${FP8KV_ROUNDS:-1}"); do
-        for kv in ${FP8KV_DTYPES:-auto fp8_e4m3}; do
-          for m in $MODELS; do
-            python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/$m" --load-format dummy \
-              --kv-cache-dtype "$kv" --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
-              --result-filename "$OUT/fp8kv_one_batch_$kv.jsonl" 2>&1 | grep -E "Scheduler|KV Cache|Error" \
-              | sed "s/^/round $round kv=$kv $m /" | tee -a "$OUT/fp8kv.log"
-            python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
-              --kv-cache-dtype "$kv" --preset nano-vllm --result-filename "$OUT/fp8kv_offline_$kv.jsonl" 2>&1 \
-              | grep -E "Output token throughput|KV Cache|Error" | sed "s/^/round $round kv=$kv $m /" \
-              | tee -a "$OUT/fp8kv.log"
-          done
-        done
-      done ;;
     fp8)
-      # FP8 weights against bf16 on the batch-1 decode target (scheduler mode, in 128, out
-      # 1024; the target for Llama-3.1-8B on an H200 is <= 2.9 ms/token) and the nano-vllm
-      # workload, per model, arms alternating FP8_ROUNDS times (default 1). Arms (FP8_ARMS,
-      # default "bf16 fp8 fp8-block"): bf16; fp8 = --quantization fp8 (dummy bf16 weights
-      # quantized per channel at load); fp8-block = a copy of the model directory whose
-      # config.json declares Qwen3-FP8's quantization_config (block-wise 128x128 scales;
-      # the dummy values quantized per block). Rows in $OUT/fp8_{one_batch,offline}_<arm>.jsonl,
-      # lines in $OUT/fp8.log; then the GPU FP8 tests and the quality script on the default
-      # model when GGUF parts are staged ($OUT/fp8_quality.jsonl).
+      # FP8 against bf16 on the batch-1 decode target (scheduler mode, in 128, out 1024; the
+      # target for Llama-3.1-8B on an H200 is <= 2.9 ms/token with FP8 weights) and the
+      # nano-vllm workload (target: >= 1.3x bf16 with FP8 weights and FP8 KV), per model,
+      # arms alternating FP8_ROUNDS times (default 1). Arms (FP8_ARMS, default
+      # "bf16 fp8 fp8kv fp8_fp8kv"): bf16; fp8 = --quantization fp8 (dummy bf16 weights
+      # quantized per channel at load); fp8kv = --kv-cache-dtype fp8_e4m3; fp8_fp8kv = both;
+      # fp8-block = a copy of the model directory whose config.json declares Qwen3-FP8's
+      # quantization_config (block-wise 128x128 scales; the dummy values quantized per
+      # block). Rows in $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log.
+      declare -A fp8_flags=([bf16]="" [fp8]="--quantization fp8" [fp8kv]="--kv-cache-dtype fp8_e4m3"
+        [fp8_fp8kv]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [fp8-block]="")
       for round in $(seq "${FP8_ROUNDS:-1}"); do
-        for arm in ${FP8_ARMS:-bf16 fp8 fp8-block}; do
+        for arm in ${FP8_ARMS:-bf16 fp8 fp8kv fp8_fp8kv}; do
           for m in $MODELS; do
-            path="$MODEL_ROOT/$m" flags=()
-            [ "$arm" = fp8 ] && flags=(--quantization fp8)
+            path="$MODEL_ROOT/$m"
             if [ "$arm" = fp8-block ]; then
               path="$MODEL_ROOT/$m-fp8-block"
               rm -rf "$path" && cp -r "$MODEL_ROOT/$m" "$path"
               python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
             fi
-            python -m mini_sglang.bench_one_batch --model-path "$path" --load-format dummy "${flags[@]}" \
+            python -m mini_sglang.bench_one_batch --model-path "$path" --load-format dummy ${fp8_flags[$arm]} \
               --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
-              --result-filename "$OUT/fp8_one_batch_$arm.jsonl" 2>&1 | grep -E "Scheduler|Load weight end|Error" \
+              --result-filename "$OUT/fp8_one_batch_$arm.jsonl" 2>&1 | grep -E "Scheduler|KV Cache|Error" \
               | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
-            python -m mini_sglang.bench_offline_throughput --model-path "$path" --load-format dummy "${flags[@]}" \
+            python -m mini_sglang.bench_offline_throughput --model-path "$path" --load-format dummy ${fp8_flags[$arm]} \
               --preset nano-vllm --result-filename "$OUT/fp8_offline_$arm.jsonl" 2>&1 \
               | grep -E "Output token throughput|Error" | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
           done
         done
-      done
-      python -m pytest -q -p no:cacheprovider -s tests/gpu/test_gpu_fp8.py 2>&1 \
-        | tee "$OUT/gpu_fp8_tests.log" | grep -E "max\||passed|failed|Error" | tail -40
-      smol=$(python -c "from mini_sglang.model_loader.default_model import resolve_default_model_path as r; print(r())" 2>/dev/null | tail -1)
-      [ -d "$smol" ] && python benchmarks/fp8_quality.py "$smol" --device cuda \
-        --result-filename "$OUT/fp8_quality.jsonl" 2>&1 | tail -1 | tee -a "$OUT/fp8.log" ;;
+      done ;;
     profile)
       # kernel table of 20 decode steps at batch 256 (the nano-vllm workload's full batch),
       # context ~800; PROFILE_BS=1 gives the batch-1 latency target's kernels. Extra flags
@@ -245,45 +225,52 @@ for step in "${steps[@]}"; do
         done
       done ;;
     moe)
-      # Mixture of experts (docs/moe.md): the GPU tests (tiny MoE models vs transformers on
-      # every attention backend, the fused kernel vs the torch reference, compiled), the fused
+      # Mixture of experts (docs/moe.md; the GPU tests are in the tests step): the fused
       # kernel's GB/s and TFLOP/s on Qwen3-30B-A3B's shapes, Qwen3-30B-A3B at batch 1 (in 128,
       # out 1024; target on an H200: <= 2.0 ms/token) and on the nano-vllm workload next to
-      # Llama-3.1-8B (target: at least Llama's throughput), and Mixtral-8x7B at batch 1
-      # (93 GB of weights: an H200, or an Error line on an 80 GB card).
-      for name in qwen3-30b-a3b mixtral-8x7b llama-3.1-8b; do
+      # Llama-3.1-8B (target: at least Llama's throughput).
+      for name in qwen3-30b-a3b llama-3.1-8b; do
         python benchmarks/models/prepare.py "$name" "$MODEL_ROOT/$name" >/dev/null
       done
-      python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_moe.py tests/unit/test_fused_moe.py \
-        2>&1 | tee "$OUT/gpu_moe_tests.log" | tail -8
       python benchmarks/bench_fused_moe.py --result-filename "$OUT/fused_moe.jsonl" 2>&1 | tee "$OUT/fused_moe.log"
       python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/qwen3-30b-a3b" --load-format dummy \
         --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
         --result-filename "$OUT/moe_one_batch.jsonl" 2>&1 | grep -E "Scheduler|Error" \
         | sed "s/^/qwen3-30b-a3b /" | tee -a "$OUT/moe.log"
-      for m in qwen3-30b-a3b llama-3.1-8b; do
-        python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
-          --preset nano-vllm --result-filename "$OUT/moe_offline.jsonl" 2>&1 | tee "$OUT/moe_offline_$m.log" \
-          | grep -E "throughput|duration|Error" | sed "s/^/$m /" | tee -a "$OUT/moe.log"
-      done
+      for round in $(seq "${MOE_ROUNDS:-1}"); do
+        for m in qwen3-30b-a3b llama-3.1-8b; do
+          python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
+            --preset nano-vllm --result-filename "$OUT/moe_offline.jsonl" 2>&1 | tee "$OUT/moe_offline_$m.log" \
+            | grep -E "throughput|duration|Error" | sed "s/^/round $round $m /" | tee -a "$OUT/moe.log"
+        done
+      done ;;
+    mixtral)
+      # Mixtral-8x7B (93 GB of bf16 weights: one H200, or MIXTRAL_TP=2 over two GPUs) at
+      # batch 1, in 128, out 256, runner mode (decode ms/token)
+      python benchmarks/models/prepare.py mixtral-8x7b "$MODEL_ROOT/mixtral-8x7b" >/dev/null
       python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/mixtral-8x7b" --load-format dummy \
-        --batch-size 1 --input-len 128 --output-len 256 --result-filename "$OUT/moe_one_batch.jsonl" \
-        2>&1 | grep -E "Decode|Prefill|Error" | sed "s/^/mixtral-8x7b /" | tee -a "$OUT/moe.log" ;;
+        --tp-size "${MIXTRAL_TP:-1}" --batch-size 1 --input-len 128 --output-len 256 \
+        --result-filename "$OUT/mixtral_one_batch.jsonl" 2>&1 | grep -E "Decode|Prefill|Error" \
+        | sed "s/^/mixtral-8x7b tp${MIXTRAL_TP:-1} /" | tee -a "$OUT/moe.log" ;;
     vlm)
-      # Vision-language models: the GPU tests (tiny Qwen2.5-VL vs transformers in bf16 on
-      # every attention backend, CUDA graphs on and off), then Qwen2.5-VL-7B (dummy weights)
-      # under SGLang bench_serving's image dataset (one 720p image, 128 tokens in and out)
-      # beside transformers' generate on the same requests, alone and as one batch
-      # (benchmarks/bench_vlm.py; rows in $OUT/vlm.jsonl, server log in $OUT).
-      python -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_qwen2_5_vl.py \
-        2>&1 | tee "$OUT/gpu_vlm_tests.log" | tail -8
+      # Qwen2.5-VL-7B (dummy weights) under SGLang bench_serving's image dataset (one 720p
+      # image, 128 tokens in and out) beside transformers' generate on the same requests,
+      # alone and as one batch (benchmarks/bench_vlm.py; rows in $OUT/vlm.jsonl, server log
+      # in $OUT). The tiny-model GPU tests are in the tests step.
       python benchmarks/models/prepare.py qwen2.5-vl-7b "$MODEL_ROOT/qwen2.5-vl-7b" >/dev/null
       python benchmarks/bench_vlm.py --model-dir "$MODEL_ROOT/qwen2.5-vl-7b" --log-dir "$OUT" \
         --out "$OUT/vlm.jsonl" 2>&1 | tee "$OUT/vlm.log" | tail -12 ;;
+    embedding)
+      # embedding throughput, ours beside transformers (benchmarks/bench_embedding.py):
+      # Qwen3-0.6B-sized decoder embedder and BERT-base, batch 1 and 64, 32-512 tokens
+      python benchmarks/bench_embedding.py --model "${EMBED_MODELS:-qwen3-0.6b,bert-base}" --device cuda \
+        --out "$OUT/embedding.jsonl" 2>&1 | tee "$OUT/embedding.log" | tail -12 ;;
     moe_tune)
       # tuned fused-MoE tile sizes for Qwen3-30B-A3B (tp 1) on this card, written to
-      # $OUT/moe_configs: commit the file under mini_sglang/layers/moe/configs/
-      python benchmarks/tune_fused_moe.py --out-dir "$OUT/moe_configs" 2>&1 | tee "$OUT/moe_tune.log" | tail -4 ;;
+      # $OUT/moe_configs (after every batch size): commit the file under
+      # mini_sglang/layers/moe/configs/. MOE_TUNE_ARGS: other shapes (see the script).
+      python benchmarks/tune_fused_moe.py --out-dir "$OUT/moe_configs" ${MOE_TUNE_ARGS:-} 2>&1 \
+        | tee "$OUT/moe_tune.log" | grep -vE " skip " | tail -16 ;;
     save_jit)
       # pack the JIT caches (flashinfer's and Triton's) into $OUT; put both .tgz files into
       # $JIT_CACHE_DIR for later runs on a fresh machine (Triton's is restored above,
