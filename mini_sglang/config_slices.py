@@ -44,7 +44,8 @@ class AttentionConfig:
 @dataclass(frozen=True)
 class ModelRunnerConfig:
     """What ModelRunner (weights, KV pools, sampler, CUDA graphs) needs from the launch
-    flags. `cuda_graph_bs` None means the default capture list for `cuda_graph_max_bs`;
+    flags. `quantization_param_path` is the JSON file of FP8 KV cache scales
+    (model_loader/kv_cache_scales.py). `cuda_graph_bs` None means the default capture list for `cuda_graph_max_bs`;
     `cpu_offload_gb` GiB of decoder-layer weights stay in host memory (CUDA only)."""
 
     device: str
@@ -52,6 +53,7 @@ class ModelRunnerConfig:
     random_seed: int = 0
     page_size: int = 1
     kv_cache_dtype: str = "auto"
+    quantization_param_path: str | None = None
     mem_fraction_static: float = 0.88
     max_total_tokens: int | None = None
     max_running_requests: int | None = None
@@ -72,6 +74,7 @@ class ModelRunnerConfig:
             random_seed=sa.random_seed or 0,
             page_size=sa.page_size or 1,
             kv_cache_dtype=sa.kv_cache_dtype,
+            quantization_param_path=sa.quantization_param_path,
             mem_fraction_static=sa.mem_fraction_static,
             max_total_tokens=sa.max_total_tokens,
             max_running_requests=sa.max_running_requests,

@@ -100,6 +100,8 @@ class ServerArgs:
     # Data types
     dtype: str = "auto"
     quantization: str | None = None
+    # JSON of per-layer FP8 KV cache scales (model_loader/kv_cache_scales.py)
+    quantization_param_path: str | None = None
     kv_cache_dtype: str = "auto"
     # Memory and scheduling
     mem_fraction_static: float | None = None

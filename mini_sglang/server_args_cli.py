@@ -53,6 +53,11 @@ if TYPE_CHECKING:
 _S, _I, _F = str, int, float
 _T = "store_true"
 
+
+def _nullable_str(value: str) -> str | None:
+    return None if not value or value == "None" else value
+
+
 # (option strings, argparse kwargs); the first option string names the dataclass field.
 _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     # Model and tokenizer
@@ -72,7 +77,8 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     # Data types
     (("--dtype",), dict(type=_S, choices=DTYPE_CHOICES, help="Weights/activations dtype. 'auto': FP16 for FP32/FP16 checkpoints, BF16 for BF16 ones; float32 on CPU.")),
     (("--quantization",), dict(type=_S, choices=QUANTIZATION_CHOICES, help="The quantization method: fp8 (FP8 weights, quantized at load or from an FP8 checkpoint), gguf; compressed-tensors FP8 checkpoints are detected.")),
-    (("--kv-cache-dtype",), dict(type=_S, choices=KV_CACHE_DTYPE_CHOICES, help="KV cache dtype; 'auto' uses the model dtype. fp8_e4m3 / fp8_e5m2 store K/V as FP8 with per-layer scales from the checkpoint (else 1.0).")),
+    (("--quantization-param-path",), dict(type=_nullable_str, help="A JSON file of per-layer KV cache scaling factors (SGLang's format), used with --kv-cache-dtype fp8_e4m3; it wins over the checkpoint's scales. A missing or invalid file is logged and the scales stay as they were.")),
+    (("--kv-cache-dtype",), dict(type=_S, choices=KV_CACHE_DTYPE_CHOICES, help="KV cache dtype; 'auto' uses the model dtype. fp8_e4m3 / fp8_e5m2 store K/V as FP8 with per-layer scales from the checkpoint or --quantization-param-path (else 1.0).")),
     # Memory and scheduling
     (("--mem-fraction-static",), dict(type=_F, help="Fraction of device memory for model weights plus KV cache pool.")),
     (("--max-running-requests",), dict(type=_I, help="The maximum number of running requests.")),
@@ -176,10 +182,6 @@ SGLANG_ONLY_FLAGS: tuple[SglangFlag, ...] = tuple(
 
 def _dest(flag: SglangFlag) -> str:
     return flag.options[0].lstrip("-").replace("-", "_")
-
-
-def _nullable_str(value: str) -> str | None:
-    return None if not value or value == "None" else value
 
 
 class _DeprecatedAction(argparse.Action):

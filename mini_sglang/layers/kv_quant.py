@@ -7,7 +7,8 @@ float scale per layer for K and one for V (SGLang's per-tensor scheme):
     read:   x ~= q.to(dtype) * scale
 
 The scales come from the checkpoint when it has them (`*.k_scale` / `*.v_scale`, or the
-older single `*.kv_scale` for both), else 1.0, as SGLang. Kernels may fold them instead of
+older single `*.kv_scale` for both), then from --quantization-param-path's JSON file
+(model_loader/kv_cache_scales.py), else 1.0, as SGLang. Kernels may fold them instead of
 dequantizing element by element: softmax(q.k * sm_scale * k_scale) and output * v_scale are
 the same attention. A pool in the model dtype ignores the scales.
 """

@@ -2,8 +2,8 @@
 
 It holds the per-layer facts the backends need (heads on this rank, head_dim, scaling,
 layer_id into the KV pool, and whether extend attention is causal), the layer's KV cache
-scales (k_scale, v_scale: plain floats, 1.0 unless the checkpoint sets them; used only by an
-FP8 pool, see layers/kv_quant.py) and forwards to `forward_batch.attn_backend`.
+scales (k_scale, v_scale: plain floats, 1.0 unless the checkpoint or
+--quantization-param-path sets them; used only by an FP8 pool, see layers/kv_quant.py) and forwards to `forward_batch.attn_backend`.
 """
 
 from __future__ import annotations

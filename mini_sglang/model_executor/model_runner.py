@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from mini_sglang.config_slices import ModelRunnerConfig
-from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.distributed.parallel_state import get_tp_rank, get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention import create_attention_backend
 from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
@@ -28,6 +28,7 @@ from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from mini_sglang.model_config import ModelConfig
 from mini_sglang.model_executor.cuda_graph_runner import CudaGraphRunner
 from mini_sglang.model_executor.forward_batch_info import ForwardBatch, ModelWorkerBatch
+from mini_sglang.model_loader.kv_cache_scales import load_quantization_param_path
 from mini_sglang.model_loader.loader import get_model
 
 logger = logging.getLogger("mini_sglang")
@@ -81,6 +82,16 @@ class ModelRunner:
         offload_bytes = offload_bytes_for_device(config.cpu_offload_gb, self.device)
         self.model = get_model(model_config, config.load_format, self.device, offload_bytes)
         self.weight_source = WeightSource(model_config.model_path, config.load_format)
+        # Before the pool and CUDA graphs: the scales are read as floats when captured.
+        load_quantization_param_path(
+            self.model,
+            config.quantization_param_path,
+            config.kv_cache_dtype,
+            get_tp_rank(),
+            get_tp_size(),
+            model_config.num_hidden_layers,
+            getattr(model_config.hf_config, "model_type", None),
+        )
         if self.device.type == "cuda":
             if offload_bytes:
                 # The offloaded layers' device blocks sit in the caching allocator; hand them
