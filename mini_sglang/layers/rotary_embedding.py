@@ -1,8 +1,16 @@
 """Rotary position embedding (neox / rotate-half layout, as HF Llama, Qwen2 and Qwen3 use).
 
-Inverse frequencies come from transformers' own rope-init functions (llama3, linear, dynamic,
-yarn, ...) so every scaling variant matches HF exactly; the default type is the plain
-`base ** (-2i/d)` formula. cos/sin are cached for every position up to max_position.
+The cos/sin cache follows SGLang 0.5.4's rope classes (srt/layers/rotary_embedding.py),
+formula for formula, for the rope types SGLang knows: default, linear, dynamic (NTK, and
+its `alpha` variant), yarn and llama3. Other types (longrope, ...) take their inverse
+frequencies from transformers' rope-init functions. cos/sin are cached for every position
+up to cache_positions(...).
+
+Dynamic NTK differs from transformers on purpose: transformers recomputes the frequencies
+from each sequence's length (unscaled up to max_position_embeddings, a growing base
+beyond), while SGLang computes them once, with the base stretched for the longest sequence
+(max_position_embeddings x factor), and uses them for every position; a server whose cache
+holds K of many lengths cannot re-rotate it per length.
 
 M-RoPE (Qwen2-VL / Qwen2.5-VL, `mrope_section` in the rope parameters) gives each token three
 positions (temporal, height, width); frequency pair i takes its angle from the position of
@@ -14,6 +22,9 @@ token) its row is the cache's row of that position, so such tokens need no rows 
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -29,14 +40,95 @@ def _rope_parameters(hf_config) -> dict:
     return params
 
 
-def compute_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
-    """(inv_freq [head_dim // 2], attention_scaling) for the config's rope type."""
+@dataclass(frozen=True)
+class RopeFrequencies:
+    """A rope type's cache recipe: angle(position p, pair i) = (p / position_divisor) *
+    inv_freq[i]; cos and sin are multiplied by `scaling` (YaRN's mscale, 1.0 elsewhere)."""
+
+    inv_freq: torch.Tensor
+    scaling: float = 1.0
+    position_divisor: float = 1.0
+
+
+def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
+    """SGLang's RotaryEmbedding._compute_inv_freq."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+
+def _dynamic_ntk_base(params: dict, dim: int, max_position: int) -> float:
+    """SGLang's DynamicNTKScalingRotaryEmbedding (the base for max_position x factor
+    positions) or, with `alpha`, DynamicNTKAlphaRotaryEmbedding."""
+    base = params["rope_theta"]
+    if "alpha" in params:
+        return base * params["alpha"] ** (dim / (dim - 2))
+    factor = params["factor"]
+    max_len = max_position * factor
+    return base * ((factor * max_len / max_position) - (factor - 1)) ** (dim / (dim - 2))
+
+
+def _yarn(params: dict, dim: int, max_position: int) -> RopeFrequencies:
+    """SGLang's YaRNScalingRotaryEmbedding: its keys (attn_factor multiplies the mscale,
+    extrapolation_factor, beta_fast / beta_slow), not transformers' attention_factor."""
+    base, factor = params["rope_theta"], params["factor"]
+    original = params.get("original_max_position_embeddings") or max_position
+    beta_fast, beta_slow = params.get("beta_fast", 32), params.get("beta_slow", 1)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # as SGLang: no zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
+    inv_extrapolation = 1.0 / pos_freqs
+    inv_interpolation = 1.0 / (factor * pos_freqs)
+    mask = (1 - ramp) * params.get("extrapolation_factor", 1)
+    inv_freq = inv_interpolation * (1 - mask) + inv_extrapolation * mask
+    mscale = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    return RopeFrequencies(inv_freq, float(mscale * params.get("attn_factor", 1)))
+
+
+def _llama3(params: dict, dim: int) -> torch.Tensor:
+    """SGLang's Llama3RotaryEmbedding._compute_inv_freq."""
+    inv = _base_inv_freq(params["rope_theta"], dim)
+    factor = params["factor"]
+    low_factor, high_factor = params["low_freq_factor"], params["high_freq_factor"]
+    original = params["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = original / low_factor, original / high_factor
+    wave_len = 2 * math.pi / inv
+    smooth = (
+        (original / wave_len - low_factor) / (high_factor - low_factor)
+        if low_factor != high_factor
+        else 0
+    )
+    return torch.where(
+        wave_len < high_wavelen,
+        inv,
+        torch.where(
+            wave_len > low_wavelen, inv / factor, (1 - smooth) * inv / factor + smooth * inv
+        ),
+    )
+
+
+def rope_frequencies(hf_config, head_dim: int, max_position: int) -> RopeFrequencies:
+    """The cache recipe of the config's rope type for a model of max_position_embeddings
+    `max_position` (SGLang's formulas; transformers' for types SGLang lacks)."""
     params = _rope_parameters(hf_config)
     rope_type = params["rope_type"]
     if rope_type == "default":
-        base = float(params["rope_theta"])
-        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        return inv, 1.0
+        return RopeFrequencies(_base_inv_freq(params["rope_theta"], head_dim))
+    if rope_type == "linear":
+        inv = _base_inv_freq(params["rope_theta"], head_dim)
+        return RopeFrequencies(inv, position_divisor=params["factor"])
+    if rope_type == "dynamic":
+        base = _dynamic_ntk_base(params, head_dim, max_position)
+        return RopeFrequencies(_base_inv_freq(base, head_dim))
+    if rope_type == "yarn":
+        return _yarn(params, head_dim, max_position)
+    if rope_type == "llama3":
+        return RopeFrequencies(_llama3(params, head_dim))
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
@@ -44,7 +136,15 @@ def compute_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
             f"Unsupported rope_type {rope_type!r}; supported: default, {', '.join(ROPE_INIT_FUNCTIONS)}"
         )
     inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-    return inv.float(), float(scaling)
+    return RopeFrequencies(inv.float(), float(scaling))
+
+
+def compute_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies per unit of position [head_dim // 2], attention scaling) for
+    the config's rope type and its max_position_embeddings."""
+    max_position = getattr(hf_config, "max_position_embeddings", None) or 2048
+    f = rope_frequencies(hf_config, head_dim, max_position)
+    return f.inv_freq / f.position_divisor, f.scaling
 
 
 # head sizes flashinfer's fused RoPE kernel is compiled for
@@ -54,11 +154,23 @@ FLASHINFER_ROPE_HEAD_DIMS = (64, 128, 256)
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k of shape [num_tokens, num_heads * head_dim] in place-free form."""
 
-    def __init__(self, head_dim: int, max_position: int, inv_freq: torch.Tensor, scaling: float):
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        inv_freq: torch.Tensor,
+        scaling: float,
+        position_divisor: float = 1.0,
+    ):
+        """cos/sin of (p / position_divisor) * inv_freq for p < max_position, times
+        `scaling` (RopeFrequencies' recipe; SGLang divides positions, not frequencies, for
+        linear scaling)."""
         super().__init__()
         self.head_dim = head_dim
         t = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq.to(t.device))
+        if position_divisor != 1.0:
+            t = t / position_divisor
+        freqs = torch.einsum("i,j -> ij", t, inv_freq.to(t.device))
         # [max_position, head_dim]: cos in the first half, sin in the second (flashinfer layout).
         cache = torch.cat([freqs.cos() * scaling, freqs.sin() * scaling], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
@@ -122,8 +234,9 @@ class MRotaryEmbedding(RotaryEmbedding):
         inv_freq: torch.Tensor,
         scaling: float,
         mrope_section: list[int],
+        position_divisor: float = 1.0,
     ):
-        super().__init__(head_dim, max_position, inv_freq, scaling)
+        super().__init__(head_dim, max_position, inv_freq, scaling, position_divisor)
         if sum(mrope_section) != head_dim // 2:
             raise ValueError(
                 f"mrope_section {mrope_section} must sum to head_dim // 2 = {head_dim // 2}"
@@ -160,10 +273,12 @@ def cache_positions(params: dict, max_position: int) -> int:
 def get_rope(hf_config, head_dim: int, max_position: int) -> RotaryEmbedding:
     """The config's RoPE: MRotaryEmbedding when its rope parameters carry `mrope_section`.
     The cache holds cache_positions(...) positions (at least `max_position`)."""
-    inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
+    f = rope_frequencies(hf_config, head_dim, max_position)
     params = _rope_parameters(hf_config)
-    max_position = cache_positions(params, max_position)
+    positions = cache_positions(params, max_position)
     section = params.get("mrope_section")
     if section:
-        return MRotaryEmbedding(head_dim, max_position, inv_freq, scaling, section)
-    return RotaryEmbedding(head_dim, max_position, inv_freq, scaling)
+        return MRotaryEmbedding(
+            head_dim, positions, f.inv_freq, f.scaling, section, f.position_divisor
+        )
+    return RotaryEmbedding(head_dim, positions, f.inv_freq, f.scaling, f.position_divisor)
