@@ -13,10 +13,12 @@ their names onto these two parameters with `make_expert_params_mapping` and call
 `weight_loader(param, tensor, shard_id, expert_id)` (shard ids "w1" gate, "w3" up, "w2"
 down, SGLang's names), which keeps only this rank's experts and slice.
 
-Quantization: this layer is the unquantized method. Quantized experts (e.g. FP8) would take
-a method object from the QuantizationConfig here (create weights / load / apply), as the
-linear layers do (layers/quantization); until then a quant_config is refused at build time
-rather than silently serving unquantized experts.
+Quantization: the layer's `quant_method` (layers/moe/method.py) creates its parameters and
+computes the experts; it is `UnquantizedFusedMoEMethod` for an unquantized model, else what
+the model's QuantizationConfig returns from `get_moe_method(prefix)` (FP8: layers/
+quantization/fp8_moe.py). The loader below is the same for every method: parameter
+attributes (`block_size`, `quantize_into`) tell it how a scale maps onto weight rows and
+columns and which weights quantize what they load.
 """
 
 from __future__ import annotations
@@ -35,20 +37,18 @@ from mini_sglang.distributed.parallel_state import (
     get_tp_size,
     tensor_model_parallel_all_reduce,
 )
-from mini_sglang.layers.moe.experts_torch import fused_experts_torch
-from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
+from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMoEMethod
 from mini_sglang.layers.moe.router import select_experts
 
 if TYPE_CHECKING:
     from mini_sglang.layers.quantization.base import QuantizationConfig
 
+_UNQUANTIZED = UnquantizedFusedMoEMethod()
 
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401  # deferred: optional on CPU-only installs
-    except ImportError:
-        return False
-    return True
+
+def _check_aligned(what: str, position: int, unit: int) -> None:
+    if position % unit:
+        raise ValueError(f"{what} at {position} is not aligned to the {unit}-wide scale blocks")
 
 
 class FusedMoE(nn.Module):
@@ -67,11 +67,6 @@ class FusedMoE(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        if quant_config is not None:
-            raise ValueError(
-                f"{quant_config.name or type(quant_config).__name__} quantization of MoE "
-                f"experts ({prefix}) is not supported; serve the model unquantized"
-            )
         self.num_experts = num_experts
         self.top_k = top_k
         self.renormalize = renormalize
@@ -82,16 +77,16 @@ class FusedMoE(nn.Module):
         self.first_expert = self.ep_rank * self.num_local_experts
         self.intermediate_size = intermediate_size
         self.intermediate_per_partition = divide(intermediate_size, self.moe_tp_size)
-        i_shard = self.intermediate_per_partition
-        self.w13_weight = nn.Parameter(
-            torch.empty(self.num_local_experts, 2 * i_shard, hidden_size), requires_grad=False
+        self.quant_method: FusedMoEMethodBase = (
+            _UNQUANTIZED if quant_config is None else quant_config.get_moe_method(prefix)
         )
-        self.w2_weight = nn.Parameter(
-            torch.empty(self.num_local_experts, hidden_size, i_shard), requires_grad=False
+        self.quant_method.create_weights(
+            self,
+            self.num_local_experts,
+            hidden_size,
+            self.intermediate_per_partition,
+            torch.get_default_dtype(),
         )
-        self.w13_weight.weight_loader = self.weight_loader
-        self.w2_weight.weight_loader = self.weight_loader
-        self.use_triton = None  # decided on the first forward (the device is known then)
 
     @staticmethod
     def make_expert_params_mapping(
@@ -119,20 +114,54 @@ class FusedMoE(nn.Module):
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str, expert_id: int
     ) -> None:
-        """Copy this rank's slice of one expert's checkpoint projection (gate / up [I, H],
-        down [H, I]) into the stacked parameter; other ranks' experts are skipped."""
+        """Copy this rank's slice of one expert's checkpoint tensor into the stacked
+        parameter; other ranks' experts are skipped. Weights: gate / up [I, H], down [H, I];
+        their scales (when the method has them): per channel ([I] or [I, 1], [H]), per
+        tensor (one element, stored on each row of the projection) or per block
+        ([I / bn, H / bk], [H / bn, I / bk]), as `param.block_size` says. A tensor of another
+        dtype than a weight that has `quantize_into` is quantized on the way in."""
         local = expert_id - self.first_expert
         if not 0 <= local < self.num_local_experts:
             return
         size = self.intermediate_per_partition
         start = self.moe_tp_rank * size
-        if shard_id in ("w1", "w3"):
+        rows, cols = getattr(param, "block_size", (1, 1))
+        if shard_id in ("w1", "w3"):  # output rows [start, start + size) of the projection
             offset = 0 if shard_id == "w1" else size
-            param.data[local].narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
-        elif shard_id == "w2":
-            param.data[local].copy_(loaded.narrow(1, start, size))
+            _check_aligned(f"the {shard_id} shard's row", offset, rows)
+            _check_aligned(f"the {shard_id} shard's checkpoint row", start, rows)
+            n = -(-size // rows)
+            if loaded.numel() == 1 and n * param[local, 0].numel() > 1:  # a per-tensor scale
+                param.data[local].narrow(0, offset // rows, n).fill_(loaded.item())
+                return
+            if loaded.dim() == 2 and param.dim() == 2:  # a per-channel scale saved [I, 1]
+                loaded = loaded.reshape(-1)
+            self._store(param, local, offset // rows, loaded.narrow(0, start // rows, n))
+        elif shard_id == "w2":  # input columns [start, start + size): all output rows
+            if param.dim() == 2:  # a per-channel or per-tensor scale [H]: no input dimension
+                param.data[local].copy_(loaded.reshape(-1).expand(param.shape[1]))
+                return
+            _check_aligned("the w2 shard's checkpoint column", start, cols)
+            self._store(param, local, 0, loaded.narrow(1, start // cols, param.shape[2]))
         else:
             raise ValueError(f"FusedMoE shard_id must be w1, w2 or w3, got {shard_id!r}")
+
+    @staticmethod
+    def _store(param: nn.Parameter, local: int, row: int, loaded: torch.Tensor) -> None:
+        """Copy `loaded` into rows [row, row + len(loaded)) of expert `local`'s slice of
+        param, quantizing it first (scales into the matching rows of `quantize_into`) where
+        param stores another dtype."""
+        dst = param.data[local].narrow(0, row, loaded.shape[0])
+        scale_param = getattr(param, "quantize_into", None)
+        if scale_param is None or loaded.dtype == param.dtype:
+            dst.copy_(loaded)
+            return
+        # quantized where the parameter lives (a checkpoint tensor arrives on the host)
+        values, scales = param.quantize(loaded.to(dst.device))
+        dst.copy_(values)
+        unit = getattr(scale_param, "block_size", (1, 1))[0]
+        scale_rows = scale_param.data[local].narrow(0, row // unit, scales.shape[0])
+        scale_rows.copy_(scales.reshape(scale_rows.shape))
 
     def load_full(self, param: nn.Parameter, full: torch.Tensor) -> None:
         """Keep this rank's slice of the whole stacked tensor (w13 [E, 2I, H] or w2 [E, H, I]),
@@ -156,21 +185,9 @@ class FusedMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         topk_ids = self._local_ids(topk_ids)
-        if self.use_triton is None:
-            self.use_triton = hidden.is_cuda and triton_available()
-        if self.use_triton:
-            out = fused_experts_triton(
-                hidden,
-                self.w13_weight,
-                self.w2_weight,
-                topk_weights,
-                topk_ids,
-                dropped_pairs=self.ep_size > 1,
-            )
-        else:
-            out = fused_experts_torch(
-                hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids
-            )
+        out = self.quant_method.apply(
+            self, hidden, topk_weights, topk_ids, dropped_pairs=self.ep_size > 1
+        )
         if self.reduce_results and get_tp_size() > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out

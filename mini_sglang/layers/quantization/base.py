@@ -1,4 +1,5 @@
-"""The quantization seam: `QuantizationConfig` picks a `LinearMethodBase` per linear layer.
+"""The quantization seam: `QuantizationConfig` picks a `LinearMethodBase` per linear layer
+(and a `FusedMoEMethodBase`, layers/moe/method.py, per MoE layer: `get_moe_method`).
 
 Contract of a linear method (one object may serve many layers; per-layer state lives on the
 layer as parameters):
@@ -37,6 +38,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from mini_sglang.layers.layernorm import RMSNorm
+    from mini_sglang.layers.moe.method import FusedMoEMethodBase
 
 
 class LinearMethodBase:
@@ -90,6 +92,15 @@ class QuantizationConfig:
 
     def get_linear_method(self, prefix: str) -> LinearMethodBase:
         raise NotImplementedError
+
+    def get_moe_method(self, prefix: str) -> FusedMoEMethodBase:
+        """The method of the FusedMoE layer `prefix` (e.g. "model.layers.0.mlp.experts");
+        a config without one refuses the model at build time rather than serving its
+        experts unquantized."""
+        raise ValueError(
+            f"{self.name or type(self).__name__} quantization of MoE experts ({prefix}) is not "
+            "supported; serve the model unquantized"
+        )
 
 
 def make_param(layer: nn.Module, name: str, data: torch.Tensor, **attrs: object) -> nn.Parameter:
