@@ -93,8 +93,10 @@ def fill_dummy_weights_tp(
             done.add(id(param))
             where = param.device if device is None else device
             if isinstance(module, FusedMoE):  # experts split by expert and by intermediate
-                shape = _full_expert_shape(module, param)
-                module.load_full(param, full_dummy(shape, seed, low, high, where).to(param.dtype))
+                full = full_dummy(_full_expert_shape(module, param), seed, low, high, where)
+                if getattr(param, "quantize_into", None) is None:  # else quantized by its loader
+                    full = full.to(param.dtype)
+                module.load_full(param, full)
                 continue
             pieces = _shards(module, pname, param)
             if not pieces:

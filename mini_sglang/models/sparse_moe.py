@@ -156,6 +156,8 @@ class MoeForCausalLM(LlamaForCausalLM):
             return None
         param_part, expert_id, shard_id = self.expert_params_mapping[match.group(0)]
         target = name.replace(match.group(0), param_part)
-        param = params[target]
+        param = params.get(target)
+        if param is None:  # a tensor the method does not use (a static input_scale)
+            return None
         param.weight_loader(param, tensor, shard_id, expert_id)
         return target

@@ -8,7 +8,11 @@
 - FusedMoE's TP and EP splits: the ranks' partial outputs sum to the unsplit layer's, for the
   checkpoint loader (weight_loader per expert) and the dummy loader (load_full);
 - the kernel-config lookup: nearest tuned batch size, clean fallback without or with a bad
-  file.
+  file;
+- FP8 experts (w8a8): the kernel with per-channel and block-wise scales equals the torch
+  reference on the dequantized weights with the same activation quantization (batch 1,
+  empty experts, dropped pairs), and FusedMoE with the FP8 method loads online, per-tensor
+  and block-wise checkpoint tensors into that function, split over TP / EP ranks.
 
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by conftest
 before triton is imported) on tiny shapes; with CUDA the same tests run compiled.
@@ -30,9 +34,23 @@ from mini_sglang.layers.moe.align import (  # noqa: E402
     moe_align_block_size_triton,
 )
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch  # noqa: E402
-from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton  # noqa: E402
+from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton  # noqa: E402
 from mini_sglang.layers.moe.layer import FusedMoE  # noqa: E402
 from mini_sglang.layers.moe.router import select_experts_torch, select_experts_triton  # noqa: E402
+from mini_sglang.layers.quantization.fp8 import Fp8Config  # noqa: E402
+from mini_sglang.layers.quantization.fp8_kernels import (  # noqa: E402
+    FP8_DTYPE,
+    dequantize_blocks,
+    dequantize_rows,
+    quantize_blocks,
+    quantize_rows,
+    quantize_tensor,
+)
+from mini_sglang.layers.quantization.fp8_moe import (  # noqa: E402
+    qdq_activations,
+    quantize_activations,
+)
+from mini_sglang.layers.quantization.methods import QuantSpec  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TILES = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, GROUP_SIZE_M=2)
@@ -177,3 +195,117 @@ def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch) -> None:
     assert cfg == kernel_config.default_config(40, 8, 2)
     kernel_config.load_configs.cache_clear()
     kernel_config.get_config.cache_clear()
+
+
+# ---- FP8 experts ---------------------------------------------------------------------------
+FP8_BLOCK = (16, 16)
+
+
+def _fp8_experts(w: torch.Tensor, block: tuple[int, int] | None):
+    """Per-expert FP8 quantization of stacked weights [E, N, K] -> (values, scales,
+    dequantized float32)."""
+    pairs = [quantize_rows(e) if block is None else quantize_blocks(e, block) for e in w]
+    q = torch.stack([p[0] for p in pairs])
+    s = torch.stack([p[1] for p in pairs])
+    if block is None:
+        deq = torch.stack([dequantize_rows(a, b) for a, b in pairs])
+    else:
+        deq = torch.stack([dequantize_blocks(a, b, block) for a, b in pairs])
+    return q, s, deq
+
+
+def _interpreter_quantize(x: torch.Tensor, group: int | None):
+    """quantize_activations, with the FP8 values in float32 (the interpreter has no FP8)."""
+    q, s = quantize_activations(x, group)
+    return q.float(), s
+
+
+@pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_fp8_fused_experts_match_dequantized_reference(block, tokens) -> None:
+    experts, k, hidden, inter = 8, 2, 40, 32  # hidden 40: a short last group of 16 columns
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13q, w13s, w13d = _fp8_experts(torch.randn(experts, 2 * inter, hidden, generator=gen), block)
+    w2q, w2s, w2d = _fp8_experts(torch.randn(experts, hidden, inter, generator=gen), block)
+    weights = torch.rand(tokens, k, generator=gen)
+    ids = _ids(tokens, experts, k, gen)  # batch 1: six of the eight experts get no pair
+    group = block[1] if block is not None else None
+
+    def qdq(t: torch.Tensor) -> torch.Tensor:
+        return qdq_activations(t, group)
+
+    quantize = quantize_activations if DEVICE.type == "cuda" else _interpreter_quantize
+    if DEVICE.type == "cpu":
+        w13q, w2q = w13q.float(), w2q.float()
+    fp8 = Fp8Experts(w13s.to(DEVICE), w2s.to(DEVICE), block, quantize)
+    x, w13q, w2q, weights = (t.to(DEVICE) for t in (x, w13q, w2q, weights))
+    for case in (ids, torch.where(ids % 2 == 1, -1, ids)):  # all pairs, then some dropped
+        ref = fused_experts_torch(x.cpu(), w13d, w2d, weights.cpu(), case, act_qdq=qdq)
+        out = fused_experts_triton(
+            x, w13q, w2q, weights, case.to(DEVICE), dropped_pairs=True, config=TILES, fp8=fp8
+        )
+        torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
+
+
+def _checkpoint_tensor(fmt: str, w: torch.Tensor):
+    """(checkpoint tensor, its scale or None, the dequantized weight the layer must use)."""
+    if fmt == "online":
+        return w, None, dequantize_rows(*quantize_rows(w))
+    if fmt == "tensor":
+        q, s = quantize_tensor(w)
+        return q, s, q.float() * s
+    q, s = quantize_blocks(w, FP8_BLOCK)
+    return q, s, dequantize_blocks(q, s, FP8_BLOCK)
+
+
+FP8_SPECS = {
+    "online": QuantSpec("fp8"),
+    "tensor": QuantSpec("fp8", checkpoint_fp8=True),
+    "block": QuantSpec("fp8", checkpoint_fp8=True, weight_block_size=FP8_BLOCK),
+}
+
+
+@pytest.mark.parametrize("fmt,tp,ep", [("online", 2, 2), ("tensor", 2, 2), ("block", 2, 1)])
+def test_fp8_layer_loads_each_format_and_splits(monkeypatch, fmt: str, tp: int, ep: int) -> None:
+    """The unsplit FP8 layer computes the reference on the dequantized checkpoint weights;
+    the ranks' partial outputs sum to it (block-wise: the intermediate dimension split in
+    whole blocks, so each rank's activation groups are the unsplit layer's)."""
+    E, k, H, inter, T = 4, 2, 40, 32, 5
+    gen = torch.Generator().manual_seed(len(fmt))
+    ckpt = {
+        (e, shard): _checkpoint_tensor(fmt, torch.randn(shape, generator=gen))
+        for e in range(E)
+        for shard, shape in (("w1", (inter, H)), ("w3", (inter, H)), ("w2", (H, inter)))
+    }
+    x = torch.randn(T, H, generator=gen)
+    logits = torch.randn(T, E, generator=gen)
+    scale_name = "weight_scale_inv" if fmt == "block" else "weight_scale"
+
+    def build(rank: int, size: int, groups: int) -> FusedMoE:
+        _set_rank(monkeypatch, rank, size, groups)
+        config = Fp8Config(FP8_SPECS[fmt])
+        layer = FusedMoE(E, k, H, inter, True, reduce_results=False, quant_config=config)
+        for (e, shard), (tensor, scale, _) in ckpt.items():
+            part = "w2_" if shard == "w2" else "w13_"
+            layer.weight_loader(getattr(layer, part + "weight"), tensor, shard, e)
+            if scale is not None:
+                layer.weight_loader(getattr(layer, part + scale_name), scale, shard, e)
+        return layer
+
+    whole = build(0, 1, 1)
+    assert whole.w13_weight.dtype == whole.w2_weight.dtype == FP8_DTYPE
+    w13 = torch.stack([torch.cat([ckpt[e, "w1"][2], ckpt[e, "w3"][2]]) for e in range(E)])
+    w2 = torch.stack([ckpt[e, "w2"][2] for e in range(E)])
+    group = FP8_BLOCK[1] if fmt == "block" else None
+    weights, ids = select_experts_torch(logits, k, True)
+    ref = fused_experts_torch(x, w13, w2, weights, ids, act_qdq=lambda t: qdq_activations(t, group))
+    out = whole(x, logits)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # FP8 changed the function: the unquantized activations give another result
+    plain = fused_experts_torch(x, w13, w2, weights, ids)
+    assert (plain - ref).abs().max() > 100 * 1e-5
+    parts = [build(r, tp, ep) for r in range(tp)]
+    total = sum(p(x, logits) for p in parts)
+    torch.testing.assert_close(total, out, atol=1e-4, rtol=1e-5)
+    monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup())

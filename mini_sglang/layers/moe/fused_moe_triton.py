@@ -16,9 +16,18 @@ and with no host sync (CUDA-graph safe):
 Padding entries of a block (index n) are masked out of loads and stores; blocks past
 num_post_padded exit at once, so the grid can be sized for the worst case on the host.
 Tile sizes come from kernel_config.get_config.
+
+FP8 experts (Fp8Experts) run the same steps w8a8: x is quantized before GEMM 1 and the
+SiLU-and-mul output before GEMM 2 (per token, or per token and group of bk columns), and
+the kernel applies the weight and activation scales in its epilogue (per channel) or at
+each K step (block-wise), as SGLang's use_fp8_w8a8 kernel does.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -28,17 +37,19 @@ from mini_sglang.layers.moe.kernel_config import get_config
 _triton_kernel = None
 
 
-def _kernel():
+def _kernel():  # noqa: C901  # the kernel's constexpr branches count here too
     global _triton_kernel
     if _triton_kernel is None:
         import triton  # deferred: the CPU path never needs it
         import triton.language as tl
 
         @triton.jit
-        def fused_moe_kernel(
+        def fused_moe_kernel(  # noqa: C901  # its branches are constexpr specialisations
             a_ptr,
             b_ptr,
             c_ptr,
+            a_scale_ptr,
+            b_scale_ptr,
             topk_weights_ptr,
             sorted_ids_ptr,
             expert_ids_ptr,
@@ -51,10 +62,16 @@ def _kernel():
             stride_be,
             stride_bn,
             stride_cm,
+            stride_asm,
+            stride_bse,
+            stride_bsn,
             A_ROWS_PER_TOKEN: tl.constexpr,
             SILU_MUL: tl.constexpr,
             MUL_ROUTED_WEIGHT: tl.constexpr,
             IEEE: tl.constexpr,
+            FP8: tl.constexpr,
+            GROUP_N: tl.constexpr,
+            GROUP_K: tl.constexpr,
             BLOCK_SIZE_M: tl.constexpr,
             BLOCK_SIZE_N: tl.constexpr,
             BLOCK_SIZE_K: tl.constexpr,
@@ -62,7 +79,12 @@ def _kernel():
         ):
             """C[pair] = A[pair // A_ROWS_PER_TOKEN] @ B[expert(pair)]^T (* weight[pair]).
             A [rows, K] row-major, B [E, N, K] with unit stride along K, C [pairs, N]. With
-            SILU_MUL, B is [E, 2N, K] ([gate; up]) and C = silu(A @ gate^T) * (A @ up^T)."""
+            SILU_MUL, B is [E, 2N, K] ([gate; up]) and C = silu(A @ gate^T) * (A @ up^T).
+            FP8 (w8a8): A and B hold FP8 values, A scaled by a_scale [rows, K / GROUP_K]
+            and B by b_scale [E, 2N or N / GROUP_N, K / GROUP_K] (unit stride along K);
+            GROUP_K 0 is per channel (a_scale [rows, 1], b_scale [E, 2N or N], applied in
+            the epilogue), else block-wise (applied per K step; BLOCK_SIZE_K divides
+            GROUP_K)."""
             pid = tl.program_id(0)
             num_pid_m = tl.cdiv(max_padded, BLOCK_SIZE_M)
             num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
@@ -81,30 +103,55 @@ def _kernel():
             offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
             n_ok = offs_n < N
             offs_k = tl.arange(0, BLOCK_SIZE_K)
-            a_ptrs = a_ptr + (pair // A_ROWS_PER_TOKEN).to(tl.int64)[:, None] * stride_am
-            a_ptrs += offs_k[None, :]
+            a_row = (pair // A_ROWS_PER_TOKEN).to(tl.int64)
+            a_ptrs = a_ptr + a_row[:, None] * stride_am + offs_k[None, :]
             b_ptrs = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
             b_ptrs += offs_k[:, None]
             up_ptrs = b_ptrs + N * stride_bn  # the up rows (SILU_MUL only)
+            if FP8:
+                a_s_ptrs = a_scale_ptr + a_row * stride_asm
+                b_s_ptrs = b_scale_ptr + expert * stride_bse + (offs_n // GROUP_N) * stride_bsn
+                up_s_ptrs = (
+                    b_scale_ptr + expert * stride_bse + ((offs_n + N) // GROUP_N) * stride_bsn
+                )
             acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
             acc_up = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
             for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
                 k_ok = offs_k < K - k * BLOCK_SIZE_K
                 a = tl.load(a_ptrs, mask=pair_ok[:, None] & k_ok[None, :], other=0.0)
                 b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                if IEEE:
+                if FP8 and GROUP_K > 0:  # this K step's group scales, per row and column
+                    g = k * BLOCK_SIZE_K // GROUP_K
+                    a_s = tl.load(a_s_ptrs + g, mask=pair_ok, other=0.0)[:, None]
+                    b_s = tl.load(b_s_ptrs + g, mask=n_ok, other=0.0)[None, :]
+                    if IEEE:
+                        acc += tl.dot(a, b, input_precision="ieee") * a_s * b_s
+                    else:
+                        acc += tl.dot(a, b) * a_s * b_s
+                elif IEEE:
                     acc += tl.dot(a, b, input_precision="ieee")
                 else:
                     acc += tl.dot(a, b)
                 if SILU_MUL:
                     u = tl.load(up_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-                    if IEEE:
+                    if FP8 and GROUP_K > 0:
+                        u_s = tl.load(up_s_ptrs + g, mask=n_ok, other=0.0)[None, :]
+                        if IEEE:
+                            acc_up += tl.dot(a, u, input_precision="ieee") * a_s * u_s
+                        else:
+                            acc_up += tl.dot(a, u) * a_s * u_s
+                    elif IEEE:
                         acc_up += tl.dot(a, u, input_precision="ieee")
                     else:
                         acc_up += tl.dot(a, u)
                     up_ptrs += BLOCK_SIZE_K
                 a_ptrs += BLOCK_SIZE_K
                 b_ptrs += BLOCK_SIZE_K
+            if FP8 and GROUP_K == 0:
+                a_s = tl.load(a_s_ptrs, mask=pair_ok, other=0.0)[:, None]
+                acc = acc * a_s * tl.load(b_s_ptrs, mask=n_ok, other=0.0)[None, :]
+                if SILU_MUL:
+                    acc_up = acc_up * a_s * tl.load(up_s_ptrs, mask=n_ok, other=0.0)[None, :]
             if SILU_MUL:
                 # rounded to the output dtype first, as the unfused GEMM and activation do
                 gate = acc.to(c_ptr.dtype.element_ty).to(tl.float32)
@@ -120,6 +167,27 @@ def _kernel():
     return _triton_kernel
 
 
+@dataclass(frozen=True)
+class Fp8Experts:
+    """The FP8 (w8a8) operands of fused_experts_triton: w13 and w2 hold float8_e4m3fn values
+    (in Triton's interpreter: float32 tensors holding such values) with float32 scales,
+    value = fp8 * scale:
+
+    - per channel (`block` None): w13_scale [E, 2I], w2_scale [E, H]; the activations (x,
+      and the SiLU-and-mul output) are quantized per row;
+    - block-wise (`block` (bn, bk), bn dividing I): w13_scale [E, 2I / bn, ceil(H / bk)],
+      w2_scale [E, ceil(H / bn), ceil(I / bk)]; activations per row and group of bk columns.
+
+    `quantize(t [M, K], group or None) -> (q [M, K], scale [M, 1] or [M, ceil(K / group)])`
+    quantizes activations; the caller supplies it (layers/quantization's kernels), as that
+    package builds on this one."""
+
+    w13_scale: torch.Tensor
+    w2_scale: torch.Tensor
+    block: tuple[int, int] | None
+    quantize: Callable[[torch.Tensor, int | None], tuple[torch.Tensor, torch.Tensor]]
+
+
 def _grouped_gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -130,12 +198,22 @@ def _grouped_gemm(
     silu_mul: bool,
     mul_routed_weight: bool,
     config: dict[str, int],
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block: tuple[int, int] | None = None,
 ) -> None:
+    """One grouped GEMM launch; `scales` (a_scale, b_scale) makes it FP8 w8a8 (see
+    Fp8Experts for their layouts, `block` for block-wise scales)."""
     import triton
 
     sorted_ids, expert_ids, post_pad = align
     N, K = b.shape[1] // (2 if silu_mul else 1), b.shape[2]
     assert b.stride(2) == 1 and a.stride(1) == 1 and c.stride(1) == 1
+    a_scale, b_scale = (b, b) if scales is None else scales  # b: an unread placeholder
+    assert a_scale.stride(-1) == 1 and b_scale.stride(-1) == 1
+    group_n, group_k = block if block is not None else (1, 0)
+    if group_k:  # one K step must lie in one scale group
+        config = dict(config, BLOCK_SIZE_K=math.gcd(config["BLOCK_SIZE_K"], group_k))
+        assert config["BLOCK_SIZE_K"] >= 16, (config, block)
     max_padded = sorted_ids.numel()
     grid = (
         triton.cdiv(max_padded, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),
@@ -144,6 +222,8 @@ def _grouped_gemm(
         a,
         b,
         c,
+        a_scale,
+        b_scale,
         topk_weights,
         sorted_ids,
         expert_ids,
@@ -156,10 +236,16 @@ def _grouped_gemm(
         b.stride(0),
         b.stride(1),
         c.stride(0),
+        a_scale.stride(0),
+        b_scale.stride(0),
+        b_scale.stride(1),
         A_ROWS_PER_TOKEN=a_rows_per_token,
         SILU_MUL=silu_mul,
         MUL_ROUTED_WEIGHT=mul_routed_weight,
         IEEE=a.dtype == torch.float32,
+        FP8=scales is not None,
+        GROUP_N=group_n,
+        GROUP_K=group_k,
         **config,
     )
 
@@ -172,23 +258,37 @@ def fused_experts_triton(
     topk_ids: torch.Tensor,
     dropped_pairs: bool = False,
     config: dict[str, int] | None = None,
+    fp8: Fp8Experts | None = None,
 ) -> torch.Tensor:
     """fused_experts_torch's result (see the module for the steps). `dropped_pairs`: some ids
     may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
-    tuned / default tile sizes (the tuning script and tests use it)."""
+    tuned / default tile sizes (the tuning script and tests use it). With `fp8` the experts
+    are FP8 and both GEMMs run w8a8 (x, then the SiLU-and-mul output, quantized
+    dynamically; see Fp8Experts); the result has x's dtype."""
     tokens, k = topk_ids.shape
     E, two_i, _ = w13.shape
     if tokens == 0:  # nothing to launch (a grid of zero programs is an error)
         return torch.zeros_like(x)
     if config is None:
-        config = get_config(tokens, E, w2.shape[2], k, x.dtype, x.device)
+        dtype = x.dtype if fp8 is None else torch.float8_e4m3fn
+        config = get_config(tokens, E, w2.shape[2], k, dtype, x.device)
     align = moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
     weights = topk_weights.reshape(-1).contiguous()
     x = x.contiguous()
     act = torch.empty(tokens * k, two_i // 2, dtype=x.dtype, device=x.device)
-    _grouped_gemm(x, w13, act, weights, align, k, True, False, config)
+    block = fp8.block if fp8 is not None else None
+    group = block[1] if block is not None else None
+    a, scales = x, None
+    if fp8 is not None:
+        a, a_scale = fp8.quantize(x, group)
+        scales = (a_scale, fp8.w13_scale)
+    _grouped_gemm(a, w13, act, weights, align, k, True, False, config, scales, block)
     # Dropped pairs' rows are never written, and the sum below must read them as zero.
     alloc = torch.zeros if dropped_pairs else torch.empty
     down = alloc(tokens * k, w2.shape[1], dtype=x.dtype, device=x.device)
-    _grouped_gemm(act, w2, down, weights, align, 1, False, True, config)
+    a = act
+    if fp8 is not None:
+        a, a_scale = fp8.quantize(act, group)
+        scales = (a_scale, fp8.w2_scale)
+    _grouped_gemm(a, w2, down, weights, align, 1, False, True, config, scales, block)
     return down.view(tokens, k, -1).sum(dim=1)

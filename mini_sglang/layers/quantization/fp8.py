@@ -1,4 +1,5 @@
-"""FP8 linear methods and the configs that choose them.
+"""FP8 linear methods and the configs that choose them (and, for MoE layers, the FP8
+expert method of fp8_moe.py).
 
 - `fp8` (SGLang's Fp8Config): `--quantization fp8` on a bf16/fp16 checkpoint quantizes
   each weight to float8_e4m3fn while it loads, one scale per output channel (online); an
@@ -14,7 +15,7 @@ block-wise weights; the small-batch GEMV reads them unquantized); a checkpoint's
 `input_scale` is not used. A
 per-tensor weight scale is stored per channel (the shard's scale on each of its rows), so
 fused q/k/v and gate/up layers whose projections have different scales need no
-re-quantization. The LM head and embeddings are never quantized.
+re-quantization. The LM head, embeddings and MoE routers (`gate`) are never quantized.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from torch import nn
 
 from mini_sglang.layers import small_m_gemm
+from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMoEMethod
 from mini_sglang.layers.quantization.base import (
     LinearMethodBase,
     QuantizationConfig,
@@ -44,6 +46,7 @@ from mini_sglang.layers.quantization.fp8_kernels import (
     quantize_rows,
     triton_fp8_supported,
 )
+from mini_sglang.layers.quantization.fp8_moe import Fp8MoEMethod
 from mini_sglang.layers.quantization.methods import QuantSpec
 from mini_sglang.layers.quantization.unquantized import UnquantizedLinearMethod
 
@@ -199,6 +202,7 @@ class Fp8BlockLinearMethod(LinearMethodBase):
 
 
 _UNQUANTIZED = UnquantizedLinearMethod()
+_UNQUANTIZED_MOE = UnquantizedFusedMoEMethod()
 
 
 @dataclass
@@ -217,3 +221,10 @@ class Fp8Config(QuantizationConfig):
         if self.spec.weight_block_size is not None:
             return Fp8BlockLinearMethod(self.spec.weight_block_size)
         return Fp8LinearMethod(online=not self.spec.checkpoint_fp8)
+
+    def get_moe_method(self, prefix: str) -> FusedMoEMethodBase:
+        """FP8 experts in the model's format (fp8_moe.py); unquantized if `prefix` (the
+        FusedMoE module, e.g. model.layers.0.mlp.experts) is in ignored_layers."""
+        if is_layer_ignored(prefix, list(self.spec.ignored_layers)):
+            return _UNQUANTIZED_MOE
+        return Fp8MoEMethod(self.spec.weight_block_size, online=not self.spec.checkpoint_fp8)
