@@ -18,13 +18,22 @@ from tests.server.conftest import ServerHandle, TinyModel, launch_server
 
 PROMPTS = [[5, 17, 99, 1234, 42, 7], [8, 17, 300, 1234, 42, 9]]
 GREEDY = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+CONTEXT_LEN = 32
 
 
 @pytest.fixture(scope="module")
 def embeds_server(tiny_model: TinyModel, server_logs) -> Iterator[ServerHandle]:
-    # auto-truncate: /generate_from_file asks for 512 new tokens, the tiny model's context;
-    # chunks of 4 split each 6-token prompt, so a chunk takes its slice of the embeddings.
-    args = ("--disable-radix-cache", "--allow-auto-truncate", "--chunked-prefill-size", "4")
+    # auto-truncate: /generate_from_file asks for 512 new tokens, more than the context; a
+    # short context keeps that generation short. Chunks of 4 split each 6-token prompt, so
+    # a chunk takes its slice of the embeddings.
+    args = (
+        "--disable-radix-cache",
+        "--allow-auto-truncate",
+        "--chunked-prefill-size",
+        "4",
+        "--context-length",
+        str(CONTEXT_LEN),
+    )
     handle = launch_server(tiny_model.path, *args, log_dir=server_logs)
     yield handle
     handle.stop()
