@@ -2,9 +2,13 @@
 
 The cos/sin cache follows SGLang 0.5.4's rope classes (srt/layers/rotary_embedding.py),
 formula for formula, for the rope types SGLang knows: default, linear, dynamic (NTK, and
-its `alpha` variant), yarn and llama3. Other types (longrope, ...) take their inverse
+its `alpha` variant), yarn, llama3 and longrope. Other types take their inverse
 frequencies from transformers' rope-init functions. cos/sin are cached for every position
 up to cache_positions(...).
+
+Models index the cache with `rotary_emb.cache_rows(positions)`, the positions themselves
+for every type but longrope (LongRopeRotaryEmbedding: a short-factor and a long-factor
+cache, chosen per batch).
 
 Dynamic NTK differs from transformers on purpose: transformers recomputes the frequencies
 from each sequence's length (unscaled up to max_position_embeddings, a growing base
@@ -175,6 +179,10 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat([freqs.cos() * scaling, freqs.sin() * scaling], dim=-1)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
+    def cache_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """The cache rows a batch's `positions` read: the positions themselves."""
+        return positions
+
     def forward_native(
         self,
         positions: torch.Tensor,
@@ -254,6 +262,46 @@ class MRotaryEmbedding(RotaryEmbedding):
         return torch.cat([pick(cos), pick(sin)], dim=-1)
 
 
+class LongRopeRotaryEmbedding(RotaryEmbedding):
+    """SGLang's Phi3LongRoPEScaledRotaryEmbedding: a cache of `original` rows with the
+    short factors followed by one of `max_position` rows with the long factors (inverse
+    frequency i is 1 / (factor[i] * base^(2i/d)); cos/sin times the short / long mscale,
+    by default sqrt(1 + ln(max_position / original) / ln(original))). A batch reads the
+    long rows, for every token, when any of its positions reaches `original`, else the
+    short ones.
+
+    SGLang switches when a position exceeds `original` and otherwise reads row `original`
+    (which is the long cache's position 0) for a token at exactly that position; here such
+    a batch reads the long rows, as transformers does for a sequence longer than
+    `original`."""
+
+    def __init__(self, head_dim: int, max_position: int, params: dict):
+        original = params["original_max_position_embeddings"]
+        scale = max_position / original
+        default_mscale = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+        short_mscale = params.get("short_mscale")
+        long_mscale = params.get("long_mscale")
+        short_mscale = default_mscale if short_mscale is None else short_mscale
+        long_mscale = default_mscale if long_mscale is None else long_mscale
+        shape = torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim
+
+        def inv(factors: list[float]) -> torch.Tensor:
+            return 1.0 / (
+                torch.tensor(factors, dtype=torch.float32) * params["rope_theta"] ** shape
+            )
+
+        short = RotaryEmbedding(head_dim, original, inv(params["short_factor"]), short_mscale)
+        super().__init__(head_dim, max_position, inv(params["long_factor"]), long_mscale)
+        self.original = original
+        self.cos_sin_cache = torch.cat([short.cos_sin_cache, self.cos_sin_cache], dim=0)
+
+    def cache_rows(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions, or positions + original (the long rows) for all tokens when any
+        reaches original; computed on the device without a sync (CUDA-graph safe)."""
+        long = (positions >= self.original).any().to(positions.dtype)
+        return positions + long * self.original
+
+
 def cache_positions(params: dict, max_position: int) -> int:
     """Positions the cos/sin cache must hold for rope parameters `params` and the config's
     max_position_embeddings, as SGLang's scaled rope classes size theirs: linear and dynamic
@@ -273,8 +321,10 @@ def cache_positions(params: dict, max_position: int) -> int:
 def get_rope(hf_config, head_dim: int, max_position: int) -> RotaryEmbedding:
     """The config's RoPE: MRotaryEmbedding when its rope parameters carry `mrope_section`.
     The cache holds cache_positions(...) positions (at least `max_position`)."""
-    f = rope_frequencies(hf_config, head_dim, max_position)
     params = _rope_parameters(hf_config)
+    if params["rope_type"] == "longrope":
+        return LongRopeRotaryEmbedding(head_dim, max_position, params)
+    f = rope_frequencies(hf_config, head_dim, max_position)
     positions = cache_positions(params, max_position)
     section = params.get("mrope_section")
     if section:

@@ -276,6 +276,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One cos/sin cache shared by every layer (a buffer: never offloaded).
         rotary_emb = get_rope(config, head_dim_of(config), config.max_position_embeddings)
+        self.rotary_emb = rotary_emb
         # Each layer leaves the device as soon as it is built if --cpu-offload-gb has room.
         self.layers = nn.ModuleList(
             offload_layers(
@@ -303,6 +304,9 @@ class LlamaModel(nn.Module):
         """Final hidden states; `input_embeds` ([tokens, hidden], e.g. text and image rows
         merged by multimodal/mm_utils.py) replaces the embedding lookup of input_ids."""
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        # The layers index the RoPE cache with these rows (other than the positions only
+        # for longrope, see layers/rotary_embedding.py).
+        positions = self.rotary_emb.cache_rows(positions)
         if fb.input_embeds is not None:  # an extend with input_embeds prompts (never decode)
             hidden[fb.input_embeds_loc] = fb.input_embeds.to(hidden.dtype)
         if norms_in_gemvs(hidden):

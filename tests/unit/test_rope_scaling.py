@@ -129,3 +129,33 @@ def test_yarn_with_sglangs_attn_and_extrapolation_factors():
     }
     # SGLang's cache covers original x factor positions; at least max_position here
     _check(params, max(MAX_POS, int(original * factor)), lambda p: _row(p, inv, mscale))
+
+
+def test_longrope_short_and_long_caches_and_the_batch_rule():
+    original, half = 16, HEAD_DIM // 2
+    short = [1.0 + 0.1 * i for i in range(half)]
+    long = [1.0 + 2.0 * i for i in range(half)]
+    params = {
+        "rope_type": "longrope",
+        "original_max_position_embeddings": original,
+        "short_factor": short,
+        "long_factor": long,
+    }
+    rope = get_rope(_config(params), HEAD_DIM, MAX_POS)
+    # Phi3LongRoPEScaledRotaryEmbedding: mscale from max_position / original
+    mscale = math.sqrt(1 + math.log(MAX_POS / original) / math.log(original))
+    base_inv = _base_inv(BASE)
+    short_inv = [f / s for f, s in zip(base_inv, short)]
+    long_inv = [f / s for f, s in zip(base_inv, long)]
+    cache = rope.cos_sin_cache
+    assert cache.shape == (original + MAX_POS, HEAD_DIM)
+    for p in (0, 5, original - 1):
+        torch.testing.assert_close(cache[p].double(), _row(p, short_inv, mscale), atol=ATOL, rtol=0)
+    for p in (0, 5, original, MAX_POS - 1):
+        want = _row(p, long_inv, mscale)
+        torch.testing.assert_close(cache[original + p].double(), want, atol=ATOL, rtol=0)
+    # A batch reads the long rows for every token once any position reaches `original`.
+    short_batch = torch.tensor([0, 3, original - 1])
+    assert rope.cache_rows(short_batch).tolist() == short_batch.tolist()
+    mixed = torch.tensor([0, 3, original])
+    assert rope.cache_rows(mixed).tolist() == (mixed + original).tolist()
