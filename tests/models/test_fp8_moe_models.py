@@ -86,9 +86,9 @@ def _experts_forward(experts, group: int | None):
 
 
 @torch.no_grad()
-def emulated_logits(tiny: Tiny, deq: dict[str, torch.Tensor], group: int | None):
-    """Last-position logits of transformers' model with the dequantized checkpoint weights
-    `deq` (checkpoint names) swapped in and FP8 activations emulated."""
+def emulated_model(tiny: Tiny, deq: dict[str, torch.Tensor], group: int | None):
+    """transformers' model (float32) with the dequantized checkpoint weights `deq`
+    (checkpoint names) swapped in and FP8 activations emulated."""
     model = copy.deepcopy(tiny.hf_model)
     for name, w in deq.items():
         parts = name.split(".")
@@ -105,7 +105,19 @@ def emulated_logits(tiny: Tiny, deq: dict[str, torch.Tensor], group: int | None)
         else:
             experts.gate_up_proj[e, (0 if proj == "gate_proj" else inter) :][:inter].copy_(w)
         experts.forward = _experts_forward(experts, group)
+    return model
+
+
+@torch.no_grad()
+def emulated_logits(tiny: Tiny, deq: dict[str, torch.Tensor], group: int | None):
+    """Last-position logits of emulated_model for each prompt."""
+    model = emulated_model(tiny, deq, group)
     return torch.stack([model(torch.tensor([p])).logits[0, -1].float() for p in PROMPTS])
+
+
+def online_fp8_weights(tiny: Tiny) -> dict[str, torch.Tensor]:
+    """The dequantized weights `--quantization fp8` gives tiny (per output channel)."""
+    return {n: dequantize_rows(*quantize_rows(tiny.state[n])) for n in _quantized_names(tiny.state)}
 
 
 def _experts(model):
@@ -123,7 +135,7 @@ def test_online_fp8_experts_match_the_fp8_emulation(tiny: Tiny) -> None:
     assert model.model.layers[0].mlp.gate.weight.dtype == torch.float32  # the router
     assert model.lm_head.weight.dtype == torch.float32
     got = prefill_logits(sched, PROMPTS, all_positions=False).next_token_logits
-    deq = {n: dequantize_rows(*quantize_rows(tiny.state[n])) for n in _quantized_names(tiny.state)}
+    deq = online_fp8_weights(tiny)
     ref = emulated_logits(tiny, deq, group=None)
     assert (got - ref).abs().max().item() <= LOGITS_ATOL
     # FP8 experts really changed the model: the unquantized logits, and those with only
@@ -134,7 +146,9 @@ def test_online_fp8_experts_match_the_fp8_emulation(tiny: Tiny) -> None:
     assert (got - plain_experts).abs().max().item() > 10 * LOGITS_ATOL
 
 
-def write_fp8_checkpoint(tiny: Tiny, out: Path, fmt: str) -> dict[str, torch.Tensor]:
+def write_fp8_checkpoint(
+    tiny: Tiny, out: Path, fmt: str, block: tuple[int, int] = BLOCK
+) -> dict[str, torch.Tensor]:
     """An FP8 checkpoint of tiny's weights at out, block-wise (`block`, Qwen3-*-FP8) or per
     tensor with static input scales (`tensor`); returns the dequantized weights it stores."""
     for f in tiny.path.iterdir():
@@ -146,7 +160,7 @@ def write_fp8_checkpoint(tiny: Tiny, out: Path, fmt: str) -> dict[str, torch.Ten
             "quant_method": "fp8",
             "activation_scheme": "dynamic",
             "fmt": "e4m3",
-            "weight_block_size": list(BLOCK),
+            "weight_block_size": list(block),
         }
     else:
         config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
@@ -155,9 +169,9 @@ def write_fp8_checkpoint(tiny: Tiny, out: Path, fmt: str) -> dict[str, torch.Ten
     for name in _quantized_names(tiny.state):
         base = name[: -len("weight")]
         if fmt == "block":
-            q, s = quantize_blocks(tiny.state[name], BLOCK)
+            q, s = quantize_blocks(tiny.state[name], block)
             state[base + "weight_scale_inv"] = s
-            deq[name] = dequantize_blocks(q, s, BLOCK)
+            deq[name] = dequantize_blocks(q, s, block)
         else:
             q, s = quantize_tensor(tiny.state[name])
             state[base + "weight_scale"] = s
