@@ -228,7 +228,11 @@ for step in "${steps[@]}"; do
       # Mixture of experts (docs/moe.md; the GPU tests are in the tests step): the fused
       # kernel's GB/s and TFLOP/s on Qwen3-30B-A3B's shapes, Qwen3-30B-A3B at batch 1 (in 128,
       # out 1024; target on an H200: <= 2.0 ms/token) and on the nano-vllm workload next to
-      # Llama-3.1-8B (target: at least Llama's throughput).
+      # Llama-3.1-8B (target: at least Llama's throughput). FP8 experts (MOE_FP8_ARMS, default
+      # "fp8 fp8-block"; empty skips them): the kernel and the batch-1 run again with
+      # --quantization fp8 (per-channel, quantized at load) and as fp8-block (a copy of the
+      # model directory declaring Qwen3-30B-A3B-FP8's quantization_config, 128x128 blocks):
+      # one byte per expert weight, so batch-1 decode should beat bf16's ms/token.
       for name in qwen3-30b-a3b llama-3.1-8b; do
         python benchmarks/models/prepare.py "$name" "$MODEL_ROOT/$name" >/dev/null
       done
@@ -237,6 +241,20 @@ for step in "${steps[@]}"; do
         --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
         --result-filename "$OUT/moe_one_batch.jsonl" 2>&1 | grep -E "Scheduler|Error" \
         | sed "s/^/qwen3-30b-a3b /" | tee -a "$OUT/moe.log"
+      for arm in ${MOE_FP8_ARMS-fp8 fp8-block}; do
+        python benchmarks/bench_fused_moe.py --dtype "$arm" --result-filename "$OUT/fused_moe.jsonl" 2>&1 \
+          | tee "$OUT/fused_moe_$arm.log"
+        path="$MODEL_ROOT/qwen3-30b-a3b" flags="--quantization fp8"
+        if [ "$arm" = fp8-block ]; then
+          path="$MODEL_ROOT/qwen3-30b-a3b-fp8-block" flags=""
+          rm -rf "$path" && cp -r "$MODEL_ROOT/qwen3-30b-a3b" "$path"
+          python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
+        fi
+        python -m mini_sglang.bench_one_batch --model-path "$path" --load-format dummy $flags \
+          --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+          --result-filename "$OUT/moe_one_batch_$arm.jsonl" 2>&1 | grep -E "Scheduler|Error" \
+          | sed "s/^/qwen3-30b-a3b $arm /" | tee -a "$OUT/moe.log"
+      done
       for round in $(seq "${MOE_ROUNDS:-1}"); do
         for m in qwen3-30b-a3b llama-3.1-8b; do
           python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
