@@ -119,9 +119,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
         tflops = tflops / (ms / 1e3) / 1e12
         gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
+        block = None if spec is None else spec.weight_block_size
         cfg = kernel_config.get_config(
             m, args.experts, layer.intermediate_per_partition, args.top_k, gemm_dtype,
-            x.device,
+            x.device, block,
         )  # fmt: skip
         row = dict(
             device=name, m=m, us=round(ms * 1e3, 2), gb_s=round(gbs, 1),

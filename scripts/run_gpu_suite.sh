@@ -286,7 +286,8 @@ for step in "${steps[@]}"; do
     moe_tune)
       # tuned fused-MoE tile sizes for Qwen3-30B-A3B (tp 1) on this card, written to
       # $OUT/moe_configs (after every batch size): commit the file under
-      # mini_sglang/layers/moe/configs/. MOE_TUNE_ARGS: other shapes (see the script).
+      # mini_sglang/layers/moe/configs/. MOE_TUNE_ARGS: other shapes, or FP8 experts with
+      # --dtype fp8 / fp8-block (see the script).
       python benchmarks/tune_fused_moe.py --out-dir "$OUT/moe_configs" ${MOE_TUNE_ARGS:-} 2>&1 \
         | tee "$OUT/moe_tune.log" | grep -vE " skip " | tail -16 ;;
     save_jit)

@@ -172,6 +172,8 @@ def test_expert_params_mapping_names() -> None:
 def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch) -> None:
     name = kernel_config.config_file_name(8, 32, 2, torch.bfloat16, "NVIDIA H200")
     assert name == "E=8,N=32,topk=2,dtype=bfloat16,device_name=NVIDIA_H200.json"
+    fp8 = kernel_config.config_file_name(8, 32, 2, torch.float8_e4m3fn, "H", (128, 128))
+    assert fp8 == "E=8,N=32,topk=2,dtype=float8_e4m3fn,block_shape=[128,128],device_name=H.json"
     tuned = {
         "1": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=64, GROUP_SIZE_M=1,
                   num_warps=4, num_stages=3),

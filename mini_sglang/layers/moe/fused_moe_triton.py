@@ -271,7 +271,8 @@ def fused_experts_triton(
         return torch.zeros_like(x)
     if config is None:
         dtype = x.dtype if fp8 is None else torch.float8_e4m3fn
-        config = get_config(tokens, E, w2.shape[2], k, dtype, x.device)
+        block_shape = None if fp8 is None else fp8.block
+        config = get_config(tokens, E, w2.shape[2], k, dtype, x.device, block_shape)
     align = moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
     weights = topk_weights.reshape(-1).contiguous()
     x = x.contiguous()

@@ -4,7 +4,8 @@ Tuned configurations ship as JSON files in `configs/` (written by
 benchmarks/tune_fused_moe.py on the GPU): one file per (E, N, top-k, dtype, device) named
 `E={E},N={N},topk={k},dtype={dtype},device_name={name}.json`, where E is the number of
 experts a rank holds, N its intermediate size per expert (after TP) and name the CUDA device
-name with spaces as underscores. Each file maps a batch size M (tokens, as a string) to
+name with spaces as underscores (FP8 experts: dtype=float8_e4m3fn, and block-wise scales
+add `,block_shape=[bn,bk]` before the device). Each file maps a batch size M (tokens, as a string) to
 {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
 "num_stages"}; a batch takes the entry of the nearest M. Without a file the heuristic
 `default_config` is used, so a missing or unreadable file only costs speed.
@@ -36,9 +37,19 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def config_file_name(E: int, N: int, top_k: int, dtype: torch.dtype, device_name: str) -> str:
+def config_file_name(
+    E: int,
+    N: int,
+    top_k: int,
+    dtype: torch.dtype,
+    device_name: str,
+    block_shape: tuple[int, int] | None = None,
+) -> str:
+    """The file of one shape: dtype is the GEMMs' (float8_e4m3fn for FP8 experts), and
+    block-wise FP8 scales add `,block_shape=[bn,bk]` (their K tiles must divide bk)."""
+    block = "" if block_shape is None else f",block_shape=[{block_shape[0]},{block_shape[1]}]"
     return (
-        f"E={E},N={N},topk={top_k},dtype={dtype_name(dtype)},"
+        f"E={E},N={N},topk={top_k},dtype={dtype_name(dtype)}{block},"
         f"device_name={device_name.replace(' ', '_')}.json"
     )
 
@@ -92,11 +103,18 @@ def device_name(device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def get_config(
-    M: int, E: int, N: int, top_k: int, dtype: torch.dtype, device: torch.device
+    M: int,
+    E: int,
+    N: int,
+    top_k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    block_shape: tuple[int, int] | None = None,
 ) -> dict[str, int]:
     """The kernel configuration for M tokens: the tuned entry of the nearest batch size when
     a file for this shape and device ships, else default_config."""
-    table = load_configs(config_file_name(E, N, top_k, dtype, device_name(device)), CONFIG_DIR)
+    name = config_file_name(E, N, top_k, dtype, device_name(device), block_shape)
+    table = load_configs(name, CONFIG_DIR)
     if table is None:
         return default_config(M, E, top_k)
     return table[min(table, key=lambda m: (abs(m - M), m))]
