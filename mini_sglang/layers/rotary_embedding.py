@@ -63,11 +63,17 @@ def _dynamic_ntk_base(params: dict, dim: int, max_position: int) -> float:
     """SGLang's DynamicNTKScalingRotaryEmbedding (the base for max_position x factor
     positions) or, with `alpha`, DynamicNTKAlphaRotaryEmbedding."""
     base = params["rope_theta"]
-    if "alpha" in params:
+    if params.get("alpha") is not None:
         return base * params["alpha"] ** (dim / (dim - 2))
     factor = params["factor"]
     max_len = max_position * factor
     return base * ((factor * max_len / max_position) - (factor - 1)) ** (dim / (dim - 2))
+
+
+def _given(params: dict, key: str, default: float) -> float:
+    """params[key], or `default` where the key is absent or null."""
+    value = params.get(key)
+    return default if value is None else value
 
 
 def _yarn(params: dict, dim: int, max_position: int) -> RopeFrequencies:
@@ -75,7 +81,7 @@ def _yarn(params: dict, dim: int, max_position: int) -> RopeFrequencies:
     extrapolation_factor, beta_fast / beta_slow), not transformers' attention_factor."""
     base, factor = params["rope_theta"], params["factor"]
     original = params.get("original_max_position_embeddings") or max_position
-    beta_fast, beta_slow = params.get("beta_fast", 32), params.get("beta_slow", 1)
+    beta_fast, beta_slow = _given(params, "beta_fast", 32), _given(params, "beta_slow", 1)
 
     def correction_dim(rotations: float) -> float:
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
@@ -88,10 +94,10 @@ def _yarn(params: dict, dim: int, max_position: int) -> RopeFrequencies:
     pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
     inv_extrapolation = 1.0 / pos_freqs
     inv_interpolation = 1.0 / (factor * pos_freqs)
-    mask = (1 - ramp) * params.get("extrapolation_factor", 1)
+    mask = (1 - ramp) * _given(params, "extrapolation_factor", 1)
     inv_freq = inv_interpolation * (1 - mask) + inv_extrapolation * mask
     mscale = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
-    return RopeFrequencies(inv_freq, float(mscale * params.get("attn_factor", 1)))
+    return RopeFrequencies(inv_freq, float(mscale * _given(params, "attn_factor", 1)))
 
 
 def _llama3(params: dict, dim: int) -> torch.Tensor:
