@@ -20,6 +20,7 @@ before triton is imported) on tiny shapes; with CUDA the same tests run compiled
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -49,6 +50,7 @@ from mini_sglang.layers.quantization.fp8_kernels import (  # noqa: E402
 from mini_sglang.layers.quantization.fp8_moe import (  # noqa: E402
     qdq_activations,
     quantize_activations,
+    quantize_activations_in,
 )
 from mini_sglang.layers.quantization.methods import QuantSpec  # noqa: E402
 
@@ -216,12 +218,6 @@ def _fp8_experts(w: torch.Tensor, block: tuple[int, int] | None):
     return q, s, deq
 
 
-def _interpreter_quantize(x: torch.Tensor, group: int | None):
-    """quantize_activations, with the FP8 values in float32 (the interpreter has no FP8)."""
-    q, s = quantize_activations(x, group)
-    return q.float(), s
-
-
 @pytest.mark.skipif(
     DEVICE.type == "cuda" and torch.cuda.get_device_capability() < (8, 9),
     reason="FP8 Triton kernels need sm89+",
@@ -241,7 +237,12 @@ def test_fp8_fused_experts_match_dequantized_reference(block, tokens) -> None:
     def qdq(t: torch.Tensor) -> torch.Tensor:
         return qdq_activations(t, group)
 
-    quantize = quantize_activations if DEVICE.type == "cuda" else _interpreter_quantize
+    # the interpreter has no FP8: the FP8 values in float32, as pre-sm89 GPUs get them
+    quantize = (
+        quantize_activations
+        if DEVICE.type == "cuda"
+        else functools.partial(quantize_activations_in, dtype=torch.float32)
+    )
     if DEVICE.type == "cpu":
         w13q, w2q = w13q.float(), w2q.float()
     fp8 = Fp8Experts(w13s.to(DEVICE), w2s.to(DEVICE), block, quantize)

@@ -14,8 +14,10 @@ Parameters of a layer (E local experts, H hidden, I this rank's intermediate sha
 
 Activations are quantized dynamically: per token (per channel), or per token and group of
 bk columns (block-wise), both x and the SiLU-and-mul output. On CUDA sm89+ the fused Triton
-kernels run w8a8 (fused_moe_triton.Fp8Experts); elsewhere the experts are dequantized and
-the torch reference runs with the same activation quantization, so every path computes the
+kernels run w8a8 (fused_moe_triton.Fp8Experts); on older GPUs the same kernels get the FP8
+values converted to the model dtype (exact, but the weights are converted at every call:
+correct and CUDA-graph safe rather than fast); on the CPU the experts are dequantized and
+the torch reference runs with the same activation quantization. Every path computes the
 same function up to summation order. A checkpoint's static `input_scale` is not used.
 """
 
@@ -28,7 +30,11 @@ from torch import nn
 
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton
-from mini_sglang.layers.moe.method import FusedMoEMethodBase, make_expert_param
+from mini_sglang.layers.moe.method import (
+    FusedMoEMethodBase,
+    make_expert_param,
+    triton_available,
+)
 from mini_sglang.layers.quantization.fp8_kernels import (
     FP8_DTYPE,
     dequantize_blocks,
@@ -45,6 +51,15 @@ def quantize_activations(x: torch.Tensor, group: int | None) -> tuple[torch.Tens
     """x [M, K] -> (fp8 [M, K], scale [M, 1] per token, or [M, ceil(K / group)] per token
     and group of `group` columns)."""
     return per_token_quant(x) if group is None else per_token_group_quant(x, group)
+
+
+def quantize_activations_in(
+    x: torch.Tensor, group: int | None, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_activations with the FP8 values held in `dtype` (bf16 and fp16 hold every
+    float8_e4m3fn value exactly), for GPUs whose Triton has no FP8 dot."""
+    q, scale = quantize_activations(x, group)
+    return q.to(dtype), scale
 
 
 def qdq_activations(x: torch.Tensor, group: int | None) -> torch.Tensor:
@@ -128,17 +143,15 @@ class Fp8MoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
     ) -> torch.Tensor:
-        if triton_fp8_supported(x):
+        if x.is_cuda and triton_available():
             w13_scale, w2_scale = self._scales(layer)
-            fp8 = Fp8Experts(w13_scale, w2_scale, self.block, quantize_activations)
+            w13, w2, quantize = layer.w13_weight, layer.w2_weight, quantize_activations
+            if not triton_fp8_supported(x):  # pre-sm89: the FP8 values, exactly, in x's dtype
+                w13, w2 = w13.to(x.dtype), w2.to(x.dtype)
+                quantize = functools.partial(quantize_activations_in, dtype=x.dtype)
+            fp8 = Fp8Experts(w13_scale, w2_scale, self.block, quantize)
             return fused_experts_triton(
-                x,
-                layer.w13_weight,
-                layer.w2_weight,
-                topk_weights,
-                topk_ids,
-                dropped_pairs=dropped_pairs,
-                fp8=fp8,
+                x, w13, w2, topk_weights, topk_ids, dropped_pairs=dropped_pairs, fp8=fp8
             )
         w13, w2 = self.dequantized_weights(layer)
         group = self.block[1] if self.block is not None else None
