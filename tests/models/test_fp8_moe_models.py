@@ -145,6 +145,21 @@ def test_online_fp8_experts_match_the_fp8_emulation(tiny: Tiny) -> None:
     plain_experts = emulated_logits(tiny, attention_only, group=None)
     assert (got - plain_experts).abs().max().item() > 10 * LOGITS_ATOL
 
+    # An online update of one expert's up projection (a bf16 tensor) is quantized by the
+    # same loader into that expert's rows, with its own scales.
+    from mini_sglang.model_executor.weight_updates import load_named_tensors
+
+    moe = _experts(model)[1]
+    new = torch.randn(inter, H) * 0.1
+    load_named_tensors(
+        sched.tp_worker.model_runner,
+        [("model.layers.1.mlp.experts.3.up_proj.weight", new.to(torch.bfloat16))],
+    )
+    w13, _ = moe.quant_method.dequantized_weights(moe)
+    want = dequantize_rows(*quantize_rows(new.to(torch.bfloat16)))
+    torch.testing.assert_close(w13[3, inter:], want, rtol=0, atol=0)
+    torch.testing.assert_close(w13[3, :inter], deq["model.layers.1.mlp.experts.3.gate_proj.weight"])
+
 
 def write_fp8_checkpoint(
     tiny: Tiny, out: Path, fmt: str, block: tuple[int, int] = BLOCK
