@@ -399,3 +399,13 @@ def tiny_llava(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> tupl
 
     path = tmp_path_factory.mktemp("tiny_llava_shared")
     return str(path), build_tiny_llava(path, qwen_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> Any:
+    """The tiny random Qwen2.5-VL of tests/tiny_qwen2_5_vl.py with its prompts and
+    transformers' outputs (a TinyVL), built once per session (the model and server tests
+    share it). Its processor holds the session's Qwen tokenizer."""
+    from tests.tiny_qwen2_5_vl import build_tiny_vl
+
+    return build_tiny_vl(tmp_path_factory.mktemp("tiny_qwen2_5_vl"), qwen_tokenizer)

@@ -24,7 +24,7 @@ from tests.gpu.test_gpu_correctness import (
     _collect_top_logprobs,
     _make_gpu_scheduler,
 )
-from tests.models.test_qwen2_5_vl import _hf_inputs, build_prompts, build_tiny_qwen2_5_vl
+from tests.tiny_qwen2_5_vl import build_prompts, build_tiny_qwen2_5_vl, hf_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -66,7 +66,7 @@ def vl(tmp_path_factory, qwen_tokenizer):
 def _hf_logprobs(hf, processed: dict, output_ids: list[int]) -> torch.Tensor:
     """transformers' log-softmax at every position of prompt + output (with the images)."""
     full = dict(processed, input_ids=processed["input_ids"] + output_ids)
-    kw = {k: v.to(hf.device) for k, v in _hf_inputs(hf, full).items()}
+    kw = {k: v.to(hf.device) for k, v in hf_inputs(hf, full).items()}
     if "pixel_values" in kw:
         kw["pixel_values"] = kw["pixel_values"].to(hf.dtype)
     hf.model.rope_deltas = None

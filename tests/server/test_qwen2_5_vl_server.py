@@ -15,20 +15,12 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.models.test_qwen2_5_vl import (
-    CHAT_TEMPLATE,
-    MAX_NEW_TOKENS,
-    _hf_reference,
-    build_prompts,
-    build_tiny_qwen2_5_vl,
-    random_images,
-)
 from tests.server.conftest import ServerHandle, launch_server
+from tests.tiny_qwen2_5_vl import CHAT_TEMPLATE, MAX_NEW_TOKENS, TinyVL, random_images
 
 CHUNK = 8
 GREEDY = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0, "ignore_eos": True}
@@ -41,24 +33,9 @@ def _data_url(image: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def qwen_vl(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> tuple[Path, Any, Any]:
-    """(model dir, transformers model, our processor over the session tokenizer)."""
-    from transformers import AutoConfig, AutoImageProcessor
-
-    from mini_sglang.multimodal.processors import TokenizerAndImageProcessor
-    from mini_sglang.multimodal.processors.qwen_vl import QwenVLImageProcessor
-
-    path = tmp_path_factory.mktemp("qwen2_5_vl_server")
-    hf = build_tiny_qwen2_5_vl(path, qwen_tokenizer)
-    parts = TokenizerAndImageProcessor(qwen_tokenizer, AutoImageProcessor.from_pretrained(path))
-    processor = QwenVLImageProcessor(AutoConfig.from_pretrained(str(path)), None, parts)
-    return path, hf, processor
-
-
-@pytest.fixture(scope="module")
-def server(qwen_vl, server_logs) -> Iterator[ServerHandle]:
+def server(tiny_qwen2_5_vl: TinyVL, server_logs) -> Iterator[ServerHandle]:
     handle = launch_server(
-        str(qwen_vl[0]), "--chunked-prefill-size", str(CHUNK), log_dir=server_logs
+        tiny_qwen2_5_vl.path, "--chunked-prefill-size", str(CHUNK), log_dir=server_logs
     )
     yield handle
     handle.stop()
@@ -70,10 +47,12 @@ def _generate(server: ServerHandle, **body: Any) -> Any:
     return r.json()
 
 
-def test_image_token_counts_follow_image_grid_thw(qwen_vl, server: ServerHandle) -> None:
+def test_image_token_counts_follow_image_grid_thw(
+    tiny_qwen2_5_vl: TinyVL, server: ServerHandle
+) -> None:
     """Sizes off the 28-pixel grid are resized by the image processor: the prompt's image
     tokens are its image_grid_thw's t * h * w / 4 either way."""
-    _, _, processor = qwen_vl
+    processor = tiny_qwen2_5_vl.processor
     text = processor.tokenizer.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}],
         add_generation_prompt=True,
@@ -91,13 +70,12 @@ def test_image_token_counts_follow_image_grid_thw(qwen_vl, server: ServerHandle)
 
 
 def test_outputs_match_transformers_with_chunks_inside_images(
-    qwen_vl, server: ServerHandle
+    tiny_qwen2_5_vl: TinyVL, server: ServerHandle
 ) -> None:
     """Every prompt (0, 1 and 2 images) one at a time, then all as one batch: transformers'
     16 greedy tokens, each image split by the 8-token prefill chunks."""
-    _, hf, processor = qwen_vl
-    cases = build_prompts(processor)
-    refs = [_hf_reference(hf, processed)[1] for _, _, processed in cases]
+    cases = [(p.text, p.images, p.processed) for p in tiny_qwen2_5_vl.prompts]
+    refs = [p.hf_output for p in tiny_qwen2_5_vl.prompts]
     for (text, images, processed), ref in zip(cases, refs):
         body: dict[str, Any] = {"text": text}
         if images:
