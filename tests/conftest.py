@@ -279,7 +279,8 @@ def session_tokenizer(tokenizer_path: str, server_args: Any = None) -> Any:
 
 
 def make_scheduler(model_path: str, **server_kw: Any):
-    """An in-process Scheduler on CPU, with its outputs appended to `scheduler.test_outputs`.
+    """An in-process Scheduler (on CPU unless `device` is given), with its outputs appended
+    to `scheduler.test_outputs`.
 
     The KV pool and request table are kept small (the CPU default is a 2 GiB pool). Its
     tokenizer comes from session_tokenizer."""
@@ -289,7 +290,8 @@ def make_scheduler(model_path: str, **server_kw: Any):
     server_kw.setdefault("max_total_tokens", 4096)
     server_kw.setdefault("max_running_requests", 32)
     server_kw.setdefault("random_seed", 0)
-    args = ServerArgs(model_path=model_path, device="cpu", **server_kw)
+    server_kw.setdefault("device", "cpu")
+    args = ServerArgs(model_path=model_path, **server_kw)
     outputs: list[Any] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(scheduler_module, "get_tokenizer", session_tokenizer)

@@ -174,12 +174,15 @@ def test_fp8_gemms_against_float_references(m, n, k):
     w = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).to(torch.bfloat16)
 
     wq, ws = quantize_rows(w)
-    xq, xs = per_token_quant(x)  # the Triton kernel on CUDA: bit for bit torch's values
-    xq_torch, xs_torch = _quantize_last_dim(x)
+    # The Triton kernels' values are bit for bit the torch reference's, computed on the CPU:
+    # torch on CUDA divides by a Python scalar as a multiply by its rounded reciprocal, one
+    # ulp off the correctly rounded quotient that the kernels and the CPU compute.
+    xq, xs = per_token_quant(x)
+    xq_torch, xs_torch = (t.cuda() for t in _quantize_last_dim(x.cpu()))
     assert torch.equal(xs, xs_torch) and torch.equal(
         xq.view(torch.uint8), xq_torch.view(torch.uint8)
     )
-    gq_torch, gs_torch = _quantize_last_dim(x.view(m, -1, BLOCK[1]))
+    gq_torch, gs_torch = (t.cuda() for t in _quantize_last_dim(x.cpu().view(m, -1, BLOCK[1])))
     ref = (xq.float() * xs) @ dequantize_rows(wq, ws).T
     out = fp8_linear(x, wq, ws).float()
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
