@@ -95,13 +95,16 @@ class FlashInferAttnBackend(AttentionBackend):
         the model loads and graphs are captured (flashinfer_prebuild.py)."""
         if self.device.type != "cuda":
             return None
-        from flashinfer.utils import determine_attention_backend
+        try:
+            from flashinfer.utils import determine_attention_backend
 
-        # the choice plan() makes for backend="auto": no positional encoding in the kernel,
-        # no fp16 QK reduction, no custom mask
-        backend = determine_attention_backend(
-            self.device, 0, False, False, self.q_dtype, self.kv_dtype
-        )
+            # the choice plan() makes for backend="auto": no positional encoding in the
+            # kernel, no fp16 QK reduction, no custom mask
+            backend = determine_attention_backend(
+                self.device, 0, False, False, self.q_dtype, self.kv_dtype
+            )
+        except Exception:  # another flashinfer: its modules build on first use
+            return None
         act = getattr(cfg.hf_config, "hidden_act", "silu")
         plan = PrebuildPlan(
             q_dtype=str(self.q_dtype).removeprefix("torch."),
