@@ -69,10 +69,11 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests)
       # plus the unit tests whose kernels run compiled (and in bf16) where CUDA is present;
-      # GPU_TEST_FILES replaces the file list (e.g. only the files a change touched)
+      # GPU_TEST_FILES replaces the file list (e.g. only the files a change touched); runs
+      # append to one log
       python -m pytest -q -p no:cacheprovider -rf --tb=short \
         ${GPU_TEST_FILES:-tests/gpu tests/unit/test_qk_norm_rope_store.py tests/unit/test_fp8_kv_cache.py tests/unit/test_fp8_kernels.py tests/unit/test_fused_moe.py} \
-        2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+        2>&1 | tee -a "$OUT/gpu_tests.log" | tail -25 ;;
     one_batch)
       for m in $MODELS; do
         # scheduler mode: the real loop (overlap, streaming); runner mode: forward occupancy
