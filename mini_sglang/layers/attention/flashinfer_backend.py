@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mini_sglang.distributed.parallel_state import get_tp_rank, get_tp_size
+from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
-from mini_sglang.layers.attention.flashinfer_prebuild import PrebuildPlan, start_prebuild
 from mini_sglang.layers.attention.kv_indices import fill_kv_indices
 from mini_sglang.layers.kv_quant import is_fp8
 
@@ -87,35 +86,6 @@ class FlashInferAttnBackend(AttentionBackend):
         self._prefill_plan_args: tuple = ()
         self._prefill_causal = True
         self._last_plan_copied: torch.cuda.Event | None = None
-        # one rank builds for all: the ranks' modules are the same cache entries
-        self.prebuild = self._start_prebuild(cfg) if get_tp_rank() == 0 else None
-
-    def _start_prebuild(self, cfg):
-        """Build the modules this backend and the sampler will use side by side, while
-        the model loads and graphs are captured (flashinfer_prebuild.py)."""
-        if self.device.type != "cuda":
-            return None
-        try:
-            from flashinfer.utils import determine_attention_backend
-
-            # the choice plan() makes for backend="auto": no positional encoding in the
-            # kernel, no fp16 QK reduction, no custom mask
-            backend = determine_attention_backend(
-                self.device, 0, False, False, self.q_dtype, self.kv_dtype
-            )
-        except Exception:  # another flashinfer: its modules build on first use
-            return None
-        act = getattr(cfg.hf_config, "hidden_act", "silu")
-        plan = PrebuildPlan(
-            q_dtype=str(self.q_dtype).removeprefix("torch."),
-            kv_dtype=str(self.kv_dtype).removeprefix("torch."),
-            head_dim=self.head_dim,
-            prefill_backend=backend,
-            tensor_core_decode=self.use_tensor_cores,
-            cuda_core_decode=not self.use_tensor_cores or self.tensor_core_max_bs < 1_000_000_000,
-            activation=act if act in ("silu", "gelu") else None,
-        )
-        return start_prebuild(plan)
 
     def _tensor_cores_for(self, bs: int) -> bool:
         return self.use_tensor_cores and bs <= self.tensor_core_max_bs
