@@ -2,7 +2,8 @@
 against transformers (float32, same weights), through the real in-process Scheduler.
 
 The tiny models of tests/models/test_embedding_models.py (Qwen3 / Llama CausalLM as
-embedders, MistralModel, sentence-transformers mean pooling, the score heads) embed a batch
+embedders, MistralModel, sentence-transformers mean pooling, the score heads), in their GPU
+shape (head_dim 64, HF's initializer range: what flashinfer and bf16 need), embed a batch
 of inputs of different lengths, with and without chunked prefill and with a shared prefix
 in the radix cache; each row must point the same way as transformers' (cosine >= 0.999)
 and lie within 5e-2 of it elementwise (bf16). Skipped without CUDA; run on the GPU
@@ -38,7 +39,7 @@ def _release_gpu_memory():
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
 def test_gpu_embeddings_match_transformers(kind: str, backend: str, tmp_path: Path) -> None:
-    server_kw, reference = _build(kind, tmp_path)
+    server_kw, reference = _build(kind, tmp_path, gpu=True)
     prompts = _inputs()
     expected = [
         reference(lambda m, ids=ids: m(torch.tensor([ids])).last_hidden_state[0]).float()
@@ -73,7 +74,7 @@ def test_gpu_engine_encode(tmp_path: Path) -> None:
     """Engine.encode (one input and a batch of token ids) on an --is-embedding Qwen3."""
     from mini_sglang.entrypoints.engine import Engine
 
-    _, reference = _build("qwen3_causal", tmp_path)
+    _, reference = _build("qwen3_causal", tmp_path, gpu=True)
     prompts = _inputs()[:3]
     expected = [
         reference(lambda m, ids=ids: m(torch.tensor([ids])).last_hidden_state[0]).float()

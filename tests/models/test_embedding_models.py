@@ -43,30 +43,40 @@ def _inputs() -> list[list[int]]:
     return out
 
 
-def _save(model, path: Path, architectures: list[str] | None = None) -> None:
-    randomize_norms_and_biases(model)
+# Shapes for a bf16 GPU run (tests/gpu/test_gpu_embedding.py): flashinfer needs head_dim
+# >= 64, and HF's initializer_range keeps bf16's own error small enough to compare (see
+# tests/gpu/test_gpu_correctness.py _build_gpu_tiny_model); norms and biases perturbed mildly.
+GPU_SHAPE: dict = dict(hidden_size=256, intermediate_size=512, head_dim=64, initializer_range=0.02)
+GPU_PERTURB: dict = dict(bias_std=0.05, norm_std=0.05)
+
+
+def _save(model, path: Path, perturb: dict | None = None) -> None:
+    randomize_norms_and_biases(model, **(perturb or {}))
     model.eval()
     model.save_pretrained(str(path), safe_serialization=True)
-    if architectures is not None:
-        cfg_path = path / "config.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg["architectures"] = architectures
-        cfg_path.write_text(json.dumps(cfg))
 
 
 def _last_norm(hidden: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(hidden[-1], dim=0)
 
 
-def _build(kind: str, path: Path):
-    """Save the tiny model of `kind`; return (server kwargs, reference fn(ids) -> vector)."""
+def _build(kind: str, path: Path, gpu: bool = False):
+    """Save the tiny model of `kind` (GPU_SHAPE's sizes with `gpu`); return (server kwargs,
+    reference fn(ids) -> vector)."""
     import transformers as tf
 
     torch.manual_seed(0)
+    shape = GPU_SHAPE if gpu else {}
+    perturb = GPU_PERTURB if gpu else None
+    hidden = shape.get("hidden_size", 64)
+
+    def config(arch: str, **kw):
+        return tiny_config(arch, VOCAB, eos_token_id=2, **kw, **shape)
+
     if kind in ("qwen3_causal", "llama_causal"):
         arch = "qwen3" if kind == "qwen3_causal" else "llama"
-        model = tf.AutoModelForCausalLM.from_config(tiny_config(arch, VOCAB, eos_token_id=2))
-        _save(model, path)
+        model = tf.AutoModelForCausalLM.from_config(config(arch))
+        _save(model, path, perturb)
         return {"is_embedding": True}, lambda h, m=model: _last_norm(h(m.model))
     if kind == "mistral":
         cfg = tf.MistralConfig(
@@ -74,12 +84,14 @@ def _build(kind: str, path: Path):
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
             initializer_range=0.3, rms_norm_eps=1e-6, eos_token_id=2,
         )  # fmt: skip
+        for key, value in shape.items():
+            setattr(cfg, key, value)
         model = tf.MistralModel(cfg)
-        _save(model, path)  # architectures ["MistralModel"], names without "model."
+        _save(model, path, perturb)  # architectures ["MistralModel"], names without "model."
         return {}, lambda h, m=model: _last_norm(h(m))
     if kind == "qwen3_mean":
-        model = tf.AutoModelForCausalLM.from_config(tiny_config("qwen3", VOCAB, eos_token_id=2))
-        _save(model, path)
+        model = tf.AutoModelForCausalLM.from_config(config("qwen3"))
+        _save(model, path, perturb)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -87,16 +99,18 @@ def _build(kind: str, path: Path):
         ]  # fmt: skip
         (path / "modules.json").write_text(json.dumps(modules))
         (path / "1_Pooling").mkdir()
-        pooling = {"word_embedding_dimension": 64, "pooling_mode_mean_tokens": True}
+        pooling = {"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": True}
         (path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
         return {"is_embedding": True}, lambda h, m=model: torch.nn.functional.normalize(
             h(m.model).mean(0), dim=0
         )
     if kind == "qwen2_reward":
         # transformers has no Qwen2ForRewardModel: a Qwen2 decoder plus the two-layer head.
-        model = tf.AutoModelForCausalLM.from_config(tiny_config("qwen2", VOCAB, eos_token_id=2))
-        randomize_norms_and_biases(model)
-        head = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        model = tf.AutoModelForCausalLM.from_config(config("qwen2"))
+        randomize_norms_and_biases(model, **(perturb or {}))
+        head = torch.nn.Sequential(
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+        )
         state = {k: v for k, v in model.state_dict().items() if not k.startswith("lm_head")}
         state.update({f"score.{k}": v for k, v in head.state_dict().items()})
         from safetensors.torch import save_file
@@ -110,8 +124,8 @@ def _build(kind: str, path: Path):
         "qwen2_cls": ("qwen2", tf.Qwen2ForSequenceClassification),
         "qwen3_cls": ("qwen3", tf.Qwen3ForSequenceClassification),
     }[kind]
-    model = cls(tiny_config(arch, VOCAB, eos_token_id=2, num_labels=3, pad_token_id=None))
-    _save(model, path)
+    model = cls(config(arch, num_labels=3, pad_token_id=None))
+    _save(model, path, perturb)
     return {}, lambda h, m=model: m.score(h(m.model)[-1])
 
 
