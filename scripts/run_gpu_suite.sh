@@ -259,7 +259,7 @@ for step in "${steps[@]}"; do
       for round in $(seq "${MOE_ROUNDS:-1}"); do
         for m in qwen3-30b-a3b llama-3.1-8b; do
           python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
-            --preset nano-vllm --result-filename "$OUT/moe_offline.jsonl" 2>&1 | tee "$OUT/moe_offline_$m.log" \
+            --preset nano-vllm --result-filename "$OUT/moe_offline.jsonl" 2>&1 | tee "$OUT/moe_offline_${m}_$round.log" \
             | grep -E "throughput|duration|Error" | sed "s/^/round $round $m /" | tee -a "$OUT/moe.log"
         done
       done ;;
