@@ -72,15 +72,15 @@ def test_profile_writes_the_kernel_table_and_the_trace(tiny_llama_path: str, tmp
     assert {"aten::mm", "aten::addmm"} & {e.get("name") for e in trace["traceEvents"]}
 
 
-@pytest.mark.parametrize("mode", ["runner", "scheduler"])
-def test_tp_size_2_runs_one_process_per_rank(tiny_llama_path: str, tmp_path, mode):
+def test_tp_size_2_runs_one_process_per_rank(tiny_llama_path: str, tmp_path):
     """--tp-size 2 starts two gloo ranks that run the batches in lockstep (the row's tp_size
-    is what the model saw); rank 0 alone writes the result file."""
+    is what the model saw); rank 0 alone writes the result file. Scheduler mode here; the
+    runner mode's two-rank run is the teardown test's below (each launch costs seconds)."""
     result_file = tmp_path / "rows.jsonl"
     out = main(
         [
             "--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32",
-            "--tp-size", "2", "--mode", mode, "--batch-size", "2", "--input-len", "8",
+            "--tp-size", "2", "--mode", "scheduler", "--batch-size", "2", "--input-len", "8",
             "--output-len", "4", "--result-filename", str(result_file),
         ]
     )  # fmt: skip
@@ -152,8 +152,10 @@ def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
 
 def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_path, tmp_path):
     """A rank whose group teardown never returns does not hold the benchmark: its numbers
-    are already reported, the rank's stack is in the log after half of TEARDOWN_TIMEOUT_S,
-    and the parent kills it after TEARDOWN_TIMEOUT_S. (NCCL's teardown waits for CUDA graphs
+    are already reported (runner mode, --tp-size 2: the two ranks ran the batch of 2 in
+    lockstep, the row's tp_size is what the model saw, rank 0 alone wrote the result file),
+    the rank's stack is in the log after half of TEARDOWN_TIMEOUT_S, and the parent kills
+    it after TEARDOWN_TIMEOUT_S. (NCCL's teardown waits for CUDA graphs
     that captured its collectives, so the ranks destroy them first, which
     tests/gpu/test_gpu_tp.py checks; this guards against any other such hang.) The
     teardown is made to hang in the rank processes by a sitecustomize that every interpreter
@@ -173,7 +175,7 @@ def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_p
     result_file = tmp_path / "rows.jsonl"
     argv = [
         "--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32",
-        "--tp-size", "2", "--batch-size", "1", "--input-len", "8", "--output-len", "2",
+        "--tp-size", "2", "--batch-size", "2", "--input-len", "8", "--output-len", "4",
         "--result-filename", str(result_file),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
@@ -190,5 +192,6 @@ def test_tp_rank_stuck_leaving_the_group_is_killed_after_its_report(tiny_llama_p
     # each rank's stack, dumped while it hung, points at the teardown it is stuck in
     assert proc.stderr.count("Timeout (0:00:01)!") == 2, proc.stderr[-3000:]
     assert 'sitecustomize.py", line 3 in <lambda>' in proc.stderr, proc.stderr[-3000:]
-    assert len(result_file.read_text().splitlines()) == 1
+    rows = [json.loads(line) for line in result_file.read_text().splitlines()]
+    assert [(r["batch_size"], r["tp_size"]) for r in rows] == [(2, 2)]
     assert time.monotonic() - start < 100  # not the rank's 600 s
