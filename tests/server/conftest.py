@@ -75,12 +75,14 @@ class TinyModel:
     context_len: int
 
 
-def build_tiny_model_dir(out_dir: str | Path, arch: str = "llama") -> TinyModel:
-    """Save a tiny random `arch` model + Qwen3 tokenizer into out_dir and pick its EOS."""
+def build_tiny_model_dir(out_dir: str | Path, arch: str = "llama", tok: Any = None) -> TinyModel:
+    """Save a tiny random `arch` model + Qwen3 tokenizer (`tok`, loaded if not given) into
+    out_dir and pick its EOS."""
     from transformers import AutoTokenizer
 
     root = _root_conftest()
-    tok = AutoTokenizer.from_pretrained(root.qwen_tokenizer_dir())
+    if tok is None:
+        tok = AutoTokenizer.from_pretrained(root.qwen_tokenizer_dir())
     model = root.build_tiny_model(arch, out_dir, tok)
     prompt_ids = tok.encode(EOS_PROMPT)
     greedy = root.hf_greedy(model, prompt_ids, 12, ignore_eos=True)
@@ -105,8 +107,8 @@ def build_tiny_model_dir(out_dir: str | Path, arch: str = "llama") -> TinyModel:
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"))
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer: Any) -> TinyModel:
+    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny_llama"), tok=qwen_tokenizer)
 
 
 @pytest.fixture(scope="session")

@@ -32,12 +32,10 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    from transformers import AutoTokenizer
-
+def model_dir(tmp_path_factory: pytest.TempPathFactory, qwen_tokenizer) -> tuple[Path, Any, Any]:
     root = _root_conftest()
     path = tmp_path_factory.mktemp("tiny_qwen3_embed")
-    tok = AutoTokenizer.from_pretrained(root.qwen_tokenizer_dir())
+    tok = qwen_tokenizer
     model = root.build_tiny_model("qwen3", path, tok)
     cfg = json.loads((path / "config.json").read_text())
     cfg["max_position_embeddings"] = 64  # a small context for the length checks
