@@ -278,7 +278,7 @@ def wait_ready(handle: ServerHandle, timeout: float = STARTUP_TIMEOUT_S) -> None
                 return
         except requests.RequestException:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     handle.stop(signal.SIGKILL)
     pytest.fail(f"server not healthy after {timeout}s:\n{handle.log_tail()}")
 
