@@ -168,6 +168,9 @@ class Envs:
     MINI_SGLANG_GEMV_CONFIGS = EnvStr(
         "", 'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas".'
     )
+    MINI_SGLANG_MOE_SMALL_M = EnvInt(
+        0, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
+    )
     # Multimodal inputs (TokenizerManager)
     SGLANG_IO_WORKERS = EnvInt(4, "Threads that load and preprocess images of requests.")
     MINI_SGLANG_MAX_IMAGE_BYTES = EnvInt(

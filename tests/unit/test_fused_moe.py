@@ -12,7 +12,10 @@
 - FP8 experts (w8a8): the kernel with per-channel and block-wise scales equals the torch
   reference on the dequantized weights with the same activation quantization (batch 1,
   empty experts, dropped pairs), and FusedMoE with the FP8 method loads online, per-tensor
-  and block-wise checkpoint tensors into that function, split over TP / EP ranks.
+  and block-wise checkpoint tensors into that function, split over TP / EP ranks;
+- the small-batch GEMV path (fused_moe_gemv) equals the same references, bf16-free and FP8,
+  top-2 and top-8, with dropped pairs, and fused_experts_triton sends a batch there exactly
+  when MINI_SGLANG_MOE_SMALL_M's threshold allows.
 
 Without CUDA the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by conftest
 before triton is imported) on tiny shapes; with CUDA the same tests run compiled.
@@ -29,12 +32,17 @@ import torch
 pytest.importorskip("triton")
 
 from mini_sglang.distributed import parallel_state  # noqa: E402
-from mini_sglang.layers.moe import kernel_config  # noqa: E402
+from mini_sglang.layers.moe import fused_moe_gemv, kernel_config  # noqa: E402
 from mini_sglang.layers.moe.align import (  # noqa: E402
     moe_align_block_size_torch,
     moe_align_block_size_triton,
 )
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch  # noqa: E402
+from mini_sglang.layers.moe.fused_moe_gemv import (  # noqa: E402
+    GemvTiles,
+    SmallMConfig,
+    fused_experts_gemv,
+)
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton  # noqa: E402
 from mini_sglang.layers.moe.layer import FusedMoE  # noqa: E402
 from mini_sglang.layers.moe.router import select_experts_torch, select_experts_triton  # noqa: E402
@@ -218,24 +226,22 @@ def _fp8_experts(w: torch.Tensor, block: tuple[int, int] | None):
     return q, s, deq
 
 
-@pytest.mark.skipif(
-    DEVICE.type == "cuda" and torch.cuda.get_device_capability() < (8, 9),
-    reason="FP8 Triton kernels need sm89+",
-)
-@pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
-@pytest.mark.parametrize("tokens", [1, 5])
-def test_fp8_fused_experts_match_dequantized_reference(block, tokens) -> None:
-    experts, k, hidden, inter = 8, 2, 40, 32  # hidden 40: a short last group of 16 columns
+def _fp8_problem(tokens: int, block: tuple[int, int] | None, experts: int = 8, k: int = 2):
+    """(x, w13 FP8, w2 FP8, weights, ids, Fp8Experts, reference(ids) -> [tokens, H]) on
+    DEVICE: the reference is fused_experts_torch on the dequantized weights with the
+    kernel's activation quantization. hidden 40: a short last group of 16 columns."""
+    hidden, inter = 40, 32
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=gen)
     w13q, w13s, w13d = _fp8_experts(torch.randn(experts, 2 * inter, hidden, generator=gen), block)
     w2q, w2s, w2d = _fp8_experts(torch.randn(experts, hidden, inter, generator=gen), block)
     weights = torch.rand(tokens, k, generator=gen)
-    ids = _ids(tokens, experts, k, gen)  # batch 1: six of the eight experts get no pair
+    ids = _ids(tokens, experts, k, gen)  # batch 1: most experts get no pair
     group = block[1] if block is not None else None
 
-    def qdq(t: torch.Tensor) -> torch.Tensor:
-        return qdq_activations(t, group)
+    def reference(case: torch.Tensor) -> torch.Tensor:
+        qdq = functools.partial(qdq_activations, group=group)
+        return fused_experts_torch(x, w13d, w2d, weights, case, act_qdq=qdq)
 
     # the interpreter has no FP8: the FP8 values in float32, as pre-sm89 GPUs get them
     quantize = (
@@ -246,13 +252,26 @@ def test_fp8_fused_experts_match_dequantized_reference(block, tokens) -> None:
     if DEVICE.type == "cpu":
         w13q, w2q = w13q.float(), w2q.float()
     fp8 = Fp8Experts(w13s.to(DEVICE), w2s.to(DEVICE), block, quantize)
-    x, w13q, w2q, weights = (t.to(DEVICE) for t in (x, w13q, w2q, weights))
+    on_device = (t.to(DEVICE) for t in (x, w13q, w2q, weights, ids))
+    return *on_device, fp8, reference
+
+
+needs_fp8 = pytest.mark.skipif(
+    DEVICE.type == "cuda" and torch.cuda.get_device_capability() < (8, 9),
+    reason="FP8 Triton kernels need sm89+",
+)
+
+
+@needs_fp8
+@pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_fp8_fused_experts_match_dequantized_reference(block, tokens) -> None:
+    x, w13q, w2q, weights, ids, fp8, reference = _fp8_problem(tokens, block)
     for case in (ids, torch.where(ids % 2 == 1, -1, ids)):  # all pairs, then some dropped
-        ref = fused_experts_torch(x.cpu(), w13d, w2d, weights.cpu(), case, act_qdq=qdq)
         out = fused_experts_triton(
-            x, w13q, w2q, weights, case.to(DEVICE), dropped_pairs=True, config=TILES, fp8=fp8
+            x, w13q, w2q, weights, case, dropped_pairs=True, config=TILES, fp8=fp8
         )
-        torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out.cpu(), reference(case.cpu()), atol=1e-4, rtol=1e-4)
 
 
 def _checkpoint_tensor(fmt: str, w: torch.Tensor):
@@ -316,3 +335,60 @@ def test_fp8_layer_loads_each_format_and_splits(monkeypatch, fmt: str, tp: int, 
     total = sum(p(x, logits) for p in parts)
     torch.testing.assert_close(total, out, atol=1e-4, rtol=1e-5)
     monkeypatch.setattr(parallel_state, "_TP", parallel_state.TPGroup())
+
+
+# ---- the small-batch GEMV path -------------------------------------------------------------
+# Small tiles keep the interpreter's program count low; the 16-wide K tiles of kernel 1 run
+# several steps over hidden 40 (a short last one), kernel 2's one step covers inter 16..32.
+GEMV_TILES = SmallMConfig(GemvTiles(16, 16, 4), GemvTiles(16, 32, 4))
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,k,hidden,inter", [(1, 8, 2, 40, 16), (3, 16, 8, 32, 24), (3, 8, 2, 40, 32)]
+)
+def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> None:
+    """Both kernels against fused_experts_torch; then with one token's first pair and every
+    odd expert's pairs dropped (EP), which must add nothing."""
+    gen = torch.Generator().manual_seed(tokens * experts + k)
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.2
+    weights = torch.rand(tokens, k, generator=gen)
+    ids = _ids(tokens, experts, k, gen)
+    x, w13, w2, weights, ids = (t.to(DEVICE) for t in (x, w13, w2, weights, ids))
+    dropped = torch.where(ids % 2 == 1, -1, ids)
+    dropped[0, 0] = -1
+    for case in (ids, dropped):
+        ref = fused_experts_torch(x, w13, w2, weights, case)
+        out = fused_experts_gemv(x, w13, w2, weights, case, config=GEMV_TILES)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
+    """Off by default; with a threshold, fused_experts_triton (no config) returns exactly
+    the GEMV path's result for batches up to it."""
+    assert not fused_moe_gemv.use_small_m(1) or fused_moe_gemv.MAX_TOKENS > 0
+    monkeypatch.setattr(fused_moe_gemv, "MAX_TOKENS", 2)
+    assert [fused_moe_gemv.use_small_m(m) for m in (0, 1, 2, 3)] == [False, True, True, False]
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 32, generator=gen)
+    w13 = torch.randn(4, 32, 32, generator=gen) * 0.2
+    w2 = torch.randn(4, 32, 16, generator=gen) * 0.2
+    weights = torch.rand(2, 2, generator=gen)
+    ids = _ids(2, 4, 2, gen)
+    x, w13, w2, weights, ids = (t.to(DEVICE) for t in (x, w13, w2, weights, ids))
+    out = fused_experts_triton(x, w13, w2, weights, ids)
+    assert torch.equal(out, fused_experts_gemv(x, w13, w2, weights, ids))
+    torch.testing.assert_close(out, fused_experts_torch(x, w13, w2, weights, ids))
+
+
+@needs_fp8
+@pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
+def test_small_m_gemv_fp8_matches_dequantized_reference(block) -> None:
+    """FP8 experts on the GEMV path: the w8a8 function of the grouped path (per-channel
+    scales in the epilogue, block-wise ones per 16-column K step), two tokens' top-4 of 16
+    experts, all pairs and then some dropped."""
+    x, w13q, w2q, weights, ids, fp8, reference = _fp8_problem(2, block, experts=16, k=4)
+    for case in (ids, torch.where(ids % 2 == 1, -1, ids)):
+        out = fused_experts_gemv(x, w13q, w2q, weights, case, fp8=fp8, config=GEMV_TILES)
+        torch.testing.assert_close(out.cpu(), reference(case.cpu()), atol=1e-4, rtol=1e-4)

@@ -15,7 +15,8 @@ and with no host sync (CUDA-graph safe):
 
 Padding entries of a block (index n) are masked out of loads and stores; blocks past
 num_post_padded exit at once, so the grid can be sized for the worst case on the host.
-Tile sizes come from kernel_config.get_config.
+Tile sizes come from kernel_config.get_config. A few tokens (MINI_SGLANG_MOE_SMALL_M) take
+fused_moe_gemv's alignment-free path instead.
 
 FP8 experts (Fp8Experts) run the same steps w8a8: x is quantized before GEMM 1 and the
 SiLU-and-mul output before GEMM 2 (per token, or per token and group of bk columns), and
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.align import moe_align_block_size
 from mini_sglang.layers.moe.kernel_config import get_config
 
@@ -264,11 +266,15 @@ def fused_experts_triton(
     may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
     tuned / default tile sizes (the tuning script and tests use it). With `fp8` the experts
     are FP8 and both GEMMs run w8a8 (x, then the SiLU-and-mul output, quantized
-    dynamically; see Fp8Experts); the result has x's dtype."""
+    dynamically; see Fp8Experts); the result has x's dtype. Batches of at most
+    fused_moe_gemv.MAX_TOKENS tokens (MINI_SGLANG_MOE_SMALL_M) run fused_moe_gemv's two
+    kernels instead, unless `config` asks for the grouped GEMM's tiles."""
     tokens, k = topk_ids.shape
     E, two_i, _ = w13.shape
     if tokens == 0:  # nothing to launch (a grid of zero programs is an error)
         return torch.zeros_like(x)
+    if config is None and fused_moe_gemv.use_small_m(tokens):
+        return fused_moe_gemv.fused_experts_gemv(x, w13, w2, topk_weights, topk_ids, fp8=fp8)
     if config is None:
         dtype = x.dtype if fp8 is None else torch.float8_e4m3fn
         block_shape = None if fp8 is None else fp8.block

@@ -1,0 +1,330 @@
+"""The experts for a few tokens (decode): two GEMV kernels, no alignment, no sort.
+
+fused_experts_gemv computes what experts_torch.fused_experts_torch does (and what
+fused_moe_triton.fused_experts_triton does, up to summation order) in two launches:
+
+1. gate/up: one program per (token-expert pair, block of BLOCK_N intermediate columns) reads
+   the token's hidden row and its expert's BLOCK_N gate rows and BLOCK_N up rows of w13 in
+   BLOCK_K-wide tiles (fp32 accumulate), and writes silu(gate) * up -> act [pairs, I];
+2. down: one program per (token, block of BLOCK_N hidden columns) loops over the token's k
+   experts: act[pair] @ w2[expert][rows]^T, times the pair's routing weight, summed over the
+   k pairs in registers (no atomics, no per-pair output, no separate sum).
+
+A decode step of the grouped-GEMM path runs the alignment (sorting pairs into 16-row blocks
+of which one row is used at batch 1), both GEMMs and the sum; here each weight row a token
+needs is streamed once per pair, as the dense decode GEMV (layers/small_m_gemm.py) streams
+a linear layer: narrow row blocks (many programs), wide K tiles, fp32 accumulation. Pairs of
+one expert from different tokens each read the expert's rows, so the grouped GEMM wins once
+tokens share experts; MAX_TOKENS (MINI_SGLANG_MOE_SMALL_M, default 0: off) is the largest
+batch fused_experts_triton sends here.
+
+A pair whose expert id is negative (an expert another rank holds) is skipped by kernel 1
+(its act row is never written) and masked out of kernel 2's loads, so it adds nothing. The
+grid depends only on (tokens, k, H, I), and nothing is read back to the host: CUDA graphs
+capture it at each batch size.
+
+FP8 experts (fused_moe_triton.Fp8Experts) compute the w8a8 function of the grouped path: x
+and the SiLU-and-mul output are quantized by fp8.quantize (per token, or per token and group
+of bk columns) before their kernel, which multiplies the FP8 values in fp32 and applies the
+activation and weight scales in its epilogue (per channel) or at each K step (block-wise;
+BLOCK_K then divides bk).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from mini_sglang.environ import envs
+
+if TYPE_CHECKING:
+    from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
+
+# Batches of at most this many tokens take this path in fused_experts_triton (0: never).
+# Read once at import; benchmarks set the attribute to compare both paths in one process.
+MAX_TOKENS = envs.MINI_SGLANG_MOE_SMALL_M.get()
+
+_kernels: tuple | None = None
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    """One kernel's launch shape: BLOCK_N output columns per program, BLOCK_K-wide tiles of
+    the reduction dimension, num_warps."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class SmallMConfig:
+    """The tiles of both kernels: `gate_up` (kernel 1, BLOCK_N intermediate columns: it
+    reads 2 * BLOCK_N w13 rows) and `down` (kernel 2, BLOCK_N hidden columns)."""
+
+    gate_up: GemvTiles
+    down: GemvTiles
+
+
+# Narrow row blocks (many programs in flight at batch 1) and wide K tiles, as the dense
+# decode GEMV's best configs; bench_fused_moe.py --small-m-sweep times alternatives.
+DEFAULT_CONFIG = SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(4, 256, 4))
+
+
+def use_small_m(tokens: int) -> bool:
+    """True if a batch of `tokens` tokens takes this path (1 <= tokens <= MAX_TOKENS)."""
+    return 0 < tokens <= MAX_TOKENS
+
+
+def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches count here too
+    import triton  # deferred: the CPU path never needs it
+    import triton.language as tl
+
+    @triton.jit
+    def gate_up_kernel(
+        x_ptr,
+        w_ptr,
+        act_ptr,
+        x_scale_ptr,
+        w_scale_ptr,
+        ids_ptr,
+        INTER,
+        H,
+        stride_xm,
+        stride_we,
+        stride_wn,
+        stride_am,
+        stride_xsm,
+        stride_wse,
+        stride_wsn,
+        TOP_K: tl.constexpr,
+        FP8: tl.constexpr,
+        GROUP_N: tl.constexpr,
+        GROUP_K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
+        program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
+        e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
+        [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue)."""
+        pid_n = tl.program_id(0)
+        pair = tl.program_id(1)
+        expert = tl.load(ids_ptr + pair)
+        if expert < 0:
+            return
+        expert = expert.to(tl.int64)
+        token = (pair // TOP_K).to(tl.int64)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < INTER
+        gate_rows = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn
+        up_rows = gate_rows + INTER * stride_wn
+        x_row = x_ptr + token * stride_xm
+        if FP8:
+            w_s = w_scale_ptr + expert * stride_wse
+            gate_s = w_s + (rn // GROUP_N) * stride_wsn
+            up_s = w_s + ((rn + INTER) // GROUP_N) * stride_wsn
+            x_s = x_scale_ptr + token * stride_xsm
+        acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = rk < H
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            g = tl.load(gate_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
+            u = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
+            part_g = tl.sum(g * xk, axis=1)
+            part_u = tl.sum(u * xk, axis=1)
+            if FP8 and GROUP_K > 0:  # this K step's scale group
+                grp = k0 // GROUP_K
+                a_s = tl.load(x_s + grp)
+                part_g = part_g * a_s * tl.load(gate_s + grp, mask=n_ok, other=0.0)
+                part_u = part_u * a_s * tl.load(up_s + grp, mask=n_ok, other=0.0)
+            acc_g += part_g
+            acc_u += part_u
+        if FP8 and GROUP_K == 0:
+            a_s = tl.load(x_s)
+            acc_g = acc_g * a_s * tl.load(gate_s, mask=n_ok, other=0.0)
+            acc_u = acc_u * a_s * tl.load(up_s, mask=n_ok, other=0.0)
+        # rounded to the activation dtype first, as the grouped GEMM's epilogue does
+        gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
+        up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(act_ptr + pair * stride_am + rn, y.to(act_ptr.dtype.element_ty), mask=n_ok)
+
+    @triton.jit
+    def down_kernel(
+        act_ptr,
+        w_ptr,
+        out_ptr,
+        act_scale_ptr,
+        w_scale_ptr,
+        ids_ptr,
+        topk_weights_ptr,
+        H,
+        INTER,
+        stride_am,
+        stride_we,
+        stride_wn,
+        stride_om,
+        stride_asm,
+        stride_wse,
+        stride_wsn,
+        TOP_K: tl.constexpr,
+        FP8: tl.constexpr,
+        GROUP_N: tl.constexpr,
+        GROUP_K: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
+        topk_weights[p] * (act[p] . w[ids[p], n]) for the program's BLOCK_N columns n,
+        accumulated in fp32 and rounded once. FP8: act and w hold FP8 values; act_scale
+        [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N, 1 or INTER / GROUP_K]."""
+        pid_n = tl.program_id(0)
+        token = tl.program_id(1).to(tl.int64)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < H
+        out = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            pair = token * TOP_K + j
+            expert = tl.load(ids_ptr + pair)
+            kept = expert >= 0
+            # a dropped pair reads no columns (its act row and scales were never written)
+            # and adds 0; its expert id is clamped so that no pointer leaves the weights
+            k_end = tl.where(kept, INTER, 0)
+            expert = tl.maximum(expert, 0).to(tl.int64)
+            rows = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn
+            a_row = act_ptr + pair * stride_am
+            if FP8:
+                w_s = w_scale_ptr + expert * stride_wse + (rn // GROUP_N) * stride_wsn
+                a_s_row = act_scale_ptr + pair * stride_asm
+            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k0 in range(0, INTER, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                k_ok = rk < k_end
+                a = tl.load(a_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+                w = tl.load(rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                part = tl.sum(w.to(tl.float32) * a[None, :], axis=1)
+                if FP8 and GROUP_K > 0:
+                    grp = k0 // GROUP_K
+                    a_s = tl.where(kept, tl.load(a_s_row + grp), 0.0)
+                    part = part * a_s * tl.load(w_s + grp, mask=n_ok, other=0.0)
+                acc += part
+            if FP8 and GROUP_K == 0:
+                a_s = tl.where(kept, tl.load(a_s_row), 0.0)
+                acc = acc * a_s * tl.load(w_s, mask=n_ok, other=0.0)
+            route = tl.where(kept, tl.load(topk_weights_ptr + pair).to(tl.float32), 0.0)
+            out += acc * route
+        tl.store(out_ptr + token * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+    return gate_up_kernel, down_kernel
+
+
+def _get_kernels() -> tuple:
+    global _kernels
+    if _kernels is None:
+        _kernels = _build_kernels()
+    return _kernels
+
+
+def _tiles(tiles: GemvTiles, group_k: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for a launch; block-wise scales need one scale group per K step."""
+    block_k = math.gcd(tiles.block_k, group_k) if group_k else tiles.block_k
+    return tiles.block_n, block_k
+
+
+def fused_experts_gemv(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    fp8: Fp8Experts | None = None,
+    config: SmallMConfig | None = None,
+) -> torch.Tensor:
+    """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
+    routing-weighted sum of each token's experts (see the module); negative ids add
+    nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
+    tiles (DEFAULT_CONFIG if None)."""
+    import triton
+
+    tokens, k = topk_ids.shape
+    _, two_i, hidden = w13.shape
+    inter = two_i // 2
+    if tokens == 0:
+        return torch.zeros_like(x)
+    config = config or DEFAULT_CONFIG
+    gate_up_kernel, down_kernel = _get_kernels()
+    assert w13.stride(2) == 1 and w2.stride(2) == 1
+    ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
+    x = x.contiguous()
+    group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
+    group = group_k or None
+    a, a_scale, w_scale = x, x, w13  # unread placeholders without FP8
+    if fp8 is not None:
+        a, a_scale = fp8.quantize(x, group)
+        w_scale = fp8.w13_scale
+    act = torch.empty(tokens * k, inter, dtype=x.dtype, device=x.device)
+    bn, bk = _tiles(config.gate_up, group_k)
+    gate_up_kernel[(triton.cdiv(inter, bn), tokens * k)](
+        a,
+        w13,
+        act,
+        a_scale,
+        w_scale,
+        ids,
+        inter,
+        hidden,
+        a.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        a_scale.stride(0),
+        w_scale.stride(0),
+        w_scale.stride(1),
+        TOP_K=k,
+        FP8=fp8 is not None,
+        GROUP_N=group_n,
+        GROUP_K=group_k,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=config.gate_up.num_warps,
+    )
+    a, a_scale, w_scale = act, act, w2
+    if fp8 is not None:
+        a, a_scale = fp8.quantize(act, group)
+        w_scale = fp8.w2_scale
+    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    bn, bk = _tiles(config.down, group_k)
+    down_kernel[(triton.cdiv(hidden, bn), tokens)](
+        a,
+        w2,
+        out,
+        a_scale,
+        w_scale,
+        ids,
+        weights,
+        hidden,
+        inter,
+        a.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        out.stride(0),
+        a_scale.stride(0),
+        w_scale.stride(0),
+        w_scale.stride(1),
+        TOP_K=k,
+        FP8=fp8 is not None,
+        GROUP_N=group_n,
+        GROUP_K=group_k,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=config.down.num_warps,
+    )
+    return out
