@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fused_moe.py [--experts 128 --top-k 8 --hidden 2048 --inter 768]
         [--tp 1] [--dtype bf16|fp8|fp8-block] [--batch-sizes 1 2 4 ...]
-        [--result-filename out.jsonl]
+        [--small-m 0 8] [--small-m-sweep] [--result-filename out.jsonl]
 
 Defaults are Qwen3-30B-A3B's expert shapes (one layer, tp 1). Each batch size is timed as a
 CUDA-graph replay (kernels' GPU time, as in a decode step); the weights (1.2 GB in bf16) do
@@ -21,11 +21,20 @@ Small batches are bandwidth bound (compare GB/s with the peak), large ones compu
 card's FP8 peak (the weights' bytes are half of bf16's; an FP8 decode step should take
 about half the time). The tile sizes are what the layer would pick (kernel_config.get_config:
 a tuned file for this card if one ships, else the default heuristic).
+
+`--small-m T [T ...]` times the layer once per threshold T of the small-batch GEMV path
+(layers/moe/fused_moe_gemv.py; what MINI_SGLANG_MOE_SMALL_M=T sets): T 0 is the grouped
+path; above T an arm runs the grouped path too, so with T 0 among the arms it is timed
+only at batch sizes up to T. Rows carry `small_m` and `path` ("grouped" or "gemv"). `--small-m-sweep`
+also times the GEMV path's kernels with other tiles (SWEEP: kernel 1's, then kernel 2's
+with kernel 1's best) at every batch size up to the largest T and reports the fastest
+(rows with `path` "gemv-sweep"): what DEFAULT_CONFIG in fused_moe_gemv.py should become.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -34,7 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mini_sglang.layers.moe import kernel_config  # noqa: E402
+from mini_sglang.layers.moe import fused_moe_gemv, kernel_config  # noqa: E402
+from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, SmallMConfig  # noqa: E402
 from mini_sglang.layers.moe.layer import FusedMoE  # noqa: E402
 from mini_sglang.layers.quantization.fp8 import Fp8Config  # noqa: E402
 from mini_sglang.layers.quantization.methods import QuantSpec  # noqa: E402
@@ -53,6 +63,8 @@ DTYPES = {
     "fp8-block": QuantSpec("fp8", checkpoint_fp8=True, weight_block_size=(128, 128)),
 }
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+# --small-m-sweep: (BLOCK_N, BLOCK_K, num_warps) candidates for each GEMV kernel
+SWEEP = [(2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4)]
 
 
 def card_peaks(fp8: bool) -> tuple[float, float] | None:
@@ -64,16 +76,42 @@ def card_peaks(fp8: bool) -> tuple[float, float] | None:
     return peaks[0], peaks[2] if fp8 else peaks[1]
 
 
-def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int) -> int:
+def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int, gemv: bool) -> int:
     """Weights of the experts the batch routes to (their element size: 2 bf16, 1 FP8; the
-    scales are negligible), plus x, the [M*k, I] activation and the [M*k, H] per-slot
-    outputs (each written once and read once) and the output (bf16)."""
+    scales are negligible), plus x, the [M*k, I] activation and (grouped path only) the
+    [M*k, H] per-slot outputs (each written once and read once) and the output (bf16)."""
     touched = int(torch.unique(ids).numel())
     i = layer.intermediate_per_partition
     weights = touched * 3 * i * hidden * layer.w13_weight.element_size()
     pairs = ids.numel()
-    acts = 2 * m * hidden * 2 + pairs * (i + hidden) * 2 * 2
+    acts = 2 * m * hidden * 2 + pairs * (i + (0 if gemv else hidden)) * 2 * 2
     return weights + acts
+
+
+def sweep_gemv(layer: FusedMoE, x: torch.Tensor, logits: torch.Tensor, iters: int) -> tuple:
+    """(fastest SmallMConfig, its ms) for the layer on the GEMV path at this batch: kernel 1's
+    SWEEP candidates with kernel 2's default tiles, then kernel 2's with kernel 1's best
+    (fused_moe_gemv.DEFAULT_CONFIG is swapped for each timing and restored)."""
+    default = fused_moe_gemv.DEFAULT_CONFIG
+
+    def time_config(config: SmallMConfig) -> float:
+        fused_moe_gemv.DEFAULT_CONFIG = config
+        try:
+            return cuda_time_ms(lambda: layer(x, logits), iters, graph=True)
+        except Exception:  # tiles the compiler rejects on this card
+            return float("inf")
+        finally:
+            fused_moe_gemv.DEFAULT_CONFIG = default
+
+    best = (default, time_config(default))
+    for which in ("gate_up", "down"):
+        for cand in SWEEP:
+            tiles = {"gate_up": best[0].gate_up, "down": best[0].down, which: GemvTiles(*cand)}
+            config = SmallMConfig(**tiles)
+            ms = time_config(config)
+            if ms < best[1]:
+                best = (config, ms)
+    return best
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -86,6 +124,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="the experts' weights")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=BATCH_SIZES)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument(
+        "--small-m", type=int, nargs="+", default=[fused_moe_gemv.MAX_TOKENS],
+        help="GEMV-path thresholds to time (0: grouped path; default MINI_SGLANG_MOE_SMALL_M)",
+    )  # fmt: skip
+    p.add_argument("--small-m-sweep", action="store_true", help="also sweep the GEMV tiles")
     p.add_argument("--result-filename", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -113,34 +156,60 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for m in args.batch_sizes:
         x = torch.randn(m, args.hidden, dtype=torch.bfloat16, device="cuda")
         logits = torch.randn(m, args.experts, device="cuda")
-        ms = cuda_time_ms(lambda x=x, logits=logits: layer(x, logits), args.iters, graph=True)
         _, ids = torch.topk(logits, args.top_k, dim=-1)
-        gbs = bytes_moved(m, ids, layer, args.hidden) / (ms / 1e3) / 1e9
-        tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
-        tflops = tflops / (ms / 1e3) / 1e12
-        gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
-        block = None if spec is None else spec.weight_block_size
-        cfg = kernel_config.get_config(
-            m, args.experts, layer.intermediate_per_partition, args.top_k, gemm_dtype,
-            x.device, block,
-        )  # fmt: skip
-        row = dict(
-            device=name, m=m, us=round(ms * 1e3, 2), gb_s=round(gbs, 1),
-            tflop_s=round(tflops, 2), config=cfg, experts=args.experts, top_k=args.top_k,
-            hidden=args.hidden, inter=layer.intermediate_per_partition, dtype=args.dtype,
-        )  # fmt: skip
-        share = ""
-        if peaks is not None:
-            row["bw_share"] = round(gbs * 1e9 / peaks[0], 3)
-            row["flop_share"] = round(tflops * 1e12 / peaks[1], 3)
-            share = f" ({100 * row['bw_share']:.0f}% of peak BW, {100 * row['flop_share']:.1f}% of peak FLOP/s)"
-        print(f"M={m:5d}: {row['us']:9.1f} us  {gbs:7.0f} GB/s  {tflops:7.2f} TFLOP/s{share}")
-        rows.append(row)
+        for small_m in args.small_m:
+            if 0 < small_m < m and 0 in args.small_m:  # the grouped path: timed at T 0
+                continue
+            fused_moe_gemv.MAX_TOKENS = small_m
+            path = "gemv" if fused_moe_gemv.use_small_m(m) else "grouped"
+            ms = cuda_time_ms(lambda x=x, logits=logits: layer(x, logits), args.iters, graph=True)
+            rows.append(report(args, layer, spec, peaks, m, ids, ms, small_m, path))
+        if args.small_m_sweep and m <= max(args.small_m):
+            fused_moe_gemv.MAX_TOKENS = m
+            config, ms = sweep_gemv(layer, x, logits, args.iters)
+            rows.append(report(args, layer, spec, peaks, m, ids, ms, m, "gemv-sweep", config))
+            print(f"{'':>13} best tiles {rows[-1]['config']}")
     if args.result_filename:
         with open(args.result_filename, "a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     return rows
+
+
+def report(
+    args, layer, spec, peaks, m, ids, ms, small_m: int, path: str, tiles: SmallMConfig | None = None
+) -> dict:
+    """The result row of one timing (see the module), printed as one line; `path` "grouped",
+    "gemv" (DEFAULT_CONFIG's tiles) or "gemv-sweep" (`tiles`)."""
+    name = torch.cuda.get_device_name()
+    gemv = path != "grouped"
+    gbs = bytes_moved(m, ids, layer, args.hidden, gemv) / (ms / 1e3) / 1e9
+    tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
+    tflops = tflops / (ms / 1e3) / 1e12
+    if gemv:
+        cfg = dataclasses.asdict(tiles or fused_moe_gemv.DEFAULT_CONFIG)
+    else:
+        gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
+        block = None if spec is None else spec.weight_block_size
+        cfg = kernel_config.get_config(
+            m, args.experts, layer.intermediate_per_partition, args.top_k, gemm_dtype,
+            ids.device, block,
+        )  # fmt: skip
+    row = dict(
+        device=name, m=m, us=round(ms * 1e3, 2), gb_s=round(gbs, 1),
+        tflop_s=round(tflops, 2), config=cfg, experts=args.experts, top_k=args.top_k,
+        hidden=args.hidden, inter=layer.intermediate_per_partition, dtype=args.dtype,
+        small_m=small_m, path=path,
+    )  # fmt: skip
+    share = ""
+    if peaks is not None:
+        row["bw_share"] = round(gbs * 1e9 / peaks[0], 3)
+        row["flop_share"] = round(tflops * 1e12 / peaks[1], 3)
+        share = f" ({100 * row['bw_share']:.0f}% of peak BW, {100 * row['flop_share']:.1f}% of peak FLOP/s)"
+    print(
+        f"M={m:5d} {path:>10}: {row['us']:9.1f} us  {gbs:7.0f} GB/s  {tflops:7.2f} TFLOP/s{share}"
+    )
+    return row
 
 
 if __name__ == "__main__":

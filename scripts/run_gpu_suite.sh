@@ -234,27 +234,39 @@ for step in "${steps[@]}"; do
       # --quantization fp8 (per-channel, quantized at load) and as fp8-block (a copy of the
       # model directory declaring Qwen3-30B-A3B-FP8's quantization_config, 128x128 blocks):
       # one byte per expert weight, so batch-1 decode should beat bf16's ms/token.
+      # The small-batch expert GEMV path (MINI_SGLANG_MOE_SMALL_M; MOE_SMALL_M, default 8,
+      # empty skips it): the kernel bench times it beside the grouped path at M <= 8 (rows
+      # with "path": "gemv"; bf16 also sweeps its tiles, "gemv-sweep"), and every batch-1 run
+      # is repeated with the variable set (lines marked small_m=8, results in *_small_m8.jsonl).
+      small_m="${MOE_SMALL_M-8}"
       for name in qwen3-30b-a3b llama-3.1-8b; do
         python benchmarks/models/prepare.py "$name" "$MODEL_ROOT/$name" >/dev/null
       done
-      python benchmarks/bench_fused_moe.py --result-filename "$OUT/fused_moe.jsonl" 2>&1 | tee "$OUT/fused_moe.log"
-      python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/qwen3-30b-a3b" --load-format dummy \
-        --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
-        --result-filename "$OUT/moe_one_batch.jsonl" 2>&1 | grep -E "Scheduler|Error" \
-        | sed "s/^/qwen3-30b-a3b /" | tee -a "$OUT/moe.log"
+      python benchmarks/bench_fused_moe.py --result-filename "$OUT/fused_moe.jsonl" \
+        --small-m 0 $small_m ${small_m:+--small-m-sweep} 2>&1 | tee "$OUT/fused_moe.log"
+      for t in 0 $small_m; do
+        sfx=$([ "$t" = 0 ] || echo "_small_m$t")
+        MINI_SGLANG_MOE_SMALL_M=$t python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/qwen3-30b-a3b" \
+          --load-format dummy --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+          --result-filename "$OUT/moe_one_batch$sfx.jsonl" 2>&1 | grep -E "Scheduler|Error" \
+          | sed "s/^/qwen3-30b-a3b small_m=$t /" | tee -a "$OUT/moe.log"
+      done
       for arm in ${MOE_FP8_ARMS-fp8 fp8-block}; do
-        python benchmarks/bench_fused_moe.py --dtype "$arm" --result-filename "$OUT/fused_moe.jsonl" 2>&1 \
-          | tee "$OUT/fused_moe_$arm.log"
+        python benchmarks/bench_fused_moe.py --dtype "$arm" --result-filename "$OUT/fused_moe.jsonl" \
+          --small-m 0 $small_m 2>&1 | tee "$OUT/fused_moe_$arm.log"
         path="$MODEL_ROOT/qwen3-30b-a3b" flags="--quantization fp8"
         if [ "$arm" = fp8-block ]; then
           path="$MODEL_ROOT/qwen3-30b-a3b-fp8-block" flags=""
           rm -rf "$path" && cp -r "$MODEL_ROOT/qwen3-30b-a3b" "$path"
           python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
         fi
-        python -m mini_sglang.bench_one_batch --model-path "$path" --load-format dummy $flags \
-          --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
-          --result-filename "$OUT/moe_one_batch_$arm.jsonl" 2>&1 | grep -E "Scheduler|Error" \
-          | sed "s/^/qwen3-30b-a3b $arm /" | tee -a "$OUT/moe.log"
+        for t in 0 $small_m; do
+          sfx=$([ "$t" = 0 ] || echo "_small_m$t")
+          MINI_SGLANG_MOE_SMALL_M=$t python -m mini_sglang.bench_one_batch --model-path "$path" \
+            --load-format dummy $flags --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+            --result-filename "$OUT/moe_one_batch_$arm$sfx.jsonl" 2>&1 | grep -E "Scheduler|Error" \
+            | sed "s/^/qwen3-30b-a3b $arm small_m=$t /" | tee -a "$OUT/moe.log"
+        done
       done
       for round in $(seq "${MOE_ROUNDS:-1}"); do
         for m in qwen3-30b-a3b llama-3.1-8b; do

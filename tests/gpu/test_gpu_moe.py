@@ -6,6 +6,10 @@
 - The fused Triton path (router, block alignment, grouped GEMMs) against the torch reference
   on random shapes in bf16, including Qwen3-30B-A3B's expert shapes, batch sizes 1..512 and
   EP-dropped pairs, and replayed from a CUDA graph with new inputs.
+- The small-batch GEMV path (layers/moe/fused_moe_gemv.py, MINI_SGLANG_MOE_SMALL_M) on
+  Qwen3-30B-A3B's expert shapes at batch sizes 1..8 (and a TP-sharded intermediate size) in
+  bf16, fp16 and float32 against the same reference, with EP-dropped pairs; the layer on
+  that path replayed from a CUDA graph; FP8 experts on it (per channel and block-wise).
 - FP8 experts (sm89+): the w8a8 kernel, per channel and block-wise 128 x 128, against the
   torch reference on the dequantized weights with the same activation quantization: with
   float32 activations to summation noise (a few activations may round to a neighbouring
@@ -118,13 +122,18 @@ def test_fused_experts_match_reference(tokens, E, k, H, inter, dtype):
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("tokens", [1, 8, 64])
-def test_fused_moe_layer_replays_from_a_cuda_graph(tokens):
-    """The whole layer (router, alignment, GEMMs) captured once, replayed on new inputs."""
+@pytest.mark.parametrize(
+    "tokens,small_m", [(1, 0), (8, 0), (64, 0), (1, 8), (8, 8)], ids=lambda v: str(v)
+)
+def test_fused_moe_layer_replays_from_a_cuda_graph(tokens, small_m, monkeypatch):
+    """The whole layer (router, alignment, GEMMs; or with small_m the router and the GEMV
+    path's two kernels) captured once, replayed on new inputs."""
+    from mini_sglang.layers.moe import fused_moe_gemv
     from mini_sglang.layers.moe.experts_torch import fused_experts_torch
     from mini_sglang.layers.moe.layer import FusedMoE
     from mini_sglang.layers.moe.router import select_experts_torch
 
+    monkeypatch.setattr(fused_moe_gemv, "MAX_TOKENS", small_m)
     E, k, H, inter = 128, 8, 2048, 768
     torch.set_default_dtype(torch.bfloat16)
     try:
@@ -152,6 +161,36 @@ def test_fused_moe_layer_replays_from_a_cuda_graph(tokens):
         w, ids = select_experts_torch(logits, k, True)
         ref = fused_experts_torch(x.float(), w13.float(), w2.float(), w, ids)
         torch.testing.assert_close(static_out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize(
+    "tokens,inter,dtype",
+    [(m, 768, torch.bfloat16) for m in range(1, 9)]
+    + [(1, 768, torch.float16), (8, 768, torch.float16), (3, 768, torch.float32)]
+    + [(4, 384, torch.bfloat16), (2, 96, torch.bfloat16)],  # TP-sharded I: 768 / 2, / 8
+)
+def test_small_m_gemv_matches_reference(tokens, inter, dtype, monkeypatch):
+    """The GEMV path (default tiles) on Qwen3-30B-A3B's experts (E 128, top-8, H 2048)
+    against the torch reference and beside the grouped-GEMM path, all pairs and then the
+    upper half of the experts dropped (EP)."""
+    from mini_sglang.layers.moe import fused_moe_gemv
+    from mini_sglang.layers.moe.experts_torch import fused_experts_torch
+    from mini_sglang.layers.moe.fused_moe_gemv import fused_experts_gemv
+    from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
+    from mini_sglang.layers.moe.router import select_experts
+
+    monkeypatch.setattr(fused_moe_gemv, "MAX_TOKENS", 0)  # fused_experts_triton: grouped
+    E, k, H = 128, 8, 2048
+    x, w13, w2, logits = _problem(tokens, E, k, H, inter, dtype, seed=tokens)
+    w, ids = select_experts(logits, k, True)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for case in (ids, torch.where(ids >= E // 2, -1, ids)):
+        ref = fused_experts_torch(x.float(), w13.float(), w2.float(), w, case)
+        out = fused_experts_gemv(x, w13, w2, w, case)
+        assert out.dtype == dtype and out.shape == x.shape
+        torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
+        grouped = fused_experts_triton(x, w13, w2, w, case, dropped_pairs=True)
+        torch.testing.assert_close(out.float(), grouped.float(), atol=tol, rtol=tol)
 
 
 # ---- FP8 experts ---------------------------------------------------------------------------
@@ -229,10 +268,47 @@ def test_fp8_fused_experts_match_reference(tokens, E, k, H, inter, block):
 
 
 @needs_fp8
+@pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
+@pytest.mark.parametrize("tokens", [1, 5, 8])
+def test_small_m_gemv_fp8_matches_reference(tokens, block):
+    """FP8 experts on the GEMV path (Qwen3-30B-A3B's shapes) compute the grouped path's
+    w8a8 function: the tolerances of test_fp8_fused_experts_match_reference."""
+    from mini_sglang.layers.moe.experts_torch import fused_experts_torch
+    from mini_sglang.layers.moe.fused_moe_gemv import fused_experts_gemv
+    from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
+    from mini_sglang.layers.moe.router import select_experts
+    from mini_sglang.layers.quantization.fp8_moe import qdq_activations, quantize_activations
+
+    E, k, H, inter = 128, 8, 2048, 768
+    x, w13, w2, logits = _problem(tokens, E, k, H, inter, torch.float32, seed=tokens)
+    w13q, w13s, w13d = _quantize_experts(w13, block)
+    w2q, w2s, w2d = _quantize_experts(w2, block)
+    del w13, w2
+    w, ids = select_experts(logits, k, True)
+    group = block[1] if block is not None else None
+    fp8 = Fp8Experts(w13s, w2s, block, quantize_activations)
+
+    def ref(x, case):
+        qdq = lambda t: qdq_activations(t, group)  # noqa: E731
+        return fused_experts_torch(x.float(), w13d, w2d, w, case, act_qdq=qdq)
+
+    dropped = torch.where(ids >= E // 2, -1, ids)
+    for case in (ids, dropped):
+        out = fused_experts_gemv(x, w13q, w2q, w, case, fp8=fp8)
+        assert _rel(out, ref(x, case)) < 2e-3, _rel(out, ref(x, case))
+    xb = x.bfloat16()
+    out = fused_experts_gemv(xb, w13q, w2q, w, ids, fp8=fp8)
+    assert out.dtype == torch.bfloat16
+    assert _rel(out, ref(xb, ids)) < 5e-2, _rel(out, ref(xb, ids))
+
+
+@needs_fp8
+@pytest.mark.parametrize("small_m", [0, 8])
 @pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["online", "block"])
-def test_fp8_moe_layer_replays_from_a_cuda_graph(block):
+def test_fp8_moe_layer_replays_from_a_cuda_graph(block, small_m, monkeypatch):
     """The FP8 layer built as a model would be, its experts quantized while loading on the
-    GPU, captured once and replayed on new inputs."""
+    GPU, captured once and replayed on new inputs (small_m 8: on the GEMV path)."""
+    from mini_sglang.layers.moe import fused_moe_gemv
     from mini_sglang.layers.moe.experts_torch import fused_experts_torch
     from mini_sglang.layers.moe.layer import FusedMoE
     from mini_sglang.layers.moe.router import select_experts_torch
@@ -240,6 +316,7 @@ def test_fp8_moe_layer_replays_from_a_cuda_graph(block):
     from mini_sglang.layers.quantization.fp8_moe import qdq_activations
     from mini_sglang.layers.quantization.methods import QuantSpec
 
+    monkeypatch.setattr(fused_moe_gemv, "MAX_TOKENS", small_m)
     E, k, H, inter, tokens = 128, 8, 2048, 768, 8
     spec = QuantSpec("fp8") if block is None else QuantSpec("fp8", True, block)
     torch.set_default_dtype(torch.bfloat16)
