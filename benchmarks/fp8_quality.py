@@ -5,11 +5,14 @@ Both models run in-process (one Scheduler each, the serving code path) on the sa
 prompts; each prompt's logits at every position come from one prefill. Usage:
 
     python benchmarks/fp8_quality.py MODEL_PATH [--device cpu|cuda] [--dtype auto]
-        [--quantization fp8] [--result-filename out.jsonl]
+        [--quantization fp8|none] [--kv-cache-dtype auto|fp8_e4m3|fp8_e5m2]
+        [--result-filename out.jsonl]
 
 `--quantization` is what the quantized arm passes (fp8 quantizes a bf16/fp16 checkpoint
 online); for an FP8 checkpoint, pass its path as --quantized-path and the unquantized
-original as MODEL_PATH. Prints one JSON line: positions, top1_agreement (fraction of
+original as MODEL_PATH. `--kv-cache-dtype` is the quantized arm's KV pool (the reference
+keeps the model dtype): each position's attention reads its prompt's keys and values back
+from the pool, so an FP8 pool's rounding reaches every logit but the first. Prints one JSON line: positions, top1_agreement (fraction of
 positions whose argmax matches), mean_kl (nats, KL(reference || quantized)), max_kl.
 """
 
@@ -75,7 +78,9 @@ def position_logits(scheduler, prompts: list[list[int]]) -> list[torch.Tensor]:
     return out
 
 
-def make_scheduler(model_path: str, device: str, dtype: str, quantization: str | None):
+def make_scheduler(
+    model_path: str, device: str, dtype: str, quantization: str | None, kv: str = "auto"
+):
     from mini_sglang.managers.scheduler import Scheduler
     from mini_sglang.server_args import ServerArgs
 
@@ -84,6 +89,7 @@ def make_scheduler(model_path: str, device: str, dtype: str, quantization: str |
         device=device,
         dtype=dtype,
         quantization=quantization,
+        kv_cache_dtype=kv,
         max_total_tokens=4096,
         max_running_requests=8,
         disable_radix_cache=True,
@@ -111,6 +117,7 @@ def main() -> None:
     parser.add_argument("model_path")
     parser.add_argument("--quantized-path", default=None, help="default: MODEL_PATH")
     parser.add_argument("--quantization", default="fp8", help="'none' for an FP8 checkpoint")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the quantized arm's KV pool")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--result-filename", default=None)
@@ -122,11 +129,15 @@ def main() -> None:
     ref = position_logits(ref_sched, prompts)
     del ref_sched
     quant_path = args.quantized_path or args.model_path
-    got = position_logits(make_scheduler(quant_path, args.device, args.dtype, quantization), prompts)
+    quant_sched = make_scheduler(
+        quant_path, args.device, args.dtype, quantization, args.kv_cache_dtype
+    )
+    got = position_logits(quant_sched, prompts)
     result = {
         "model_path": args.model_path,
         "quantized_path": quant_path,
         "quantization": quantization,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "device": args.device,
         "dtype": args.dtype,
         **compare(ref, got),
