@@ -64,7 +64,10 @@ DTYPES = {
 }
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 # --small-m-sweep: (BLOCK_N, BLOCK_K, num_warps) candidates for each GEMV kernel
-SWEEP = [(2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4)]
+SWEEP = [
+    (2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4),
+    (2, 512, 8), (4, 256, 8), (8, 128, 8), (2, 256, 4),
+]  # fmt: skip
 
 
 def card_peaks(fp8: bool) -> tuple[float, float] | None:

@@ -344,11 +344,13 @@ GEMV_TILES = SmallMConfig(GemvTiles(16, 16, 4), GemvTiles(16, 32, 4))
 
 
 @pytest.mark.parametrize(
-    "tokens,experts,k,hidden,inter", [(1, 8, 2, 40, 16), (3, 16, 8, 32, 24), (3, 8, 2, 40, 32)]
+    "tokens,experts,k,hidden,inter",
+    [(1, 8, 2, 40, 16), (3, 16, 8, 32, 24), (3, 8, 2, 40, 32), (1, 8, 3, 32, 16)],
 )
 def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> None:
-    """Both kernels against fused_experts_torch; then with one token's first pair and every
-    odd expert's pairs dropped (EP), which must add nothing."""
+    """Both kernels against fused_experts_torch (top-3: kernel 2 pads the token's experts to
+    4 slots); then with one token's first pair and every odd expert's pairs dropped (EP),
+    which must add nothing."""
     gen = torch.Generator().manual_seed(tokens * experts + k)
     x = torch.randn(tokens, hidden, generator=gen)
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2

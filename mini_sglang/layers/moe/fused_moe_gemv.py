@@ -6,9 +6,10 @@ fused_moe_triton.fused_experts_triton does, up to summation order) in two launch
 1. gate/up: one program per (token-expert pair, block of BLOCK_N intermediate columns) reads
    the token's hidden row and its expert's BLOCK_N gate rows and BLOCK_N up rows of w13 in
    BLOCK_K-wide tiles (fp32 accumulate), and writes silu(gate) * up -> act [pairs, I];
-2. down: one program per (token, block of BLOCK_N hidden columns) loops over the token's k
-   experts: act[pair] @ w2[expert][rows]^T, times the pair's routing weight, summed over the
-   k pairs in registers (no atomics, no per-pair output, no separate sum).
+2. down: one program per (token, block of BLOCK_N hidden columns) loads the token's k
+   experts' w2 tiles together ([k, BLOCK_N, BLOCK_K] per K step, so k times a GEMV's bytes
+   are in flight): act[pair] @ w2[expert][rows]^T, times the pair's routing weight, summed
+   over the k pairs in registers (no atomics, no per-pair output, no separate sum).
 
 A decode step of the grouped-GEMM path runs the alignment (sorting pairs into 16-row blocks
 of which one row is used at batch 1), both GEMMs and the sum; here each weight row a token
@@ -70,8 +71,9 @@ class SmallMConfig:
 
 
 # Narrow row blocks (many programs in flight at batch 1) and wide K tiles, as the dense
-# decode GEMV's best configs; bench_fused_moe.py --small-m-sweep times alternatives.
-DEFAULT_CONFIG = SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(4, 256, 4))
+# decode GEMV's best configs; kernel 2 loads k such tiles at once, hence more warps.
+# bench_fused_moe.py --small-m-sweep times alternatives.
+DEFAULT_CONFIG = SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(4, 256, 8))
 
 
 def use_small_m(tokens: int) -> bool:
@@ -175,6 +177,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_wse,
         stride_wsn,
         TOP_K: tl.constexpr,
+        TOP_K_POW2: tl.constexpr,
         FP8: tl.constexpr,
         GROUP_N: tl.constexpr,
         GROUP_K: tl.constexpr,
@@ -183,43 +186,47 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
         topk_weights[p] * (act[p] . w[ids[p], n]) for the program's BLOCK_N columns n,
-        accumulated in fp32 and rounded once. FP8: act and w hold FP8 values; act_scale
-        [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N, 1 or INTER / GROUP_K]."""
+        accumulated in fp32 and rounded once. All k experts' tiles are one
+        [TOP_K_POW2, BLOCK_N, BLOCK_K] load per K step, so a program has k times a GEMV's
+        bytes in flight. FP8: act and w hold FP8 values; act_scale [pairs, 1 or
+        INTER / GROUP_K], w_scale [E, H / GROUP_N, 1 or INTER / GROUP_K]."""
         pid_n = tl.program_id(0)
         token = tl.program_id(1).to(tl.int64)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < H
-        out = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for j in tl.static_range(TOP_K):
-            pair = token * TOP_K + j
-            expert = tl.load(ids_ptr + pair)
-            kept = expert >= 0
-            # a dropped pair reads no columns (its act row and scales were never written)
-            # and adds 0; its expert id is clamped so that no pointer leaves the weights
-            k_end = tl.where(kept, INTER, 0)
-            expert = tl.maximum(expert, 0).to(tl.int64)
-            rows = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn
-            a_row = act_ptr + pair * stride_am
-            if FP8:
-                w_s = w_scale_ptr + expert * stride_wse + (rn // GROUP_N) * stride_wsn
-                a_s_row = act_scale_ptr + pair * stride_asm
-            acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            for k0 in range(0, INTER, BLOCK_K):
-                rk = k0 + tl.arange(0, BLOCK_K)
-                k_ok = rk < k_end
-                a = tl.load(a_row + rk, mask=k_ok, other=0.0).to(tl.float32)
-                w = tl.load(rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-                part = tl.sum(w.to(tl.float32) * a[None, :], axis=1)
-                if FP8 and GROUP_K > 0:
-                    grp = k0 // GROUP_K
-                    a_s = tl.where(kept, tl.load(a_s_row + grp), 0.0)
-                    part = part * a_s * tl.load(w_s + grp, mask=n_ok, other=0.0)
-                acc += part
-            if FP8 and GROUP_K == 0:
-                a_s = tl.where(kept, tl.load(a_s_row), 0.0)
-                acc = acc * a_s * tl.load(w_s, mask=n_ok, other=0.0)
-            route = tl.where(kept, tl.load(topk_weights_ptr + pair).to(tl.float32), 0.0)
-            out += acc * route
+        rj = tl.arange(0, TOP_K_POW2)
+        pairs = token * TOP_K + rj
+        expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
+        # A dropped pair (or a padding slot) reads nothing (its act row and scales were never
+        # written) and adds 0; its expert id is clamped so that no pointer leaves the weights.
+        kept = expert >= 0
+        expert = tl.maximum(expert, 0).to(tl.int64)
+        rows = (
+            w_ptr + expert[:, None, None] * stride_we + rn[None, :, None].to(tl.int64) * stride_wn
+        )
+        rows_ok = kept[:, None, None] & n_ok[None, :, None]
+        a_rows = act_ptr + pairs[:, None] * stride_am
+        if FP8:
+            w_s = w_scale_ptr + expert[:, None] * stride_wse + (rn[None, :] // GROUP_N) * stride_wsn
+            w_s_ok = kept[:, None] & n_ok[None, :]
+            a_s_rows = act_scale_ptr + pairs * stride_asm
+        acc = tl.zeros((TOP_K_POW2, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, INTER, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_ok = rk < INTER
+            a = tl.load(a_rows + rk[None, :], mask=kept[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(rows + rk[None, None, :], mask=rows_ok & k_ok[None, None, :], other=0.0)
+            part = tl.sum(w.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+            if FP8 and GROUP_K > 0:
+                grp = k0 // GROUP_K
+                a_s = tl.load(a_s_rows + grp, mask=kept, other=0.0)
+                part = part * a_s[:, None] * tl.load(w_s + grp, mask=w_s_ok, other=0.0)
+            acc += part
+        if FP8 and GROUP_K == 0:
+            a_s = tl.load(a_s_rows, mask=kept, other=0.0)
+            acc = acc * a_s[:, None] * tl.load(w_s, mask=w_s_ok, other=0.0)
+        route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
+        out = tl.sum(acc * route[:, None], axis=0)
         tl.store(out_ptr + token * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
     return gate_up_kernel, down_kernel
@@ -320,6 +327,7 @@ def fused_experts_gemv(
         w_scale.stride(0),
         w_scale.stride(1),
         TOP_K=k,
+        TOP_K_POW2=triton.next_power_of_2(k),
         FP8=fp8 is not None,
         GROUP_N=group_n,
         GROUP_K=group_k,
