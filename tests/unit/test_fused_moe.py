@@ -32,6 +32,7 @@ import torch
 pytest.importorskip("triton")
 
 from mini_sglang.distributed import parallel_state  # noqa: E402
+from mini_sglang.environ import envs  # noqa: E402
 from mini_sglang.layers.moe import fused_moe_gemv, kernel_config  # noqa: E402
 from mini_sglang.layers.moe.align import (  # noqa: E402
     moe_align_block_size_torch,
@@ -369,7 +370,7 @@ def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> No
 def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
     """Off by default; with a threshold, fused_experts_triton (no config) returns exactly
     the GEMV path's result for batches up to it."""
-    assert not fused_moe_gemv.use_small_m(1) or fused_moe_gemv.MAX_TOKENS > 0
+    assert envs.MINI_SGLANG_MOE_SMALL_M.default == 0
     monkeypatch.setattr(fused_moe_gemv, "MAX_TOKENS", 2)
     assert [fused_moe_gemv.use_small_m(m) for m in (0, 1, 2, 3)] == [False, True, True, False]
     gen = torch.Generator().manual_seed(1)
