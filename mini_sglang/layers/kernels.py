@@ -7,11 +7,16 @@ speed. Set MINI_SGLANG_DISABLE_FLASHINFER_OPS=1 to force the torch paths on CUDA
 from __future__ import annotations
 
 import functools
+import logging
+import threading
+import time
 from types import ModuleType
 
 import torch
 
 from mini_sglang.environ import envs
+
+logger = logging.getLogger("mini_sglang")
 
 try:  # grid dependency control for programmatic dependent launch (Hopper+); Triton >= 3.4
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -69,6 +74,57 @@ def flashinfer_activation() -> ModuleType | None:
 def flashinfer_sampling() -> ModuleType | None:
     fi = _flashinfer()
     return fi.sampling if fi is not None else None
+
+
+# Set once a background build of flashinfer's sampling module (start_sampling_build) ends;
+# None while no such build was started.
+_sampling_built: threading.Event | None = None
+
+
+def start_sampling_build() -> None:
+    """Compile flashinfer's sampling module in a background thread when it is not built yet.
+
+    flashinfer compiles it on first use: about a minute on a machine whose flashinfer cache
+    is empty, spent by the first request that samples (docs/performance/startup.md). While
+    the build runs, flashinfer_sampling_ready() is False and the sampler draws with its
+    torch path instead (unseeded draws, random either way); afterwards everything is as
+    without this call. The thread only runs flashinfer's compiler under flashinfer's own
+    per-module lock (a first use elsewhere waits on that lock, as it would on any build in
+    flight), so it never touches the GPU. Does nothing when flashinfer is absent, the module
+    is built, or flashinfer's JIT API is not the one expected."""
+    global _sampling_built
+    if _flashinfer() is None or _sampling_built is not None:
+        return
+    try:
+        from flashinfer.jit.sampling import gen_sampling_module
+
+        spec = gen_sampling_module()
+        if spec.is_compiled:
+            return
+    except Exception:  # another flashinfer: it builds the module on first use, as before
+        return
+    done = threading.Event()
+
+    def build() -> None:
+        t0 = time.perf_counter()
+        try:
+            spec.build(False)
+            logger.info("flashinfer sampling module built in %.1f s", time.perf_counter() - t0)
+        except Exception as e:  # the first use builds (and reports) it again
+            logger.warning("flashinfer sampling module build failed: %s", e)
+        finally:
+            done.set()
+
+    _sampling_built = done
+    logger.info(
+        "flashinfer sampling module: compiling in the background; until it is built, sampling takes the torch path"
+    )
+    threading.Thread(target=build, name="flashinfer-sampling-build", daemon=True).start()
+
+
+def flashinfer_sampling_ready() -> bool:
+    """False only while start_sampling_build's compile is in flight."""
+    return _sampling_built is None or _sampling_built.is_set()
 
 
 def flashinfer_module() -> ModuleType | None:

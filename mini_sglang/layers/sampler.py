@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mini_sglang.layers.kernels import flashinfer_sampling
+from mini_sglang.layers.kernels import flashinfer_sampling, flashinfer_sampling_ready
 from mini_sglang.sampling.custom_logit_batch import ProcessorFailure
 from mini_sglang.sampling.sampling_batch_info import NO_SEED, SamplingBatchInfo
 
@@ -154,7 +154,12 @@ class Sampler(nn.Module):
                 logprobs = torch.log_softmax(logits, dim=-1)
             return SamplerOutput(next_ids, logprobs)
         scaled = logits / info.temperatures
-        use_fi = self.use_flashinfer and logits.is_cuda and not info.has_seeds
+        use_fi = (
+            self.use_flashinfer
+            and logits.is_cuda
+            and not info.has_seeds
+            and flashinfer_sampling_ready()
+        )
         fi = flashinfer_sampling() if use_fi else None
         filtered = info.need_top_k or info.need_top_p or info.need_min_p
         if fi is not None and not filtered and not return_logprob:

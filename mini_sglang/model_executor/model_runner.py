@@ -21,6 +21,7 @@ from mini_sglang.environ import envs
 from mini_sglang.layers.attention import create_attention_backend
 from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
 from mini_sglang.layers.cpu_offload import offload_bytes_for_device
+from mini_sglang.layers.kernels import start_sampling_build
 from mini_sglang.layers.kv_quant import is_fp8, resolve_kv_cache_dtype
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
@@ -109,6 +110,15 @@ class ModelRunner:
         self.init_memory_pool()
         self.attn_backend = self.create_attention_backend()
         self.sampler = Sampler(config.sampling_backend)
+        # Only at tp 1: ranks sample alike only on the same path, and each rank's build
+        # would end at its own time.
+        if (
+            self.device.type == "cuda"
+            and config.sampling_backend == "flashinfer"
+            and model_config.is_generation
+            and get_tp_size() == 1
+        ):
+            start_sampling_build()
         self.graph_runner = None
         # CUDA graphs capture decode steps, which an embedding model never runs (SGLang).
         if (
