@@ -35,14 +35,11 @@ from mini_sglang.layers.moe import kernel_config  # noqa: E402
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch  # noqa: E402
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton  # noqa: E402
 from mini_sglang.layers.moe.router import select_experts  # noqa: E402
-from mini_sglang.layers.quantization.fp8_kernels import (  # noqa: E402
-    dequantize_blocks,
-    quantize_blocks,
-    quantize_rows,
-)
 from mini_sglang.layers.quantization.fp8_moe import (  # noqa: E402
+    dequantize_experts,
     qdq_activations,
     quantize_activations,
+    quantize_experts,
 )
 from mini_sglang.utils.cuda_timing import cuda_time_ms  # noqa: E402
 
@@ -80,17 +77,12 @@ def search_space(
     return out
 
 
-def quantize_experts(
+def quantize_experts_with_reference(
     w: torch.Tensor, block: tuple[int, int] | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-expert FP8 values, scales and dequantized float32 weights of w [E, N, K]."""
-    if block is None:
-        q, s = quantize_rows(w.reshape(-1, w.shape[-1]))
-        q, s = q.reshape(w.shape), s.reshape(w.shape[0], -1)
-        return q, s, q.float() * s[:, :, None]
-    pairs = [quantize_blocks(e, block) for e in w]
-    q, s = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-    return q, s, torch.stack([dequantize_blocks(a, b, block) for a, b in pairs])
+    q, s = quantize_experts(w, block)
+    return q, s, dequantize_experts(q, s, block)
 
 
 def _check(out: torch.Tensor, ref: torch.Tensor, fp8: Fp8Experts | None) -> None:
@@ -169,8 +161,8 @@ def main(argv: list[str] | None = None) -> str:
         w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
     else:
         block = FP8_BLOCKS[args.dtype]
-        w13, w13_scale, w13_ref = quantize_experts(w13, block)
-        w2, w2_scale, w2_ref = quantize_experts(w2, block)
+        w13, w13_scale, w13_ref = quantize_experts_with_reference(w13, block)
+        w2, w2_scale, w2_ref = quantize_experts_with_reference(w2, block)
         fp8 = Fp8Experts(w13_scale, w2_scale, block, quantize_activations)
         ref_weights = (w13_ref, w2_ref)
     gemm_dtype = torch.bfloat16 if fp8 is None else torch.float8_e4m3fn

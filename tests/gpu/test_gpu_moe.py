@@ -204,19 +204,10 @@ FP8_BLOCK = (128, 128)
 
 def _quantize_experts(w: torch.Tensor, block):
     """Per-expert FP8 values, scales and dequantized float32 weights of w [E, N, K]."""
-    from mini_sglang.layers.quantization.fp8_kernels import (
-        dequantize_blocks,
-        quantize_blocks,
-        quantize_rows,
-    )
+    from mini_sglang.layers.quantization.fp8_moe import dequantize_experts, quantize_experts
 
-    if block is None:
-        q, s = quantize_rows(w.reshape(-1, w.shape[-1]))
-        q, s = q.reshape(w.shape), s.reshape(w.shape[0], -1)
-        return q, s, q.float() * s[:, :, None]
-    pairs = [quantize_blocks(e, block) for e in w]
-    q, s = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-    return q, s, torch.stack([dequantize_blocks(a, b, block) for a, b in pairs])
+    q, s = quantize_experts(w, block)
+    return q, s, dequantize_experts(q, s, block)
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -28,22 +28,12 @@ from the model's QuantizationConfig (`get_moe_method`).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
+from mini_sglang.layers.kernels import triton
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
-
-
-@functools.cache
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401  # deferred: optional on CPU-only installs
-    except ImportError:
-        return False
-    return True
 
 
 def make_expert_param(
@@ -115,7 +105,7 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
     ) -> torch.Tensor:
-        if x.is_cuda and triton_available():
+        if x.is_cuda and triton is not None:
             return fused_experts_triton(
                 x,
                 layer.w13_weight,

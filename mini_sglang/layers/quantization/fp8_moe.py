@@ -28,13 +28,10 @@ import functools
 import torch
 from torch import nn
 
+from mini_sglang.layers.kernels import triton
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton
-from mini_sglang.layers.moe.method import (
-    FusedMoEMethodBase,
-    make_expert_param,
-    triton_available,
-)
+from mini_sglang.layers.moe.method import FusedMoEMethodBase, make_expert_param
 from mini_sglang.layers.quantization.fp8_kernels import (
     FP8_DTYPE,
     dequantize_blocks,
@@ -66,6 +63,27 @@ def qdq_activations(x: torch.Tensor, group: int | None) -> torch.Tensor:
     """x quantized as quantize_activations does and dequantized (float32)."""
     q, scale = quantize_activations(x, group)
     return dequantize_rows(q, scale) if group is None else dequantize_blocks(q, scale, (1, group))
+
+
+def quantize_experts(
+    w: torch.Tensor, block: tuple[int, int] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert weights w [E, N, K] -> (fp8 [E, N, K], scales) in Fp8MoEMethod's layout:
+    [E, N] per output row (`block` None) or [E, ceil(N / bn), ceil(K / bk)] per block."""
+    if block is None:
+        q, s = quantize_rows(w.reshape(-1, w.shape[-1]))
+        return q.reshape(w.shape), s.reshape(w.shape[0], -1)
+    pairs = [quantize_blocks(e, block) for e in w]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def dequantize_experts(
+    q: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None
+) -> torch.Tensor:
+    """The float32 values of quantize_experts' (q, scale)."""
+    if block is None:
+        return q.float() * scale[:, :, None]
+    return torch.stack([dequantize_blocks(q[e], scale[e], block) for e in range(len(q))])
 
 
 class Fp8MoEMethod(FusedMoEMethodBase):
@@ -143,7 +161,7 @@ class Fp8MoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
     ) -> torch.Tensor:
-        if x.is_cuda and triton_available():
+        if x.is_cuda and triton is not None:
             w13_scale, w2_scale = self._scales(layer)
             w13, w2, quantize = layer.w13_weight, layer.w2_weight, quantize_activations
             if not triton_fp8_supported(x):  # pre-sm89: the FP8 values, exactly, in x's dtype
@@ -162,11 +180,6 @@ class Fp8MoEMethod(FusedMoEMethodBase):
     def dequantized_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         w13_scale, w2_scale = self._scales(layer)
         return tuple(
-            self._dequantize(w.data, s.data)
+            dequantize_experts(w.data, s.data, self.block)
             for w, s in ((layer.w13_weight, w13_scale), (layer.w2_weight, w2_scale))
         )
-
-    def _dequantize(self, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        if self.block is None:
-            return w.float() * scale[:, :, None]
-        return torch.stack([dequantize_blocks(w[e], scale[e], self.block) for e in range(len(w))])
