@@ -144,22 +144,10 @@ def test_fused_moe_layer_replays_from_a_cuda_graph(tokens, small_m, monkeypatch)
     x, w13, w2, logits = _problem(tokens, E, k, H, inter, torch.bfloat16, seed=1)
     layer.w13_weight.data.copy_(w13)
     layer.w2_weight.data.copy_(w2)
-    static_x, static_logits = x.clone(), logits.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        layer(static_x, static_logits)  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = layer(static_x, static_logits)
-    for seed in (2, 3):
-        x, _, _, logits = _problem(tokens, E, k, H, inter, torch.bfloat16, seed=seed)
-        static_x.copy_(x)
-        static_logits.copy_(logits)
-        graph.replay()
-        w, ids = select_experts_torch(logits, k, True)
-        ref = fused_experts_torch(x.float(), w13.float(), w2.float(), w, ids)
+    replays = _graph_replays(layer, x, logits, tokens, E, k, H, inter)
+    for x_i, logits_i, static_out in replays:
+        w, ids = select_experts_torch(logits_i, k, True)
+        ref = fused_experts_torch(x_i.float(), w13.float(), w2.float(), w, ids)
         torch.testing.assert_close(static_out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
@@ -200,6 +188,27 @@ def _sm89() -> bool:
 
 needs_fp8 = pytest.mark.skipif(not _sm89(), reason="FP8 Triton kernels need sm89+")
 FP8_BLOCK = (128, 128)
+
+
+def _graph_replays(layer, x, logits, tokens, E, k, H, inter):
+    """Capture layer(x, logits) in a CUDA graph (compiled and warmed up outside the
+    capture), then replay it on two fresh problems; yields (x, logits, graph output) of
+    each replay."""
+    static_x, static_logits = x.clone(), logits.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        layer(static_x, static_logits)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = layer(static_x, static_logits)
+    for seed in (2, 3):
+        x, _, _, logits = _problem(tokens, E, k, H, inter, torch.bfloat16, seed=seed)
+        static_x.copy_(x)
+        static_logits.copy_(logits)
+        graph.replay()
+        yield x, logits, static_out
 
 
 def _quantize_experts(w: torch.Tensor, block):
@@ -323,23 +332,11 @@ def test_fp8_moe_layer_replays_from_a_cuda_graph(block, small_m, monkeypatch):
     assert layer.w13_weight.dtype == torch.float8_e4m3fn
     w13d, w2d = layer.quant_method.dequantized_weights(layer)
     group = block[1] if block is not None else None
-    static_x, static_logits = x.clone(), logits.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        layer(static_x, static_logits)  # compile and warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = layer(static_x, static_logits)
-    for seed in (2, 3):
-        x, _, _, logits = _problem(tokens, E, k, H, inter, torch.bfloat16, seed=seed)
-        static_x.copy_(x)
-        static_logits.copy_(logits)
-        graph.replay()
-        w, ids = select_experts_torch(logits, k, True)
+    replays = _graph_replays(layer, x, logits, tokens, E, k, H, inter)
+    for x_i, logits_i, static_out in replays:
+        w, ids = select_experts_torch(logits_i, k, True)
         ref = fused_experts_torch(
-            x.float(), w13d, w2d, w, ids, act_qdq=lambda t: qdq_activations(t, group)
+            x_i.float(), w13d, w2d, w, ids, act_qdq=lambda t: qdq_activations(t, group)
         )
         assert _rel(static_out, ref) < 5e-2, _rel(static_out, ref)  # bf16: see above
 
