@@ -10,7 +10,9 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -76,55 +78,79 @@ def flashinfer_sampling() -> ModuleType | None:
     return fi.sampling if fi is not None else None
 
 
-# Set once a background build of flashinfer's sampling module (start_sampling_build) ends;
-# None while no such build was started.
-_sampling_built: threading.Event | None = None
+def flashinfer_sampling_spec() -> Any:
+    """flashinfer's JIT spec of its sampling module (what flashinfer.sampling loads on first
+    use); raises where flashinfer or its JIT API is not the one expected."""
+    from flashinfer.jit.sampling import gen_sampling_module
+
+    return gen_sampling_module()
 
 
-def start_sampling_build() -> None:
-    """Compile flashinfer's sampling module in a background thread when it is not built yet.
+# flashinfer JIT module name -> an event set once its background build
+# (start_flashinfer_builds) ends. Holds only the modules whose build was started.
+_builds: dict[str, threading.Event] = {}
 
-    flashinfer compiles it on first use: about a minute on a machine whose flashinfer cache
-    is empty, spent by the first request that samples (docs/performance/startup.md). While
-    the build runs, flashinfer_sampling_ready() is False and the sampler draws with its
-    torch path instead (unseeded draws, random either way); afterwards everything is as
-    without this call. The thread only runs flashinfer's compiler under flashinfer's own
-    per-module lock (a first use elsewhere waits on that lock, as it would on any build in
-    flight), so it never touches the GPU. Does nothing when flashinfer is absent, the module
-    is built, or flashinfer's JIT API is not the one expected."""
-    global _sampling_built
-    if _flashinfer() is None or _sampling_built is not None:
-        return
-    try:
-        from flashinfer.jit.sampling import gen_sampling_module
 
-        spec = gen_sampling_module()
-        if spec.is_compiled:
-            return
-    except Exception:  # another flashinfer: it builds the module on first use, as before
-        return
-    done = threading.Event()
+def start_flashinfer_builds(make_specs: Sequence[Callable[[], Any]]) -> list[str | None]:
+    """Compile the flashinfer modules of `make_specs` that are not built yet, one after
+    another in the given order, in one background thread.
+
+    Each entry returns flashinfer's JIT spec of one module (a flashinfer.jit JitSpec: `name`,
+    `is_compiled`, `build`); the specs are made here, in the caller's thread. flashinfer
+    compiles a module on its first use: up to a minute each on a machine whose flashinfer
+    cache is empty (docs/performance/startup.md), spent by the first request that needs it.
+    The caller serves that need another way while flashinfer_module_ready(name) is False.
+    The thread only runs flashinfer's compiler under flashinfer's own per-module file lock,
+    so it never touches the GPU, and a first use elsewhere waits on that lock as it would on
+    any build in flight. One module at a time: flashinfer's ninja already spreads one
+    module's compile over every core.
+
+    Returns, per entry, the module's name when its build is in flight or was started by an
+    earlier call, else None: the module is built already, or making its spec raised (another
+    flashinfer: the module builds on first use, as without this call). A failed build logs a
+    warning and counts as ended; the first use then builds (and reports) it again."""
+    names: list[str | None] = []
+    todo: list[tuple[Any, threading.Event]] = []
+    for make in make_specs:
+        try:
+            spec = make()
+            name = str(spec.name)
+            if name not in _builds and spec.is_compiled:
+                name = None
+        except Exception:
+            name = None
+        names.append(name)
+        if name is not None and name not in _builds:
+            _builds[name] = threading.Event()
+            todo.append((spec, _builds[name]))
+    if not todo:
+        return names
 
     def build() -> None:
-        t0 = time.perf_counter()
-        try:
-            spec.build(False)
-            logger.info("flashinfer sampling module built in %.1f s", time.perf_counter() - t0)
-        except Exception as e:  # the first use builds (and reports) it again
-            logger.warning("flashinfer sampling module build failed: %s", e)
-        finally:
-            done.set()
+        for spec, done in todo:
+            t0 = time.perf_counter()
+            try:
+                spec.build(False)
+                logger.info(
+                    "flashinfer module %s built in %.1f s", spec.name, time.perf_counter() - t0
+                )
+            except Exception as e:
+                logger.warning("flashinfer module %s: build failed: %s", spec.name, e)
+            finally:
+                done.set()
 
-    _sampling_built = done
     logger.info(
-        "flashinfer sampling module: compiling in the background; until it is built, sampling takes the torch path"
+        "flashinfer modules compiling in the background: %s", ", ".join(s.name for s, _ in todo)
     )
-    threading.Thread(target=build, name="flashinfer-sampling-build", daemon=True).start()
+    threading.Thread(target=build, name="flashinfer-build", daemon=True).start()
+    return names
 
 
-def flashinfer_sampling_ready() -> bool:
-    """False only while start_sampling_build's compile is in flight."""
-    return _sampling_built is None or _sampling_built.is_set()
+def flashinfer_module_ready(name: str | None) -> bool:
+    """False only while the background build of flashinfer module `name`
+    (start_flashinfer_builds) is in flight; True for None."""
+    done = _builds.get(name) if name is not None else None
+    return done is None or done.is_set()
 
 
 def flashinfer_module() -> ModuleType | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mini_sglang.layers.kernels import flashinfer_sampling, flashinfer_sampling_ready
+from mini_sglang.layers.kernels import flashinfer_module_ready, flashinfer_sampling
 from mini_sglang.sampling.custom_logit_batch import ProcessorFailure
 from mini_sglang.sampling.sampling_batch_info import NO_SEED, SamplingBatchInfo
 
@@ -119,11 +119,15 @@ def argmax_by_chunks(logits: torch.Tensor, chunks: int) -> torch.Tensor:
 class Sampler(nn.Module):
     """backend (--sampling-backend): "flashinfer" draws unseeded rows with flashinfer's
     sampling kernels on CUDA; "pytorch" always takes the softmax path below (seeded rows
-    always do, so their draws do not depend on the batch)."""
+    always do, so their draws do not depend on the batch). `flashinfer_build`: the name of
+    flashinfer's sampling module when a background build of it was started
+    (kernels.start_flashinfer_builds); while that build is in flight, unseeded rows take the
+    torch path too (their draws are random either way)."""
 
-    def __init__(self, backend: str = "flashinfer") -> None:
+    def __init__(self, backend: str = "flashinfer", flashinfer_build: str | None = None) -> None:
         super().__init__()
         self.use_flashinfer = backend == "flashinfer"
+        self.flashinfer_build = flashinfer_build
 
     def forward(
         self,
@@ -158,7 +162,7 @@ class Sampler(nn.Module):
             self.use_flashinfer
             and logits.is_cuda
             and not info.has_seeds
-            and flashinfer_sampling_ready()
+            and flashinfer_module_ready(self.flashinfer_build)
         )
         fi = flashinfer_sampling() if use_fi else None
         filtered = info.need_top_k or info.need_top_p or info.need_min_p

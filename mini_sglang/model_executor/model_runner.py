@@ -10,8 +10,11 @@ memory, measured after the allocator's cache is emptied, goes to the KV pool (as
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,7 +24,12 @@ from mini_sglang.environ import envs
 from mini_sglang.layers.attention import create_attention_backend
 from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
 from mini_sglang.layers.cpu_offload import offload_bytes_for_device
-from mini_sglang.layers.kernels import start_sampling_build
+from mini_sglang.layers.kernels import (
+    flashinfer_module,
+    flashinfer_module_ready,
+    flashinfer_sampling_spec,
+    start_flashinfer_builds,
+)
 from mini_sglang.layers.kv_quant import is_fp8, resolve_kv_cache_dtype
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
@@ -108,17 +116,9 @@ class ModelRunner:
                 sum(p.numel() * p.element_size() for p in self.model.parameters()) / GiB
             )
         self.init_memory_pool()
+        self.prefill_build, sampling_build = self.start_flashinfer_builds()
         self.attn_backend = self.create_attention_backend()
-        self.sampler = Sampler(config.sampling_backend)
-        # Only at tp 1: ranks sample alike only on the same path, and each rank's build
-        # would end at its own time.
-        if (
-            self.device.type == "cuda"
-            and config.sampling_backend == "flashinfer"
-            and model_config.is_generation
-            and get_tp_size() == 1
-        ):
-            start_sampling_build()
+        self.sampler = Sampler(config.sampling_backend, sampling_build)
         self.graph_runner = None
         # CUDA graphs capture decode steps, which an embedding model never runs (SGLang).
         if (
@@ -131,17 +131,73 @@ class ModelRunner:
             else:
                 logger.warning("CUDA graphs disabled: the decode attention backend has none.")
 
+    def start_flashinfer_builds(self) -> tuple[str | None, str | None]:
+        """Start compiling in the background the flashinfer modules whose first use would
+        otherwise fall on a request (docs/performance/startup.md), where something else can
+        serve until each is built: the batch-prefill module when prefill_fallback_ok (the
+        Triton extend kernel serves prefill meanwhile), then the sampling module when
+        sampling uses flashinfer (the torch path samples meanwhile).
+
+        Only at tp 1: the ranks of tp > 1 must run the same kernels at every step, and each
+        rank's build would end at its own time; there every module builds on first use.
+        Returns (prefill, sampling): each module's name while its build may be in flight
+        (kernels.flashinfer_module_ready), None where nothing was started for it."""
+        cfg = self.model_config
+        if self.device.type != "cuda" or get_tp_size() != 1:
+            return None, None
+        makers: dict[str, Callable[[], Any]] = {}
+        if self.prefill_fallback_ok():
+            # Local: as in layers/attention, the flashinfer backend's module loads on demand.
+            from mini_sglang.layers.attention.flashinfer_backend import batch_prefill_spec
+
+            makers["prefill"] = functools.partial(
+                batch_prefill_spec, cfg.dtype, self.kv_dtype, cfg.head_dim, self.device
+            )
+        if (
+            self.config.sampling_backend == "flashinfer"
+            and cfg.is_generation
+            and flashinfer_module() is not None
+        ):
+            makers["sampling"] = flashinfer_sampling_spec
+        started = dict(zip(makers, start_flashinfer_builds(list(makers.values()))))
+        if started.get("prefill"):
+            logger.info(
+                "Until flashinfer's batch prefill module is built, prefill runs the Triton kernel"
+            )
+        if started.get("sampling"):
+            logger.info(
+                "Until flashinfer's sampling module is built, sampling takes the torch path"
+            )
+        return started.get("prefill"), started.get("sampling")
+
+    def prefill_fallback_ok(self) -> bool:
+        """Whether Triton's extend kernel can serve this runner's prefill while flashinfer's
+        batch-prefill module builds: prefill runs on flashinfer, on CUDA, with a KV cache in
+        the model dtype or FP8 that Triton reads on this GPU (pool.triton_ok; the same cases
+        as small_decode_max_bs). The kernel reads keys through req_to_token, so any page size
+        works, and it runs encoder-only layers non-causally, as flashinfer's plan does."""
+        prefill = self.config.attention.prefill_attention_backend or self.attention_backend_name()
+        return (
+            prefill == "flashinfer"
+            and self.device.type == "cuda"
+            and (self.kv_dtype == self.model_config.dtype or is_fp8(self.kv_dtype))
+            and self.token_to_kv_pool.triton_ok
+        )
+
     def create_attention_backend(self):
         """The --attention-backend, or a hybrid when the prefill and decode overrides
-        (--prefill-attention-backend / --decode-attention-backend) differ, or when small
-        flashinfer decode batches go to the Triton kernel (see small_decode_max_bs)."""
+        (--prefill-attention-backend / --decode-attention-backend) differ, when small
+        flashinfer decode batches go to the Triton kernel (see small_decode_max_bs), or while
+        flashinfer's batch-prefill module builds (self.prefill_build): Triton's extend kernel
+        then serves prefill, on the small-decode Triton backend where there is one."""
         base = self.attention_backend_name()
         prefill = self.config.attention.prefill_attention_backend or base
         decode = self.config.attention.decode_attention_backend or base
         small_bs = self.small_decode_max_bs(decode)
-        if prefill == decode and not small_bs:
+        fallback = not flashinfer_module_ready(self.prefill_build)
+        if prefill == decode and not small_bs and not fallback:
             return create_attention_backend(prefill, self, self.config.attention)
-        # Local: the module imports triton, needed only for a hybrid with small decodes.
+        # Local: the module imports triton, needed only for a hybrid with a Triton side.
         from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
 
         if prefill != decode:
@@ -153,7 +209,21 @@ class ModelRunner:
             else create_attention_backend(decode, self, self.config.attention)
         )
         small = TritonAttnBackend(self, SMALL_DECODE_KV_SPLITS) if small_bs else None
-        return HybridAttnBackend(prefill_backend, decode_backend, small, small_bs)
+        prefill_fallback = None
+        if fallback:
+            prefill_fallback = (
+                small
+                if small is not None
+                else TritonAttnBackend(self, self.config.attention.triton_attention_num_kv_splits)
+            )
+        return HybridAttnBackend(
+            prefill_backend,
+            decode_backend,
+            small,
+            small_bs,
+            prefill_fallback,
+            functools.partial(flashinfer_module_ready, self.prefill_build),
+        )
 
     def small_decode_max_bs(self, decode: str) -> int:
         """Decode batches up to this size run the Triton split-KV kernel instead of

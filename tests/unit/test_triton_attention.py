@@ -279,6 +279,55 @@ def test_hybrid_routes_small_decode_batches_to_their_backend():
         torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
+def test_hybrid_prefill_fallback_serves_extends_until_the_build_ends():
+    """HybridAttnBackend with a prefill fallback (what ModelRunner builds while flashinfer's
+    batch-prefill module compiles, torch_native standing in for flashinfer here): an extend
+    batch planned while the build is in flight runs wholly on the Triton side, also when the
+    build ends between its plan and its layers; the next extend batch runs on the prefill
+    side. Both give torch_native's output."""
+    import threading
+
+    from mini_sglang.layers.attention.hybrid_backend import HybridAttnBackend
+    from mini_sglang.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from mini_sglang.layers.attention.triton_backend import TritonAttnBackend
+    from mini_sglang.model_executor.forward_batch_info import ForwardMode
+
+    runner, r2t_pool, kv_pool, layer = _backend_setup(16)
+    native, ref = TorchNativeAttnBackend(runner), TorchNativeAttnBackend(runner)
+    triton_be = TritonAttnBackend(runner, num_kv_splits=4)
+    built = threading.Event()  # the background build's end: the input of the choice
+    hybrid = HybridAttnBackend(
+        native, native, prefill_fallback=triton_be, prefill_ready=built.is_set
+    )
+    gen = torch.Generator().manual_seed(6)
+    rows = [4, 1]
+    slots = _scatter_slots([9, 5], 16, gen)
+    for row, s in zip(rows, slots):
+        r2t_pool.req_to_token[row, : len(s)] = s.to(DEVICE, torch.int32)
+    h, d = layer.tp_q_head_num, layer.head_dim
+    batches = [  # (rows, seq_lens, extend lens, new-token slots): fresh prompts, then
+        # request 4 extends its 6 cached tokens by 3
+        (rows, [6, 5], [6, 5], torch.cat([slots[0][:6], slots[1]])),
+        (rows[:1], [9], [3], slots[0][6:9]),
+    ]
+    for i, (b_rows, seq_lens, ext, out_loc) in enumerate(batches):
+        n = len(out_loc)
+        q = torch.randn(n, h * d, generator=gen).to(DEVICE)
+        k = torch.randn(n, KV_HEADS, d, generator=gen).to(DEVICE)
+        v = torch.randn(n, KV_HEADS, d, generator=gen).to(DEVICE)
+        args = (ForwardMode.EXTEND, b_rows, seq_lens, out_loc, r2t_pool, kv_pool)
+        fb = _forward_batch(*args, hybrid, ext)
+        hybrid.init_forward_metadata(fb)
+        assert hybrid.extend_backend is (triton_be if i == 0 else native)
+        built.set()  # after the first batch's plan: its layers stay on the Triton side
+        out = hybrid.forward(q, k, v, layer, fb)
+        ref_fb = _forward_batch(*args, ref, ext)
+        ref.init_forward_metadata(ref_fb)
+        want = ref.forward(q, None, None, layer, ref_fb, save_kv_cache=False)
+        torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+    assert hybrid.prefill_fallback is None  # dropped once built
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need CUDA")
 def test_decode_cuda_graph_replay_matches_reference():
     """Capture decode at bs 4 with seq_len 1 everywhere, then replay with other lengths:

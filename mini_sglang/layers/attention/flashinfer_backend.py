@@ -20,7 +20,7 @@ v_scale, which flashinfer folds into the score scale and the output (layers/kv_q
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,6 +52,47 @@ def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[boo
     use = forced if forced is not None else num_qo_heads // num_kv_heads >= 4
     max_bs = envs.MINI_SGLANG_TENSOR_CORE_DECODE_MAX_BS.get()
     return use, max_bs
+
+
+def batch_prefill_spec(
+    q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, device: torch.device
+) -> Any:
+    """flashinfer's JIT spec of the batch-prefill module that FlashInferAttnBackend's plan
+    (_plan_prefill) makes BatchPrefillWithPagedKVCacheWrapper load, for queries and output
+    in q_dtype over a KV cache in kv_dtype (FP8 included) with head_dim for q/k and v/o.
+
+    It mirrors plan()'s resolution: the wrapper's backend "auto" becomes fa3 where the
+    device supports sm90a and fa2 otherwise (flashinfer's determine_attention_backend, with
+    no custom mask, no positional encoding inside the kernel and no fp16 QK reduction), and
+    the module is keyed by those dtypes, the page indices' int32 (_page_table) and no
+    sliding window or logits soft cap (plan()'s defaults, which _plan_prefill keeps). Raises
+    where flashinfer or its JIT API is not the one expected (keyword arguments: a changed
+    signature fails instead of naming another module)."""
+    from flashinfer.jit.attention import gen_batch_prefill_module
+    from flashinfer.utils import PosEncodingMode, determine_attention_backend
+
+    no_pos = PosEncodingMode.NONE.value
+    backend = determine_attention_backend(
+        device=device,
+        pos_encoding_mode=no_pos,
+        use_fp16_qk_reductions=False,
+        use_custom_mask=False,
+        dtype_q=q_dtype,
+        dtype_kv=kv_dtype,
+    )
+    return gen_batch_prefill_module(
+        backend,
+        dtype_q=q_dtype,
+        dtype_kv=kv_dtype,
+        dtype_o=q_dtype,
+        dtype_idx=torch.int32,
+        head_dim_qk=head_dim,
+        head_dim_vo=head_dim,
+        pos_encoding_mode=no_pos,
+        use_sliding_window=False,
+        use_logits_soft_cap=False,
+        use_fp16_qk_reduction=False,
+    )
 
 
 class FlashInferAttnBackend(AttentionBackend):
@@ -163,6 +204,7 @@ class FlashInferAttnBackend(AttentionBackend):
         self._plan_prefill(self._prefill_causal)
 
     def _plan_prefill(self, causal: bool) -> None:
+        # The module this loads is the one batch_prefill_spec names: keep the two in step.
         self._plan(
             self.prefill_wrapper,
             *self._prefill_plan_args,
