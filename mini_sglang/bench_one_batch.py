@@ -25,6 +25,7 @@ import torch
 
 from mini_sglang.benchmark.tp_group import run_tp_group
 from mini_sglang.distributed.parallel_state import get_tp_size
+from mini_sglang.layers.kernels import wait_flashinfer_builds
 from mini_sglang.managers.io_struct.generate import TokenizedGenerateReqInput
 from mini_sglang.managers.req import Req
 from mini_sglang.managers.schedule_batch import ScheduleBatch
@@ -226,6 +227,7 @@ def _run_rank(server_args: ServerArgs, args, tp_rank: int) -> dict:
         return {"results": _main_scheduler(server_args, args, gpu_id, tp_rank)}
     worker = TpModelWorker(server_args, gpu_id=gpu_id)
     results = []
+    wait_flashinfer_builds()
     run_once(worker, 1, 16, 4)  # warm-up
     for bs in args.batch_size:
         for il in args.input_len:
@@ -281,6 +283,7 @@ def _main_scheduler(server_args: ServerArgs, args, gpu_id: int, tp_rank: int) ->
         server_args, gpu_id=gpu_id, tp_rank=tp_rank, send_to_detokenizer=outputs.append
     )
     worker = scheduler.tp_worker
+    wait_flashinfer_builds()
     run_scheduler(scheduler, outputs, 1, 16, 8, seed=99)  # warm-up
     if args.sync_debug and worker.device.type != "cuda":
         print("--sync-debug needs a CUDA device (torch's sync debug mode); skipped")

@@ -14,7 +14,11 @@ import threading
 import pytest
 
 from mini_sglang.layers import kernels
-from mini_sglang.layers.kernels import flashinfer_module_ready, start_flashinfer_builds
+from mini_sglang.layers.kernels import (
+    flashinfer_module_ready,
+    start_flashinfer_builds,
+    wait_flashinfer_builds,
+)
 
 WAIT = 10.0
 
@@ -92,3 +96,11 @@ def test_a_failed_build_is_reported_and_ends_the_wait(caplog):
 def test_a_warm_start_waits_for_nothing():
     assert start_flashinfer_builds([lambda: _Spec("warm", compiled=True)]) == [None]
     assert kernels._builds == {} and flashinfer_module_ready("warm")
+
+
+def test_benchmarks_can_wait_for_the_builds():
+    spec = _Spec("slow")
+    assert start_flashinfer_builds([lambda: spec]) == ["slow"]
+    threading.Timer(0.2, spec.release.set).start()
+    wait_flashinfer_builds()
+    assert flashinfer_module_ready("slow") and spec.is_compiled
