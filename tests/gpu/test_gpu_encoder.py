@@ -7,13 +7,16 @@ takes) run one EXTEND batch of three sequences of different lengths through the 
 of an in-process scheduler with --attention-backend torch_native / triton / flashinfer, at
 page size 1 and 16 (each request's KV slots from a page boundary). The
 normalized embeddings must be within 2e-2 of transformers' (per component), the scores within
-5e-2; and each backend must agree with torch_native to the same tolerances.
+5e-2 or twice transformers' own bf16 error (bf16 against float32; the tiny classifiers'
+scores reach a few units, where bf16's rounding alone is ~0.1); and each backend must agree
+with torch_native to the same tolerances.
 
 Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh.
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 
 import pytest
@@ -35,12 +38,12 @@ SIZES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4)  # h
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """arch -> (model dir, transformers model in bf16 on CUDA)."""
+    """arch -> (model dir, transformers model in float32 on CUDA)."""
     out = {}
     for i, arch in enumerate(ARCHS):
         path = tmp_path_factory.mktemp(arch)
         hf = build_tiny_encoder(arch, path, seed=i, **SIZES)
-        out[arch] = (str(path), hf.to("cuda", torch.bfloat16))
+        out[arch] = (str(path), hf.to("cuda"))
     return out
 
 
@@ -85,10 +88,16 @@ def _encode(path: str, backend: str, arch: str, page_size: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_encoder_backends_match_transformers_bf16(saved, arch):
-    path, hf = saved[arch]
-    tol = 5e-2 if arch.endswith("ForSequenceClassification") else 2e-2
+    path, hf32 = saved[arch]
     seqs, types = tokenized_inputs(arch)
-    refs = torch.stack([hf_reference(hf, arch, s, t).cpu() for s, t in zip(seqs, types)])
+    refs32 = torch.stack([hf_reference(hf32, arch, s, t).cpu() for s, t in zip(seqs, types)])
+    hf = copy.deepcopy(hf32).to(torch.bfloat16)
+    refs = torch.stack([hf_reference(hf, arch, s, t).float().cpu() for s, t in zip(seqs, types)])
+    del hf
+    if arch.endswith("ForSequenceClassification"):
+        tol = max(5e-2, 2 * (refs - refs32).abs().max().item())
+    else:
+        tol = 2e-2
     outputs = {}
     for backend in BACKENDS:
         if not _available(backend):
