@@ -13,6 +13,12 @@ caches its earlier starts left are used (a warm start: run the fresh kind first,
 untimed start). The server's log goes to DIR/<engine>_<round>.log: mini-sglang logs each
 start-up phase with its duration, which says where the time went.
 
+After its first token a mini-sglang server may still be compiling flashinfer modules in the
+background (its first requests use stand-ins meanwhile, docs/performance/startup.md). The
+arm keeps the server up until its log says every such build ended (at most --settle-timeout
+seconds, reported as "settled"), as a server left running would: stopped at the first
+token, the builds would die unfinished and every later "warm" start would compile again.
+
 The second engine is sgl-project/mini-sglang (`minisgl`, importable from PYTHONPATH); it is
 never a dependency of this project.
 """
@@ -95,10 +101,46 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
+BUILDS_STARTED = "flashinfer modules compiling in the background: "
+
+
+def builds_pending(log_text: str) -> int:
+    """How many of the background flashinfer builds a mini-sglang log announced have not yet
+    logged their end ("flashinfer module NAME built in ..." or "...: build failed")."""
+    pending = 0
+    for line in log_text.splitlines():
+        if BUILDS_STARTED in line:
+            names = line.split(BUILDS_STARTED, 1)[1].strip().split(", ")
+            pending += sum(
+                f"flashinfer module {n} built in" not in log_text
+                and f"flashinfer module {n}: build failed" not in log_text
+                for n in names
+            )
+    return pending
+
+
+def settle(proc: subprocess.Popen, log_path: str, deadline: float) -> bool:
+    """Wait until the server's background builds (builds_pending) ended, it exited, or the
+    perf_counter deadline passed; whether they ended."""
+    while time.perf_counter() < deadline and proc.poll() is None:
+        with open(log_path, errors="replace") as f:
+            if builds_pending(f.read()) == 0:
+                return True
+        time.sleep(1.0)
+    return False
+
+
 def time_start(
-    engine: str, model_dir: str, log_path: str, timeout: float, env: dict[str, str]
-) -> float | None:
-    """Seconds from spawn to the first token, or None if the server died or timed out."""
+    engine: str,
+    model_dir: str,
+    log_path: str,
+    timeout: float,
+    env: dict[str, str],
+    settle_timeout: float = 0.0,
+) -> tuple[float | None, float | None]:
+    """(seconds from spawn to the first token, or None if the server died or timed out;
+    seconds from spawn until its background builds ended, None where they did not end
+    within settle_timeout after the first token)."""
     port = free_port()
     with open(log_path, "w") as log:
         t0 = time.perf_counter()
@@ -114,9 +156,12 @@ def time_start(
                 if proc.poll() is not None:
                     return None
                 if probe(engine, port):
-                    return time.perf_counter() - t0
+                    first = time.perf_counter() - t0
+                    log.flush()
+                    done = settle(proc, log_path, time.perf_counter() + settle_timeout)
+                    return first, (time.perf_counter() - t0 if done else None)
                 time.sleep(0.25)
-            return None
+            return None, None
         finally:
             stop(proc)
 
@@ -128,6 +173,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fresh", action="store_true", help="remove compile caches before each arm")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to keep a server up after its first token for its background builds",
+    )
     ap.add_argument("--out", default=None, help="append one JSON line per arm")
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--cache-root", default=os.path.expanduser("~/.cache/bench_startup"))
@@ -141,9 +192,14 @@ def main() -> None:
                 clear_caches(args.cache_root, engine)
             log_path = os.path.join(args.log_dir, f"startup_{engine}_{model}_{kind}_{rnd}.log")
             env = cache_env(args.cache_root, engine)
-            secs = time_start(engine, args.model_dir, log_path, args.timeout, env)
+            secs, settled = time_start(
+                engine, args.model_dir, log_path, args.timeout, env, args.settle_timeout
+            )
             row = {"engine": engine, "model": model, "start": kind, "round": rnd, "seconds": secs}
+            row["settled_seconds"] = settled
             shown = "failed (see log)" if secs is None else f"{secs:.1f} s"
+            if secs is not None and settled is not None and settled - secs > 1:
+                shown += f" (background builds ended at {settled:.1f} s)"
             print(f"startup {kind} round {rnd} {engine} {model}: {shown}  [{log_path}]", flush=True)
             if args.out:
                 with open(args.out, "a") as f:

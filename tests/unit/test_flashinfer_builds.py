@@ -104,3 +104,22 @@ def test_benchmarks_can_wait_for_the_builds():
     threading.Timer(0.2, spec.release.set).start()
     wait_flashinfer_builds()
     assert flashinfer_module_ready("slow") and spec.is_compiled
+
+
+def test_the_startup_bench_reads_when_the_builds_end(caplog):
+    """benchmarks/bench_startup.py keeps a server up until its log says every background
+    build ended; it reads these log lines."""
+    from benchmarks.bench_startup import builds_pending
+
+    caplog.set_level(logging.INFO, logger="mini_sglang")
+    ok, broken = _Spec("ok"), _Spec("broken", error=RuntimeError("nvcc exploded"))
+    start_flashinfer_builds([lambda: ok, lambda: broken])
+    assert ok.started.wait(WAIT)
+    assert builds_pending(caplog.text) == 2
+    ok.release.set()
+    assert broken.started.wait(WAIT)
+    _wait_ready("ok")
+    assert builds_pending(caplog.text) == 1
+    broken.release.set()
+    _wait_ready("broken")
+    assert builds_pending(caplog.text) == 0
