@@ -5,7 +5,7 @@ bf16 KV cache on the same bf16 model.
 Checked as on CPU (tests/models/test_fp8_kv_end_to_end.py, whose tolerance reasoning this
 shares): prefill logits within TOL_UNITS * u * max|reference logit| (plus bf16's own noise),
 16 greedy tokens equal until the reference itself was within twice that of a tie, the radix
-cache reusing FP8 KV with the same output, the idle memory check clean, and the pool really
+cache reusing FP8 KV with the same output up to such a tie, the idle memory check clean, and the pool really
 FP8 with half the bf16 cell bytes. The Qwen3 checkpoint carries KV cache scales, so the
 scaled paths of every kernel (quantized stores, flashinfer's k_scale / v_scale, Triton's
 folded scales, the fused decode_from_qkv kernel) run too.
@@ -86,6 +86,22 @@ def _scheduler(model_path: str, backend: str, graphs: bool, kv: str):
 PROMPTS = [list(range(100, 100 + n)) for n in (5, 17, 33, 64)]
 
 
+def _assert_diverge_only_at_ties(judge, want: list[list[int]], got: list[list[int]], kv: str):
+    """Each prompt's `got` tokens equal `want`'s up to the first step where they differ, and
+    there want's token leads got's by at most twice the FP8 bound (plus bf16's noise) in
+    judge's next-token logits after the prompt and want's earlier tokens: a near tie, which
+    any rounding difference may flip (the tiny model's logits are flat enough for bf16 to
+    round two of them to the same value)."""
+    for prompt, wi, gi in zip(PROMPTS, want, got):
+        step = next((i for i, (x, y) in enumerate(zip(wi, gi)) if x != y), None)
+        if step is None:
+            continue
+        row = prefill_logits(judge, [prompt + wi[:step]], all_positions=False).next_token_logits[0]
+        margin = (row[wi[step]] - row[gi[step]]).float().item()
+        step_tol = TOL_UNITS * UNIT_ROUNDOFF[kv] * row.abs().max().item() + BF16_NOISE
+        assert margin <= 2 * step_tol, (prompt[:3], step, margin, step_tol)
+
+
 @pytest.mark.parametrize(
     "kv,backend,graphs", CASES, ids=[f"{k}-{b}-{'graphs' if g else 'eager'}" for k, b, g in CASES]
 )
@@ -118,21 +134,16 @@ def test_fp8_kv_against_bf16_kv(model_path, backend, graphs, kv):
     # greedy decode (CUDA graphs when on), then the same prompts from the radix cache
     w = [r.output_ids for r in run_prompts(ref, PROMPTS, MAX_NEW, rid_prefix="a")]
     g = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="a")]
-    for prompt, wi, gi in zip(PROMPTS, w, g):
-        step = next((i for i, (x, y) in enumerate(zip(wi, gi)) if x != y), None)
-        if step is None:
-            continue
-        row = prefill_logits(ref, [prompt + wi[:step]], all_positions=False).next_token_logits[0]
-        margin = (row[wi[step]] - row[gi[step]]).float().item()
-        step_tol = TOL_UNITS * UNIT_ROUNDOFF[kv] * row.abs().max().item() + BF16_NOISE
-        assert margin <= 2 * step_tol, (prompt[:3], step, margin, step_tol)
+    _assert_diverge_only_at_ties(ref, w, g, kv)
     start = len(sched.test_outputs)
     again = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="b")]
-    assert again == g
     cached = {}
     for msg in sched.test_outputs[start:]:
         cached.update(zip(msg.rids, msg.cached_tokens))
     assert [cached[f"b{i}"] for i in range(len(PROMPTS))] == [len(p) - 1 for p in PROMPTS]
+    # the cached prefix's FP8 KV against the KV the first run attended to (some backends
+    # attend to a batch's own new tokens unquantized): the same tokens up to a near tie
+    _assert_diverge_only_at_ties(sched, g, again, kv)
     m = sched.stats.memory_accounting()
     assert m["protected"] == 0 and m["free"] + m["evictable"] == m["capacity"], m
     assert sched.stats.check_memory() and sched.stats.memory_check_failures == 0
