@@ -2,13 +2,18 @@
 the model runs it (qkv with the RMSNorm, gate_up with SiLU-mul, down with the residual add),
 weight cold in L2 as in small_m_gemm's own pick.
 
-    python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--out r.jsonl] [--forced f.txt]
+    python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--fp8] [--out r.jsonl] [--forced f.txt]
 
 The grid is small_m_gemm._CONFIGS plus BLOCK_N 1-8, BLOCK_K 2048 up to the whole row, 4-16
 warps and 1-3 stages. Prints cuBLAS, the pick and the best 8 configs per shape, and writes
 MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
 beats the pick by >= 2%, FILE.all the best config of every shape. On an H100 this grid
 found nothing the picks miss (docs/performance/decode-gemv.md).
+
+--fp8: the weights of `--quantization fp8` (float8_e4m3fn, one scale per output row, the
+"fp8" variant; the LM head stays bf16 there, so it is left out). cuBLAS has no FP8 GEMV, so
+the pick is the best of small_m_gemm's candidates and the TB/s count one byte per weight:
+the bandwidth share that sets batch-1 FP8 decode speed.
 """
 
 from __future__ import annotations
@@ -32,15 +37,16 @@ from mini_sglang.utils.cuda_timing import cuda_time_ms  # noqa: E402
 VARIANTS = {"qkv": ("norm",), "gate_up": ("silu_mul",), "down": ("residual",)}
 
 
-def grid(name: str, k: int, variant: tuple[str, ...]) -> list[tuple]:
-    """small_m_gemm's configs plus wider ones, (BLOCK_N, BLOCK_K, warps, stages)."""
+def grid(name: str, k: int, variant: tuple[str, ...], elem_bytes: int = 2) -> list[tuple]:
+    """small_m_gemm's configs plus wider ones, (BLOCK_N, BLOCK_K, warps, stages); a weight
+    tile holds at most 64 KiB (elem_bytes per element)."""
     k_pow2 = 1 << (k - 1).bit_length()
     configs = list(small_m_gemm._CONFIGS)
     for bn in (1, 2, 4, 8):
         if "silu_mul" in variant and bn < 2:  # a program needs a gate row and an up row
             continue
         for bk in (2048, 4096, 8192, 16384):
-            if bk > k_pow2 or bn * bk > 32768 or (name == "lm_head" and bk != 4096):
+            if bk > k_pow2 or bn * bk * elem_bytes > 65536 or (name == "lm_head" and bk != 4096):
                 continue
             warps = (4, 8) if bk == 2048 else (4, 8, 16) if bk == 4096 else (8, 16)
             stages = (2, 3) if bk == 2048 else (1, 2) if bk < k else (1,)
@@ -50,16 +56,20 @@ def grid(name: str, k: int, variant: tuple[str, ...]) -> list[tuple]:
     return configs
 
 
-def sweep(name: str, n: int, k: int) -> dict:
-    variant = VARIANTS.get(name, ())
+def sweep(name: str, n: int, k: int, fp8: bool = False) -> dict:
+    variant = VARIANTS.get(name, ()) + (("fp8",) if fp8 else ())
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    if fp8:
+        w = w.to(torch.float8_e4m3fn)
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     kwargs = small_m_gemm._variant_kwargs(x, w, variant)
-    pick_times = small_m_gemm.time_candidates(x, w, () if "silu_mul" in variant else variant)
+    # gate_up's pick is timed without its SiLU-mul epilogue, as the model picks it
+    pick_variant = tuple(v for v in variant if v != "silu_mul")
+    pick_times = small_m_gemm.time_candidates(x, w, pick_variant)
     pick = small_m_gemm.choose(pick_times, **small_m_gemm.pick_rule(x))
-    cublas = 1000 * pick_times[None]
+    cublas = 1000 * pick_times[None] if pick_times[None] != float("inf") else None
     times = {}
-    for cfg in grid(name, k, variant):
+    for cfg in grid(name, k, variant, w.element_size()):
         try:
             times[cfg] = 1000 * cuda_time_ms(
                 lambda cfg=cfg: small_m_gemm.gemv(x, w, cfg, **kwargs), cold_l2=True
@@ -69,6 +79,7 @@ def sweep(name: str, n: int, k: int) -> dict:
     ranked = sorted(times.items(), key=lambda kv: kv[1])
     return {"gemm": name, "n": n, "k": k, "variant": list(variant), "cublas_us": cublas,
             "pick": pick, "pick_us": times.get(pick) if pick else cublas,
+            "weight_bytes": n * k * w.element_size(),
             "card": torch.cuda.get_device_name(),
             "times": [[list(c), t] for c, t in ranked]}  # fmt: skip
 
@@ -76,23 +87,28 @@ def sweep(name: str, n: int, k: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--fp8", action="store_true", help="FP8 weights with per-row scales")
     ap.add_argument("--out", default=None, help="append one JSON row per shape")
     ap.add_argument("--forced", default=None, help="write MINI_SGLANG_GEMV_CONFIGS values here")
     args = ap.parse_args()
     torch.manual_seed(0)
     forced, best_all = [], []
     for name, (n, k) in projections(args.model).items():
+        if args.fp8 and name == "lm_head":
+            continue
         t0 = time.time()
-        row = sweep(name, n, k)
-        print(f"{name} N={n} K={k} {tuple(row['variant'])}: cuBLAS {row['cublas_us']:.1f} us, "
-              f"pick {row['pick']} {row['pick_us']:.1f} us; {len(row['times'])} configs in "
+        row = sweep(name, n, k, args.fp8)
+        cublas = "n/a" if row["cublas_us"] is None else f"{row['cublas_us']:.1f} us"
+        pick_us = row["pick_us"] if row["pick_us"] is not None else float("nan")
+        print(f"{name} N={n} K={k} {tuple(row['variant'])}: cuBLAS {cublas}, "
+              f"pick {row['pick']} {pick_us:.1f} us; {len(row['times'])} configs in "
               f"{time.time() - t0:.0f} s")  # fmt: skip
         for cfg, t in row["times"][:8]:
-            print(f"   {tuple(cfg)} {t:.1f} us  {n * k * 2 / t / 1e6:.2f} TB/s")
+            print(f"   {tuple(cfg)} {t:.1f} us  {row['weight_bytes'] / t / 1e6:.2f} TB/s")
         best, best_us = row["times"][0]
         entry = f"{n}x{k}:" + ",".join(map(str, best))
         best_all.append(entry)
-        if best_us < 0.98 * row["pick_us"]:
+        if row["pick_us"] is None or best_us < 0.98 * row["pick_us"]:
             forced.append(entry)
         if args.out:
             with open(args.out, "a") as f:

@@ -5,7 +5,7 @@
 # PYTHONPATH first). Usage, from the repository root:
 #   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab]
 #     [ab] [nano_ab] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [mixtral]
-#     [moe_tune] [vlm] [embedding] [save_jit]
+#     [moe_tune] [vlm] [embedding] [gemv_sweep] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -211,6 +211,15 @@ for step in "${steps[@]}"; do
       done
       for m in $MODELS; do  # and the decode GEMMs (cuBLAS) per batch size
         python benchmarks/bench_linear.py --model "$m" --triton --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
+      done ;;
+    gemv_sweep)
+      # every batch-1 decode GEMV of $MODELS over a wide grid of Triton GEMV configs
+      # (benchmarks/sweep_gemv_configs.py): bf16, then the FP8 weights of --quantization fp8
+      for m in $MODELS; do
+        for q in "" --fp8; do
+          python benchmarks/sweep_gemv_configs.py --model "$m" $q --out "$OUT/gemv_sweep.jsonl" \
+            2>&1 | tee -a "$OUT/gemv_sweep.log" | grep -vE "^   "
+        done
       done ;;
     startup)
       # Server start-up, spawn to first token, ours beside sgl-project/mini-sglang (staged by
