@@ -1,7 +1,7 @@
 """--quantization-param-path: per-layer FP8 KV cache scaling factors from a JSON file.
 
-SGLang 0.5.4's format (its QuantParamSchema), one scale per layer and TP rank, used for
-both K and V:
+SGLang 0.5.4's format (its QuantParamSchema, validated with the same pydantic schema), one
+scale per layer and TP rank, used for both K and V:
 
     {"model_type": "llama",
      "kv_cache": {"dtype": "float8_e4m3fn",
@@ -31,6 +31,14 @@ import logging
 import math
 from typing import Any
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from torch import nn
 
 from mini_sglang.layers.radix_attention import RadixAttention
@@ -41,52 +49,85 @@ SCALES_KV_DTYPE = "fp8_e4m3"  # the only --kv-cache-dtype the file applies to
 FILE_KV_DTYPE = "float8_e4m3fn"  # the file's kv_cache.dtype
 
 
-def _int_keyed(mapping: Any, what: str) -> dict[int, Any]:
-    if not isinstance(mapping, dict):
-        raise ValueError(f"{what} must be an object, got {type(mapping).__name__}")
-    out: dict[int, Any] = {}
-    for key, value in mapping.items():
-        try:
-            out[int(key)] = value
-        except (TypeError, ValueError):
-            raise ValueError(f"{what} has a key that is not an integer: {key!r}") from None
-    return out
+class KVCacheQuantSchema(BaseModel):
+    """The file's kv_cache object (SGLang's KVCacheQuantSchema). With a validation context
+    (tp_size, tp_rank, num_hidden_layers) it also checks SGLang's rank and layer counts."""
 
+    dtype: str
+    # TP rank -> layer index -> the scale of that layer's K and V (JSON's string keys and
+    # numeric strings are coerced, as pydantic does for SGLang)
+    scaling_factor: dict[int, dict[int, float]]
 
-def _scale(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"the scale of {where} is not a number: {value!r}")
-    try:
-        scale = float(value)
-    except ValueError:
-        raise ValueError(f"the scale of {where} is not a number: {value!r}") from None
-    if not (math.isfinite(scale) and scale > 0.0):
-        raise ValueError(f"the scale of {where} must be finite and positive, got {value!r}")
-    return scale
+    @field_validator("scaling_factor")
+    @classmethod
+    def _finite_positive(cls, v: dict[int, dict[int, float]]) -> dict[int, dict[int, float]]:
+        # stricter than SGLang: a store divides by the scale
+        for rank, layers in v.items():
+            for layer, scale in layers.items():
+                if not (math.isfinite(scale) and scale > 0.0):
+                    raise ValueError(
+                        f"the scale of layer {layer} in TP rank {rank} must be finite and "
+                        f"positive, got {scale!r}"
+                    )
+        return v
 
-
-def _rank_layer_maps(
-    scaling_factor: Any, tp_size: int, num_hidden_layers: int
-) -> dict[int, dict[int, Any]]:
-    """scaling_factor as {rank: {layer: value}}: one map per TP rank 0..tp_size-1, each
-    with num_hidden_layers entries (SGLang's check_tp_ranks)."""
-    ranks = _int_keyed(scaling_factor, "scaling_factor")
-    if len(ranks) != tp_size:
-        raise ValueError(
-            f"Loaded dictionary has TP size {len(ranks)} but LLM engine is currently "
-            f"running with TP size {tp_size}."
-        )
-    per_rank = {r: _int_keyed(m, f"scaling_factor[{r}]") for r, m in ranks.items()}
-    for rank, layers in per_rank.items():
-        if len(layers) != num_hidden_layers:
+    @model_validator(mode="after")
+    def _check(self, info: ValidationInfo) -> KVCacheQuantSchema:
+        if self.dtype != FILE_KV_DTYPE:
             raise ValueError(
-                f"KV cache scales map for TP rank {rank} is malformed. Expected "
-                f"{num_hidden_layers} layers, got {len(layers)}."
+                f"Loaded scaling factors intended for KV cache dtype = {self.dtype} "
+                f"rather than {FILE_KV_DTYPE}!"
             )
-    for rank in range(tp_size):
-        if rank not in per_rank:
-            raise ValueError(f"KV cache scales map for TP rank {rank} not found.")
-    return per_rank
+        ctx = info.context
+        if not ctx:
+            return self
+        tp_size, layers = ctx["tp_size"], ctx["num_hidden_layers"]
+        if len(self.scaling_factor) != tp_size:
+            raise ValueError(
+                f"Loaded dictionary has TP size {len(self.scaling_factor)} but LLM engine is "
+                f"currently running with TP size {tp_size}."
+            )
+        for rank, layer_maps in self.scaling_factor.items():
+            if len(layer_maps) != layers:
+                raise ValueError(
+                    f"KV cache scales map for TP rank {rank} is malformed. Expected {layers} "
+                    f"layers, got {len(layer_maps)}."
+                )
+        for rank in range(tp_size):
+            if rank not in self.scaling_factor:
+                raise ValueError(f"KV cache scales map for TP rank {rank} not found.")
+        for i in range(layers):
+            if i not in self.scaling_factor[ctx["tp_rank"]]:
+                raise ValueError(
+                    f"Could not find KV cache scales for layer {i} in TP rank {ctx['tp_rank']}."
+                )
+        return self
+
+
+class QuantParamSchema(BaseModel):
+    """The whole file (SGLang's QuantParamSchema); a context's model_type, when not None,
+    must equal the file's."""
+
+    model_config = ConfigDict(protected_namespaces=())
+    model_type: str | None
+    kv_cache: KVCacheQuantSchema
+
+    @model_validator(mode="after")
+    def _check_model_type(self, info: ValidationInfo) -> QuantParamSchema:
+        model_type = (info.context or {}).get("model_type")
+        if model_type is not None and model_type != self.model_type:
+            raise ValueError(
+                f"Model type is {model_type} but loaded scaling factors belonging to "
+                f"different model type {self.model_type}!"
+            )
+        return self
+
+
+def _one_line(e: ValidationError) -> str:
+    """pydantic's errors as one line: "where: why; ..." ("file" for the whole document)."""
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or 'file'}: {err['msg']}" for err in e.errors()
+    )
 
 
 def parse_kv_cache_scales(
@@ -94,31 +135,17 @@ def parse_kv_cache_scales(
 ) -> dict[int, float]:
     """{layer index: scale} for `tp_rank` from the decoded JSON `data`, checked as SGLang's
     schema checks it (see the module docstring). Raises ValueError with a one-line reason."""
-    if not isinstance(data, dict):
-        raise ValueError(f"the file must hold a JSON object, got {type(data).__name__}")
-    if "model_type" not in data or "kv_cache" not in data:
-        raise ValueError("the file must have the keys 'model_type' and 'kv_cache'")
-    if model_type is not None and data["model_type"] != model_type:
-        raise ValueError(
-            f"Model type is {model_type} but loaded scaling factors belonging to "
-            f"different model type {data['model_type']}!"
-        )
-    kv = data["kv_cache"]
-    if not isinstance(kv, dict) or "dtype" not in kv or "scaling_factor" not in kv:
-        raise ValueError("'kv_cache' must be an object with 'dtype' and 'scaling_factor'")
-    if kv["dtype"] != FILE_KV_DTYPE:
-        raise ValueError(
-            f"Loaded scaling factors intended for KV cache dtype = {kv['dtype']} "
-            f"rather than {FILE_KV_DTYPE}!"
-        )
-    per_rank = _rank_layer_maps(kv["scaling_factor"], tp_size, num_hidden_layers)
-    layers = per_rank[tp_rank]
-    for i in range(num_hidden_layers):
-        if i not in layers:
-            raise ValueError(f"Could not find KV cache scales for layer {i} in TP rank {tp_rank}.")
-    return {
-        i: _scale(layers[i], f"layer {i} in TP rank {tp_rank}") for i in range(num_hidden_layers)
+    context = {
+        "model_type": model_type,
+        "num_hidden_layers": num_hidden_layers,
+        "tp_rank": tp_rank,
+        "tp_size": tp_size,
     }
+    try:
+        schema = QuantParamSchema.model_validate(data, context=context)
+    except ValidationError as e:
+        raise ValueError(_one_line(e)) from None
+    return dict(schema.kv_cache.scaling_factor[tp_rank])
 
 
 def kv_cache_scales_loader(

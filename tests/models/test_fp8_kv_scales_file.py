@@ -131,13 +131,13 @@ def _error_lines(caplog) -> list[str]:
     [
         (None, "not found"),
         ("{not json", "Error decoding JSON"),
-        ("[1, 2]", "must hold a JSON object"),
+        ("[1, 2]", "file: Input should be a valid dictionary"),
         ({"wrong_type": True}, "Model type is llama"),
         ({"dtype": "float8_e5m2"}, "rather than float8_e4m3fn"),
         ({"tp": 2}, "TP size 2 but LLM engine is currently running with TP size 1"),
         ({"layers": 1}, "Expected 2 layers, got 1"),
         ({"scale": -1.0}, "must be finite and positive"),
-        ({"scale": "big"}, "is not a number"),
+        ({"scale": "big"}, "kv_cache.scaling_factor.0.0: Input should be a valid number"),
     ],
 )
 def test_bad_file_is_one_error_line_and_scales_stay(tmp_path, caplog, content, reason):
