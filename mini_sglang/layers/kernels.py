@@ -6,11 +6,14 @@ speed. Set MINI_SGLANG_DISABLE_FLASHINFER_OPS=1 to force the torch paths on CUDA
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -60,7 +63,61 @@ def _flashinfer() -> ModuleType | None:
         import flashinfer  # noqa: F401
     except Exception:
         return None
+    serialize_flashinfer_ninja()
     return flashinfer
+
+
+@contextlib.contextmanager
+def _file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    # flock locks an open file description, so two threads of one process that each open
+    # the file exclude each other as two processes do.
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def serialize_ninja(run_ninja: Callable[..., Any], lock_path: str | os.PathLike[str]):
+    """run_ninja wrapped so that at most one call runs at a time across every thread and
+    process that wraps it with the same lock_path.
+
+    ninja keeps its build log (.ninja_log) and dependency log (.ninja_deps) in its working
+    directory, and they are not safe for concurrent writers: two ninja processes building
+    different targets in one directory at the same time leave a dependency log that the
+    next ninja truncates ("premature end of file; recovering"), and every object whose
+    dependencies it lost is compiled again (tests/unit/test_flashinfer_builds.py shows it)."""
+
+    @functools.wraps(run_ninja)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _file_lock(lock_path):
+            return run_ninja(*args, **kwargs)
+
+    run.serialized = True  # type: ignore[attr-defined]
+    return run
+
+
+def serialize_flashinfer_ninja() -> None:
+    """Make flashinfer's JIT run one ninja at a time per JIT cache (serialize_ninja).
+
+    flashinfer builds every module with `ninja -C <its cache>/cached_ops`, one working
+    directory for all modules, under a lock per module only. Modules that build at the
+    same time in one cache (the background builds of start_flashinfer_builds beside a first
+    use, or the ranks of tp > 1 reaching different modules) would otherwise corrupt ninja's
+    logs there, and the next start recompiles those modules on its first requests: on an
+    H200 a warm start then stalled over a minute (docs/performance/startup.md). Idempotent;
+    does nothing where flashinfer's JIT is not the one expected."""
+    try:
+        from flashinfer.jit import core, cpp_ext
+    except Exception:
+        return
+    if getattr(core.run_ninja, "serialized", False) or not callable(
+        getattr(core, "get_tmpdir", None)
+    ):
+        return
+    run = serialize_ninja(cpp_ext.run_ninja, core.get_tmpdir() / "mini_sglang_ninja.lock")
+    core.run_ninja = cpp_ext.run_ninja = run
 
 
 def flashinfer_norm() -> ModuleType | None:
@@ -91,7 +148,9 @@ def flashinfer_sampling_spec() -> Any:
 _builds: dict[str, threading.Event] = {}
 
 
-def start_flashinfer_builds(make_specs: Sequence[Callable[[], Any]]) -> list[str | None]:
+def start_flashinfer_builds(
+    make_specs: Sequence[Callable[[], Any]], after: threading.Event | None = None
+) -> list[str | None]:
     """Compile the flashinfer modules of `make_specs` that are not built yet, one after
     another in the given order, in one background thread.
 
@@ -104,6 +163,10 @@ def start_flashinfer_builds(make_specs: Sequence[Callable[[], Any]]) -> list[str
     so it never touches the GPU, and a first use elsewhere waits on that lock as it would on
     any build in flight. One module at a time: flashinfer's ninja already spreads one
     module's compile over every core.
+    With `after`, the thread waits for that event before its first compile: the caller
+    sets it once its own first uses are done (graph capture), since a build in flight holds
+    flashinfer's ninja lock (serialize_flashinfer_ninja) and any first use would wait for
+    it.
 
     Returns, per entry, the module's name when its build is in flight or was started by an
     earlier call, else None: the module is built already, or making its spec raised (another
@@ -127,6 +190,8 @@ def start_flashinfer_builds(make_specs: Sequence[Callable[[], Any]]) -> list[str
         return names
 
     def build() -> None:
+        if after is not None:
+            after.wait()
         for spec, done in todo:
             t0 = time.perf_counter()
             try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -116,7 +117,10 @@ class ModelRunner:
                 sum(p.numel() * p.element_size() for p in self.model.parameters()) / GiB
             )
         self.init_memory_pool()
-        self.prefill_build, sampling_build = self.start_flashinfer_builds()
+        # The background builds wait for graph capture, whose first uses compile flashinfer's
+        # decode modules and would otherwise queue behind them (start_flashinfer_builds).
+        capture_done = threading.Event()
+        self.prefill_build, sampling_build = self.start_flashinfer_builds(capture_done)
         self.attn_backend = self.create_attention_backend()
         self.sampler = Sampler(config.sampling_backend, sampling_build)
         self.graph_runner = None
@@ -130,8 +134,11 @@ class ModelRunner:
                 self.init_cuda_graphs()
             else:
                 logger.warning("CUDA graphs disabled: the decode attention backend has none.")
+        capture_done.set()
 
-    def start_flashinfer_builds(self) -> tuple[str | None, str | None]:
+    def start_flashinfer_builds(
+        self, after: threading.Event | None = None
+    ) -> tuple[str | None, str | None]:
         """Start compiling in the background the flashinfer modules whose first use would
         otherwise fall on a request (docs/performance/startup.md), where something else can
         serve until each is built: the batch-prefill module when prefill_fallback_ok (the
@@ -166,7 +173,7 @@ class ModelRunner:
             and flashinfer_module() is not None
         ):
             makers["sampling"] = flashinfer_sampling_spec
-        started = dict(zip(makers, start_flashinfer_builds(list(makers.values()))))
+        started = dict(zip(makers, start_flashinfer_builds(list(makers.values()), after)))
         if started.get("prefill"):
             logger.info(
                 "Until flashinfer's batch prefill module is built, prefill runs the Triton kernel"

@@ -9,6 +9,7 @@ watched without a compiler or a GPU.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from mini_sglang.layers import kernels
 from mini_sglang.layers.kernels import (
     flashinfer_module_ready,
+    serialize_ninja,
     start_flashinfer_builds,
     wait_flashinfer_builds,
 )
@@ -123,3 +125,70 @@ def test_the_startup_bench_reads_when_the_builds_end(caplog):
     broken.release.set()
     _wait_ready("broken")
     assert builds_pending(caplog.text) == 0
+
+
+def test_the_builds_wait_for_the_callers_go():
+    spec, go = _Spec("held"), threading.Event()
+    spec.release.set()
+    assert start_flashinfer_builds([lambda: spec], after=go) == ["held"]
+    # Not started until the caller's own first uses are done.
+    assert not spec.started.wait(0.3) and not flashinfer_module_ready("held")
+    go.set()
+    _wait_ready("held")
+    assert spec.builds == 1 and flashinfer_module_ready("held")
+
+
+def _ninja_project(root, name: str, delay: float):
+    """One flashinfer-style module: a C file compiled with a depfile (deps = gcc) and
+    linked, its ninja file naming outputs relative to the shared working directory."""
+    (root / "src").mkdir(exist_ok=True)
+    (root / "src" / "common.h").write_text("#define ONE 1\n")
+    (root / "src" / f"{name}.c").write_text(
+        f'#include "common.h"\nint {name}(void){{return ONE;}}\n'
+    )
+    ninja = root / f"{name}.ninja"
+    ninja.write_text(
+        "ninja_required_version = 1.3\n"
+        f"name = {name}\n"
+        "rule compile\n"
+        f"  command = sleep {delay}; cc -MMD -MF $out.d -c $in -o $out\n"
+        "  depfile = $out.d\n  deps = gcc\n"
+        "rule link\n  command = cc -shared $in -o $out\n"
+        f"build $name/{name}.o: compile {root / 'src' / f'{name}.c'}\n"
+        f"build $name/$name.so: link $name/{name}.o\n"
+        "default $name/$name.so\n"
+    )
+    return ninja
+
+
+def _run_ninja(workdir, ninja_file, verbose: bool) -> str:
+    # flashinfer.jit.cpp_ext.run_ninja's command
+    import subprocess
+
+    cmd = ["ninja", "-v", "-d", "explain", "-C", str(workdir), "-f", str(ninja_file)]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(
+    not (shutil.which("ninja") and shutil.which("cc")), reason="needs ninja and a C compiler"
+)
+def test_serialized_ninja_keeps_concurrent_module_builds_up_to_date(tmp_path):
+    """Two modules built at the same time in one working directory (as flashinfer's
+    cached_ops is for every module): through serialize_ninja the next ninja finds both up
+    to date; a warm start recompiles nothing."""
+    slow, fast = _ninja_project(tmp_path, "slow", 1.0), _ninja_project(tmp_path, "fast", 0.1)
+    run = serialize_ninja(_run_ninja, tmp_path / "ninja.lock")
+    started = threading.Event()
+
+    def build_slow() -> None:
+        started.set()
+        run(tmp_path, slow, False)
+
+    t = threading.Thread(target=build_slow)
+    t.start()
+    assert started.wait(WAIT)
+    run(tmp_path, fast, False)
+    t.join(WAIT)
+    for ninja in (slow, fast):
+        out = _run_ninja(tmp_path, ninja, False)
+        assert "no work to do" in out, out

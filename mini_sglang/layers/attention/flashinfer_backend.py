@@ -28,6 +28,7 @@ from mini_sglang.distributed.parallel_state import get_tp_size
 from mini_sglang.environ import envs
 from mini_sglang.layers.attention.base_attn_backend import AttentionBackend
 from mini_sglang.layers.attention.kv_indices import fill_kv_indices
+from mini_sglang.layers.kernels import serialize_flashinfer_ninja
 from mini_sglang.layers.kv_quant import is_fp8
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class FlashInferAttnBackend(AttentionBackend):
     def __init__(self, runner: ModelRunner) -> None:
         import flashinfer
 
+        serialize_flashinfer_ninja()
         self.fi = flashinfer
         cfg = runner.model_config
         tp = get_tp_size()
