@@ -150,9 +150,10 @@ class Envs:
     MINI_SGLANG_DISABLE_FLASHINFER_OPS = _flag(
         "1: use the Triton/torch norm, activation and sampling ops even if flashinfer is installed."
     )
-    MINI_SGLANG_BACKGROUND_FLASHINFER_BUILD = _flag(
-        "1: at tp 1, compile flashinfer's prefill and sampling modules in the background "
-        "(Triton prefill and torch sampling serve meanwhile); unset: they build on first use."
+    MINI_SGLANG_DISABLE_BACKGROUND_FLASHINFER_BUILD = _flag(
+        "1: flashinfer's prefill and sampling modules build on first use; unset (tp 1): they "
+        "compile in the background after graph capture while Triton prefill and torch "
+        "sampling serve."
     )
     MINI_SGLANG_DISABLE_PDL = _flag("1: never launch kernels as programmatic dependents (PDL).")
     MINI_SGLANG_DISABLE_FUSED_QK_ROPE = _flag(

@@ -145,18 +145,17 @@ class ModelRunner:
         Triton extend kernel serves prefill meanwhile), then the sampling module when
         sampling uses flashinfer (the torch path samples meanwhile).
 
-        Only with MINI_SGLANG_BACKGROUND_FLASHINFER_BUILD=1 (off by default: on an H200 a
-        warm start after a start whose background builds completed stalled at its first
-        request, cause not found; docs/performance/startup.md), and only at tp 1: the ranks
-        of tp > 1 must run the same kernels at every step, and each rank's build would end
-        at its own time. Elsewhere every module builds on first use.
+        Not with MINI_SGLANG_DISABLE_BACKGROUND_FLASHINFER_BUILD=1, and only at tp 1: the
+        ranks of tp > 1 must run the same kernels at every step, and each rank's build would
+        end at its own time. Elsewhere every module builds on first use. The thread starts
+        compiling once `after` is set (graph capture done).
         Returns (prefill, sampling): each module's name while its build may be in flight
         (kernels.flashinfer_module_ready), None where nothing was started for it."""
         cfg = self.model_config
         if (
             self.device.type != "cuda"
             or get_tp_size() != 1
-            or not envs.MINI_SGLANG_BACKGROUND_FLASHINFER_BUILD.get()
+            or envs.MINI_SGLANG_DISABLE_BACKGROUND_FLASHINFER_BUILD.get()
         ):
             return None, None
         makers: dict[str, Callable[[], Any]] = {}

@@ -62,7 +62,7 @@ def test_prefill_runs_triton_until_flashinfer_prefill_is_built(llama, backends, 
     name = batch_prefill_spec(torch.bfloat16, torch.bfloat16, 64, torch.device("cuda")).name
     built = threading.Event()
     monkeypatch.setitem(kernels._builds, name, built)
-    monkeypatch.setenv("MINI_SGLANG_BACKGROUND_FLASHINFER_BUILD", "1")
+    monkeypatch.delenv("MINI_SGLANG_DISABLE_BACKGROUND_FLASHINFER_BUILD", raising=False)
     sched, outputs = _make_gpu_scheduler(model_path, **backends)
     runner = sched.tp_worker.model_runner
     be = runner.attn_backend

@@ -55,6 +55,15 @@ def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[boo
     return use, max_bs
 
 
+def prefill_backend(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
+    """The flashinfer backend of the paged prefill wrapper: "auto" (fa3 on sm90a, fa2
+    elsewhere) when queries and KV share a dtype, else "fa2". flashinfer's fa3 picks its
+    GEMMs from one element type for Q and KV, so bf16 queries over an FP8 cache fail to
+    compile on an H100/H200 (cute's "MajorB must be GMMA::Major::K"); its "auto" does not
+    check the dtypes (SGLang runs every paged prefill on fa2)."""
+    return "auto" if q_dtype == kv_dtype else "fa2"
+
+
 def batch_prefill_spec(
     q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int, device: torch.device
 ) -> Any:
@@ -62,8 +71,8 @@ def batch_prefill_spec(
     (_plan_prefill) makes BatchPrefillWithPagedKVCacheWrapper load, for queries and output
     in q_dtype over a KV cache in kv_dtype (FP8 included) with head_dim for q/k and v/o.
 
-    It mirrors plan()'s resolution: the wrapper's backend "auto" becomes fa3 where the
-    device supports sm90a and fa2 otherwise (flashinfer's determine_attention_backend, with
+    It mirrors plan()'s resolution: the wrapper's backend (prefill_backend), where "auto",
+    becomes fa3 where the device supports sm90a and fa2 otherwise (flashinfer's determine_attention_backend, with
     no custom mask, no positional encoding inside the kernel and no fp16 QK reduction), and
     the module is keyed by those dtypes, the page indices' int32 (_page_table) and no
     sliding window or logits soft cap (plan()'s defaults, which _plan_prefill keeps). Raises
@@ -73,14 +82,16 @@ def batch_prefill_spec(
     from flashinfer.utils import PosEncodingMode, determine_attention_backend
 
     no_pos = PosEncodingMode.NONE.value
-    backend = determine_attention_backend(
-        device=device,
-        pos_encoding_mode=no_pos,
-        use_fp16_qk_reductions=False,
-        use_custom_mask=False,
-        dtype_q=q_dtype,
-        dtype_kv=kv_dtype,
-    )
+    backend = prefill_backend(q_dtype, kv_dtype)
+    if backend == "auto":
+        backend = determine_attention_backend(
+            device=device,
+            pos_encoding_mode=no_pos,
+            use_fp16_qk_reductions=False,
+            use_custom_mask=False,
+            dtype_q=q_dtype,
+            dtype_kv=kv_dtype,
+        )
     return gen_batch_prefill_module(
         backend,
         dtype_q=q_dtype,
@@ -122,7 +133,9 @@ class FlashInferAttnBackend(AttentionBackend):
         self.kv_indices = torch.empty(max_pages + 1024, dtype=torch.int32, device=self.device)
         # Eager decode wrappers by tensor-core use, made on first need.
         self.decode_wrappers: dict[bool, object] = {}
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend=prefill_backend(self.q_dtype, self.kv_dtype)
+        )
         self.graph_wrappers: dict[int, object] = {}
         self.active_decode = None
         # The current batch's prefill plan arguments (all but causal) and its causality.
