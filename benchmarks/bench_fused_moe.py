@@ -28,7 +28,7 @@ path; above T an arm runs the grouped path too, so with T 0 among the arms it is
 only at batch sizes up to T. Rows carry `small_m` and `path` ("grouped" or "gemv"). `--small-m-sweep`
 also times the GEMV path's kernels with other tiles (SWEEP: kernel 1's, then kernel 2's
 with kernel 1's best) at every batch size up to the largest T and reports the fastest
-(rows with `path` "gemv-sweep"): what DEFAULT_CONFIG in fused_moe_gemv.py should become.
+(rows with `path` "gemv-sweep"): what TUNED in fused_moe_gemv.py should become.
 """
 
 from __future__ import annotations
@@ -91,22 +91,26 @@ def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int, gemv: b
     return weights + acts
 
 
-def sweep_gemv(layer: FusedMoE, x: torch.Tensor, logits: torch.Tensor, iters: int) -> tuple:
+def sweep_gemv(
+    layer: FusedMoE, x: torch.Tensor, logits: torch.Tensor, iters: int, fp8: bool
+) -> tuple:
     """(fastest SmallMConfig, its ms) for the layer on the GEMV path at this batch: kernel 1's
     SWEEP candidates with kernel 2's default tiles, then kernel 2's with kernel 1's best
-    (fused_moe_gemv.DEFAULT_CONFIG is swapped for each timing and restored)."""
-    default = fused_moe_gemv.DEFAULT_CONFIG
+    (fused_moe_gemv.default_config is swapped for each timing and restored). It starts
+    from the tiles the layer launches by default at this batch."""
+    default = fused_moe_gemv.default_config
 
     def time_config(config: SmallMConfig) -> float:
-        fused_moe_gemv.DEFAULT_CONFIG = config
+        fused_moe_gemv.default_config = lambda tokens, fp8: config
         try:
             return cuda_time_ms(lambda: layer(x, logits), iters, graph=True)
         except Exception:  # tiles the compiler rejects on this card
             return float("inf")
         finally:
-            fused_moe_gemv.DEFAULT_CONFIG = default
+            fused_moe_gemv.default_config = default
 
-    best = (default, time_config(default))
+    start = default(x.shape[0], fp8)
+    best = (start, time_config(start))
     for which in ("gate_up", "down"):
         for cand in SWEEP:
             tiles = {"gate_up": best[0].gate_up, "down": best[0].down, which: GemvTiles(*cand)}
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append(report(args, layer, spec, peaks, m, ids, ms, small_m, path))
         if args.small_m_sweep and m <= max(args.small_m):
             fused_moe_gemv.MAX_TOKENS = m
-            config, ms = sweep_gemv(layer, x, logits, args.iters)
+            config, ms = sweep_gemv(layer, x, logits, args.iters, spec is not None)
             rows.append(report(args, layer, spec, peaks, m, ids, ms, m, "gemv-sweep", config))
             print(f"{'':>13} best tiles {rows[-1]['config']}")
     if args.result_filename:
@@ -183,14 +187,14 @@ def report(
     args, layer, spec, peaks, m, ids, ms, small_m: int, path: str, tiles: SmallMConfig | None = None
 ) -> dict:
     """The result row of one timing (see the module), printed as one line; `path` "grouped",
-    "gemv" (DEFAULT_CONFIG's tiles) or "gemv-sweep" (`tiles`)."""
+    "gemv" (fused_moe_gemv.default_config's tiles) or "gemv-sweep" (`tiles`)."""
     name = torch.cuda.get_device_name()
     gemv = path != "grouped"
     gbs = bytes_moved(m, ids, layer, args.hidden, gemv) / (ms / 1e3) / 1e9
     tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
     tflops = tflops / (ms / 1e3) / 1e12
     if gemv:
-        cfg = dataclasses.asdict(tiles or fused_moe_gemv.DEFAULT_CONFIG)
+        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, spec is not None))
     else:
         gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
         block = None if spec is None else spec.weight_block_size

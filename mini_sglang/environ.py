@@ -174,7 +174,7 @@ class Envs:
         "", 'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas".'
     )
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
-        0, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
+        4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
     # Multimodal inputs (TokenizerManager)
     SGLANG_IO_WORKERS = EnvInt(4, "Threads that load and preprocess images of requests.")

@@ -368,9 +368,19 @@ def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> No
 
 
 def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
-    """Off by default; with a threshold, fused_experts_triton (no config) returns exactly
-    the GEMV path's result for batches up to it."""
-    assert envs.MINI_SGLANG_MOE_SMALL_M.default == 0
+    """Batches of up to 4 tokens by default; with a threshold, fused_experts_triton (no
+    config) returns exactly the GEMV path's result for batches up to it, launched with the
+    tiles tuned for the batch's bucket (bf16/fp16 experts) or the default tiles (FP8)."""
+    assert envs.MINI_SGLANG_MOE_SMALL_M.default == 4
+    tuned = fused_moe_gemv.TUNED
+    assert [fused_moe_gemv.default_config(m, False) for m in (1, 2, 3, 4)] == [
+        tuned[1],
+        tuned[2],
+        tuned[4],
+        tuned[4],
+    ]
+    assert fused_moe_gemv.default_config(8, False) == fused_moe_gemv.DEFAULT_CONFIG
+    assert fused_moe_gemv.default_config(1, True) == fused_moe_gemv.DEFAULT_CONFIG
     monkeypatch.setattr(fused_moe_gemv, "MAX_TOKENS", 2)
     assert [fused_moe_gemv.use_small_m(m) for m in (0, 1, 2, 3)] == [False, True, True, False]
     gen = torch.Generator().manual_seed(1)

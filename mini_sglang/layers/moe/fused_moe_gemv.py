@@ -16,7 +16,7 @@ of which one row is used at batch 1), both GEMMs and the sum; here each weight r
 needs is streamed once per pair, as the dense decode GEMV (layers/small_m_gemm.py) streams
 a linear layer: narrow row blocks (many programs), wide K tiles, fp32 accumulation. Pairs of
 one expert from different tokens each read the expert's rows, so the grouped GEMM wins once
-tokens share experts; MAX_TOKENS (MINI_SGLANG_MOE_SMALL_M, default 0: off) is the largest
+tokens share experts; MAX_TOKENS (MINI_SGLANG_MOE_SMALL_M, default 4; 0: off) is the largest
 batch fused_experts_triton sends here.
 
 A pair whose expert id is negative (an expert another rank holds) is skipped by kernel 1
@@ -74,6 +74,26 @@ class SmallMConfig:
 # decode GEMV's best configs; kernel 2 loads k such tiles at once, hence more warps.
 # bench_fused_moe.py --small-m-sweep times alternatives.
 DEFAULT_CONFIG = SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(4, 256, 8))
+# Tiles of bf16/fp16 experts by batch bucket (tokens rounded up to a power of two), from
+# bench_fused_moe.py --small-m-sweep on an H200 with Qwen3-30B-A3B's shapes (E 128, top-8,
+# H 2048, I 768), per layer call against DEFAULT_CONFIG: M=1 28.8 vs 33.2 us, M=2 42.8 vs
+# 52.2 us, M=4 78.9 vs 88.2 us (docs/results/fused_moe_small_m_h200.log). At M=8 the
+# grouped GEMM was faster than either (139.4 us), hence MINI_SGLANG_MOE_SMALL_M's default 4.
+# FP8 experts, not swept, keep DEFAULT_CONFIG.
+TUNED: dict[int, SmallMConfig] = {
+    1: SmallMConfig(GemvTiles(8, 128, 8), GemvTiles(8, 128, 8)),
+    2: SmallMConfig(GemvTiles(2, 1024, 4), GemvTiles(8, 128, 8)),
+    4: SmallMConfig(GemvTiles(2, 1024, 4), GemvTiles(8, 128, 8)),
+}
+
+
+def default_config(tokens: int, fp8: bool) -> SmallMConfig:
+    """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
+    config is given: TUNED's entry for the batch's power-of-two bucket for bf16/fp16
+    experts, else DEFAULT_CONFIG."""
+    if fp8:
+        return DEFAULT_CONFIG
+    return TUNED.get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
 
 
 def use_small_m(tokens: int) -> bool:
@@ -257,7 +277,7 @@ def fused_experts_gemv(
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
     nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
-    tiles (DEFAULT_CONFIG if None)."""
+    tiles (default_config if None)."""
     import triton
 
     tokens, k = topk_ids.shape
@@ -265,7 +285,7 @@ def fused_experts_gemv(
     inter = two_i // 2
     if tokens == 0:
         return torch.zeros_like(x)
-    config = config or DEFAULT_CONFIG
+    config = config or default_config(tokens, fp8 is not None)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
