@@ -106,18 +106,23 @@ def serialize_flashinfer_ninja() -> None:
     same time in one cache (the background builds of start_flashinfer_builds beside a first
     use, or the ranks of tp > 1 reaching different modules) would otherwise corrupt ninja's
     logs there, and the next start recompiles those modules on its first requests: on an
-    H200 a warm start then stalled over a minute (docs/performance/startup.md). Idempotent;
-    does nothing where flashinfer's JIT is not the one expected."""
+    H200 a warm start then stalled over a minute (docs/performance/startup.md). Idempotent
+    and thread-safe (wrapped twice, a call would wait on its own lock forever); does nothing
+    where flashinfer's JIT is not the one expected."""
     try:
         from flashinfer.jit import core, cpp_ext
     except Exception:
         return
-    if getattr(core.run_ninja, "serialized", False) or not callable(
-        getattr(core, "get_tmpdir", None)
-    ):
-        return
-    run = serialize_ninja(cpp_ext.run_ninja, core.get_tmpdir() / "mini_sglang_ninja.lock")
-    core.run_ninja = cpp_ext.run_ninja = run
+    with _serialize_lock:
+        if getattr(core.run_ninja, "serialized", False) or not callable(
+            getattr(core, "get_tmpdir", None)
+        ):
+            return
+        run = serialize_ninja(cpp_ext.run_ninja, core.get_tmpdir() / "mini_sglang_ninja.lock")
+        core.run_ninja = cpp_ext.run_ninja = run
+
+
+_serialize_lock = threading.Lock()
 
 
 def flashinfer_norm() -> ModuleType | None:

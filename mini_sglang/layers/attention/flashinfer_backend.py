@@ -72,8 +72,9 @@ def batch_prefill_spec(
     in q_dtype over a KV cache in kv_dtype (FP8 included) with head_dim for q/k and v/o.
 
     It mirrors plan()'s resolution: the wrapper's backend (prefill_backend), where "auto",
-    becomes fa3 where the device supports sm90a and fa2 otherwise (flashinfer's determine_attention_backend, with
-    no custom mask, no positional encoding inside the kernel and no fp16 QK reduction), and
+    becomes fa3 where the device supports sm90a and fa2 otherwise (flashinfer's
+    determine_attention_backend, with no custom mask, no positional encoding inside the
+    kernel and no fp16 QK reduction), and
     the module is keyed by those dtypes, the page indices' int32 (_page_table) and no
     sliding window or logits soft cap (plan()'s defaults, which _plan_prefill keeps). Raises
     where flashinfer or its JIT API is not the one expected (keyword arguments: a changed
