@@ -2,7 +2,8 @@
 the model runs it (qkv with the RMSNorm, gate_up with SiLU-mul, down with the residual add),
 weight cold in L2 as in small_m_gemm's own pick.
 
-    python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--fp8] [--out r.jsonl] [--forced f.txt]
+    python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--fp8] [--only down,o]
+        [--out r.jsonl] [--forced f.txt]
 
 The grid is small_m_gemm._CONFIGS plus BLOCK_N 1-8 (1-16 for FP8 weights, whose rows hold
 half the bytes), BLOCK_K 2048 up to the whole row, 4-16 warps and 1-3 stages. Prints cuBLAS, the pick and the best 8 configs per shape, and writes
@@ -90,11 +91,12 @@ def main() -> None:
     ap.add_argument("--fp8", action="store_true", help="FP8 weights with per-row scales")
     ap.add_argument("--out", default=None, help="append one JSON row per shape")
     ap.add_argument("--forced", default=None, help="write MINI_SGLANG_GEMV_CONFIGS values here")
+    ap.add_argument("--only", default=None, help="comma-separated projections, e.g. down,o")
     args = ap.parse_args()
     torch.manual_seed(0)
     forced, best_all = [], []
     for name, (n, k) in projections(args.model).items():
-        if args.fp8 and name == "lm_head":
+        if (args.fp8 and name == "lm_head") or (args.only and name not in args.only.split(",")):
             continue
         t0 = time.time()
         row = sweep(name, n, k, args.fp8)

@@ -170,7 +170,8 @@ for step in "${steps[@]}"; do
       # quantized per channel at load); fp8kv = --kv-cache-dtype fp8_e4m3; fp8_fp8kv = both;
       # fp8-block = a copy of the model directory whose config.json declares Qwen3-FP8's
       # quantization_config (block-wise 128x128 scales; the dummy values quantized per
-      # block). Rows in $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log.
+      # block). FP8_PARTS (default "one_batch offline") picks the workloads. Rows in
+      # $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log.
       declare -A fp8_flags=([bf16]="" [fp8]="--quantization fp8" [fp8kv]="--kv-cache-dtype fp8_e4m3"
         [fp8_fp8kv]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [fp8-block]="")
       for round in $(seq "${FP8_ROUNDS:-1}"); do
@@ -182,10 +183,12 @@ for step in "${steps[@]}"; do
               rm -rf "$path" && cp -r "$MODEL_ROOT/$m" "$path"
               python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
             fi
+            [[ " ${FP8_PARTS:-one_batch offline} " == *" one_batch "* ]] && \
             python -m mini_sglang.bench_one_batch --model-path "$path" --load-format dummy ${fp8_flags[$arm]} \
               --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
               --result-filename "$OUT/fp8_one_batch_$arm.jsonl" 2>&1 | grep -E "Scheduler|KV Cache|Error" \
               | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
+            [[ " ${FP8_PARTS:-one_batch offline} " == *" offline "* ]] && \
             python -m mini_sglang.bench_offline_throughput --model-path "$path" --load-format dummy ${fp8_flags[$arm]} \
               --preset nano-vllm --result-filename "$OUT/fp8_offline_$arm.jsonl" 2>&1 \
               | grep -E "Output token throughput|Error" | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
@@ -219,9 +222,11 @@ for step in "${steps[@]}"; do
     gemv_sweep)
       # every batch-1 decode GEMV of $MODELS over a wide grid of Triton GEMV configs
       # (benchmarks/sweep_gemv_configs.py): bf16, then the FP8 weights of --quantization fp8
+      # (GEMV_SWEEP_DTYPES "bf16 fp8" picks them; GEMV_SWEEP_ARGS e.g. "--only down")
       for m in $MODELS; do
-        for q in "" --fp8; do
-          python benchmarks/sweep_gemv_configs.py --model "$m" $q --out "$OUT/gemv_sweep.jsonl" \
+        for q in ${GEMV_SWEEP_DTYPES:-bf16 fp8}; do
+          q=$([ "$q" = fp8 ] && echo --fp8)
+          python benchmarks/sweep_gemv_configs.py --model "$m" $q ${GEMV_SWEEP_ARGS:-} --out "$OUT/gemv_sweep.jsonl" \
             2>&1 | tee -a "$OUT/gemv_sweep.log" | grep -vE "^   "
         done
       done ;;
@@ -247,22 +252,28 @@ for step in "${steps[@]}"; do
       # --quantization fp8 (per-channel, quantized at load) and as fp8-block (a copy of the
       # model directory declaring Qwen3-30B-A3B-FP8's quantization_config, 128x128 blocks):
       # one byte per expert weight, so batch-1 decode should beat bf16's ms/token.
-      # The small-batch expert GEMV path (MINI_SGLANG_MOE_SMALL_M; MOE_SMALL_M, default 8,
+      # The small-batch expert GEMV path (MINI_SGLANG_MOE_SMALL_M; MOE_SMALL_M, default 4,
       # empty skips it): the kernel bench times it beside the grouped path at M <= 8 (rows
       # with "path": "gemv"; bf16 also sweeps its tiles, "gemv-sweep"), and every batch-1 run
-      # is repeated with the variable set (lines marked small_m=8, results in *_small_m8.jsonl).
-      small_m="${MOE_SMALL_M-8}"
+      # is repeated with the variable set (lines marked small_m=4, results in *_small_m4.jsonl).
+      small_m="${MOE_SMALL_M-4}"
       for name in qwen3-30b-a3b llama-3.1-8b; do
         python benchmarks/models/prepare.py "$name" "$MODEL_ROOT/$name" >/dev/null
       done
-      python benchmarks/bench_fused_moe.py --result-filename "$OUT/fused_moe.jsonl" \
-        --small-m 0 $small_m ${small_m:+--small-m-sweep} 2>&1 | tee "$OUT/fused_moe.log"
-      for t in 0 $small_m; do
-        sfx=$([ "$t" = 0 ] || echo "_small_m$t")
-        MINI_SGLANG_MOE_SMALL_M=$t python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/qwen3-30b-a3b" \
-          --load-format dummy --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
-          --result-filename "$OUT/moe_one_batch$sfx.jsonl" 2>&1 | grep -E "Scheduler|Error" \
-          | sed "s/^/qwen3-30b-a3b small_m=$t /" | tee -a "$OUT/moe.log"
+      # MOE_KERNEL_BENCH=0 skips the kernel bench; MOE_B1_ROUNDS (default 1) repeats the bf16
+      # batch-1 pair, the two arms alternating
+      if [ "${MOE_KERNEL_BENCH:-1}" != 0 ]; then
+        python benchmarks/bench_fused_moe.py --result-filename "$OUT/fused_moe.jsonl" \
+          --small-m 0 $small_m ${small_m:+--small-m-sweep} 2>&1 | tee "$OUT/fused_moe.log"
+      fi
+      for round in $(seq "${MOE_B1_ROUNDS:-1}"); do
+        for t in 0 $small_m; do
+          sfx=$([ "$t" = 0 ] || echo "_small_m$t")
+          MINI_SGLANG_MOE_SMALL_M=$t python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/qwen3-30b-a3b" \
+            --load-format dummy --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
+            --result-filename "$OUT/moe_one_batch$sfx.jsonl" 2>&1 | grep -E "Scheduler|Error" \
+            | sed "s/^/round $round qwen3-30b-a3b small_m=$t /" | tee -a "$OUT/moe.log"
+        done
       done
       for arm in ${MOE_FP8_ARMS-fp8 fp8-block}; do
         python benchmarks/bench_fused_moe.py --dtype "$arm" --result-filename "$OUT/fused_moe.jsonl" \
