@@ -2,6 +2,7 @@
 
     python benchmarks/bench_decode_attention.py --q-heads 32 --kv-heads 8 --head-dim 128 \\
         --batch-sizes 1 64 128 256 --context 512 1024 2048 [--page-size 1] [--out r.jsonl]
+        [--kv-dtype fp8_e4m3]
 
 No model is loaded, so a whole grid takes seconds of device time. For each (batch, context)
 it fills a bf16 KV pool whose slots are a random permutation (what a long-running server's
@@ -14,6 +15,8 @@ Each kernel's output is first checked against the fp32 softmax reference on the 
 so a fast-but-wrong kernel shows up. "TB/s" counts the K and V
 bytes every call must read (batch x context x kv_heads x head_dim x 2 bytes x 2), the
 quantity a bandwidth-bound decode kernel is limited by (H100 ~3.35, H200 ~4.8 TB/s peak).
+--kv-dtype fp8_e4m3 / fp8_e5m2 stores the pool in FP8 (scale 1.0, as `--kv-cache-dtype`
+without checkpoint scales; one byte per element in the TB/s count), queries stay bf16.
 Per layer of Llama-3.1-8B: --q-heads 32 --kv-heads 8 --head-dim 128; Qwen3-0.6B: 16 8 128.
 """
 
@@ -29,7 +32,10 @@ from mini_sglang.utils.cuda_timing import cuda_time_ms
 KERNELS = ("fi_tc", "fi_cc", "triton")
 
 
-def make_pool(bs: int, ctx: int, kv_heads: int, head_dim: int, page: int, dev: str):
+def make_pool(
+    bs: int, ctx: int, kv_heads: int, head_dim: int, page: int, dev: str,
+    kv_dtype: torch.dtype = torch.bfloat16,
+):  # fmt: skip
     """A KV pool holding bs requests of ctx tokens in shuffled pages, plus the index views
     each kernel family wants. Slot 0 (page 0) stays unused, as in the real pool."""
     pages_per_req = (ctx + page - 1) // page
@@ -37,8 +43,8 @@ def make_pool(bs: int, ctx: int, kv_heads: int, head_dim: int, page: int, dev: s
     perm = torch.randperm(num_pages, device=dev) + 1  # page ids 1..num_pages, shuffled
     req_pages = perm.view(bs, pages_per_req).to(torch.int32)
     shape = (num_pages + 1, page, kv_heads, head_dim)
-    k = torch.randn(shape, dtype=torch.bfloat16, device=dev)
-    v = torch.randn(shape, dtype=torch.bfloat16, device=dev)
+    k = torch.randn(shape, dtype=torch.bfloat16, device=dev).to(kv_dtype)
+    v = torch.randn(shape, dtype=torch.bfloat16, device=dev).to(kv_dtype)
     # req_to_token: token j of request r -> slot page_of(j) * page + j % page
     j = torch.arange(ctx, device=dev)
     req_to_token = (req_pages[:, j // page].long() * page + j % page).to(torch.int32)
@@ -111,23 +117,26 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--triton-splits", type=int, default=8)
     ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--kv-dtype", default="bfloat16", choices=("bfloat16", "fp8_e4m3", "fp8_e5m2"))
     ap.add_argument("--out", default=None, help="append one JSON line per measurement")
     args = ap.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
     workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=dev)
     group = args.q_heads // args.kv_heads
+    kv_dtype = {"bfloat16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn,
+                "fp8_e5m2": torch.float8_e5m2}[args.kv_dtype]  # fmt: skip
     print(
         f"{'bs':>5}{'ctx':>6}"
         + "".join(f"{k + ' us':>12}{'TB/s':>7}{'err':>8}" for k in args.kernels)
     )
     for bs in args.batch_sizes:
         for ctx in args.context:
-            pool = make_pool(bs, ctx, args.kv_heads, args.head_dim, args.page_size, dev)
+            pool = make_pool(bs, ctx, args.kv_heads, args.head_dim, args.page_size, dev, kv_dtype)
             k, v = pool[0], pool[1]
             q = torch.randn(bs, args.q_heads, args.head_dim, dtype=torch.bfloat16, device=dev)
             ref = reference(q, k, v, pool[3], group) if bs * ctx <= 65536 else None
-            kv_bytes = bs * ctx * args.kv_heads * args.head_dim * 2 * 2
+            kv_bytes = bs * ctx * args.kv_heads * args.head_dim * 2 * k.element_size()
             row = f"{bs:>5}{ctx:>6}"
             for name in args.kernels:
                 fn = kernel_fn(name, q, k, v, pool, args, workspace)
@@ -139,7 +148,8 @@ def main() -> None:
                     with open(args.out, "a") as f:
                         rec = {"kernel": name, "bs": bs, "ctx": ctx, "page_size": args.page_size,
                                "q_heads": args.q_heads, "kv_heads": args.kv_heads,
-                               "head_dim": args.head_dim, "us": us, "kv_tb_s": tbs, "max_err": err,
+                               "head_dim": args.head_dim, "kv_dtype": args.kv_dtype,
+                               "us": us, "kv_tb_s": tbs, "max_err": err,
                                "card": torch.cuda.get_device_name()}  # fmt: skip
                         f.write(json.dumps(rec) + "\n")
             print(row, flush=True)
