@@ -319,3 +319,64 @@ def test_fused_stores_quantize_as_the_pool(dtype):
     assert torch.equal(q, qkv[:, : 4 * 64])
     assert torch.equal(gather_kv(k_buf, loc).float(), quantize_kv(k, K_SCALE, dtype).float())
     assert torch.equal(gather_kv(v_buf, loc).float(), quantize_kv(v, V_SCALE, dtype).float())
+
+
+def test_f16_dot_policy():
+    from mini_sglang.layers.attention.triton_ops.decode_attention import f16_dot
+
+    assert f16_dot(torch.bfloat16, torch.float8_e4m3fn)
+    assert f16_dot(torch.bfloat16, torch.float8_e5m2)
+    assert not f16_dot(torch.bfloat16, torch.bfloat16)
+    assert not f16_dot(torch.float16, torch.float8_e4m3fn)  # already one conversion
+    assert not f16_dot(torch.float32, torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_decode_kernel_bf16_queries_over_fp8_pool(dtype):
+    """bfloat16 queries over an FP8 pool with scales (the dots in float16, f16_dot): the
+    split-KV decode kernel against float64 attention over the dequantized pool, within
+    float16 rounding of the probabilities and the bfloat16 output; a query component beyond
+    float16's range is clamped, not turned into inf / nan."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers.attention.triton_ops.decode_attention import decode_attention_fwd
+
+    device = torch.device("cuda" if CUDA else "cpu")
+    gen = torch.Generator().manual_seed(11)
+    kv_heads, group, d, splits = 2, 4, 64, 4
+    lens = [37, 130]
+    slots = torch.randperm(sum(lens) + 1, generator=gen)[: sum(lens)] + 1
+    r2t = torch.zeros(3, 160, dtype=torch.int32)
+    r2t[1, : lens[0]], r2t[2, : lens[1]] = slots[: lens[0]], slots[lens[0] :]
+    k_src = torch.randn(sum(lens) + 2, kv_heads, d, generator=gen)
+    v_src = torch.randn(sum(lens) + 2, kv_heads, d, generator=gen)
+    k_buf, v_buf = quantize_kv(k_src, K_SCALE, dtype), quantize_kv(v_src, V_SCALE, dtype)
+    q = torch.randn(2, kv_heads * group, d, generator=gen).to(torch.bfloat16)
+    q[1, 0, 0] = 1e6  # clamped to 65504: that head's scores stay finite
+    out = torch.empty_like(q)
+    mid_o = torch.empty(2, kv_heads * group, splits, d)
+    mid_lse = torch.empty(2, kv_heads * group, splits)
+    rows, seq_lens = torch.tensor([1, 2]), torch.tensor(lens)
+    to = lambda *ts: [t.to(device) for t in ts]  # noqa: E731
+    q_d, k_d, v_d, out_d, r2t_d, rows_d, lens_d, mid_o_d, mid_lse_d = to(
+        q, k_buf, v_buf, out, r2t, rows, seq_lens, mid_o, mid_lse
+    )
+    sm = d**-0.5
+    decode_attention_fwd(q_d, k_d, v_d, out_d, r2t_d, rows_d, lens_d, mid_o_d, mid_lse_d, sm,
+                         k_scale=K_SCALE, v_scale=V_SCALE)  # fmt: skip
+    got = out_d.cpu().double()
+    assert torch.isfinite(got).all()
+    k_f = dequantize_kv(k_buf, K_SCALE, torch.float64)
+    v_f = dequantize_kv(v_buf, V_SCALE, torch.float64)
+    qf = q.double().clamp(-65504, 65504)
+    for b, n in enumerate(lens):
+        idx = r2t[rows[b], :n].long()
+        kk = k_f[idx].repeat_interleave(group, 1)  # [n, heads, d]
+        vv = v_f[idx].repeat_interleave(group, 1)
+        p = (torch.einsum("hd,nhd->hn", qf[b], kk) * sm).softmax(-1)
+        want = torch.einsum("hn,nhd->hd", p, vv)
+        # compiled: bfloat16 output rounding (2^-9 relative) plus float16 probabilities
+        # (2^-11 each); Triton's interpreter accumulates float16 dots in float16 (numpy), so
+        # its scores carry up to ~2^-11 * sum |q k| more error
+        spread = (2.0**-10 if CUDA else 2.0**-7) * vv.abs().amax((0, 2))[:, None]
+        bound = 2.0**-9 * want.abs() + spread
+        assert bool(((got[b] - want).abs() <= bound).all()), ((got[b] - want).abs() - bound).max()
