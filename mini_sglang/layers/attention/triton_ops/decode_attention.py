@@ -59,8 +59,8 @@ def f16_dot(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
 @triton.jit
 def _as_dot_dtype(q, F16_DOT: tl.constexpr):
     """q in the dtype the attention dots run in (see f16_dot)."""
-    if F16_DOT:
-        return tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    if F16_DOT:  # constexpr: one branch compiled, so q may change type (not two returns)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
     return q
 
 
