@@ -12,10 +12,9 @@ req_to_token[req_pool_indices[b], j]; that row already is the token-level index 
 no kv_indices copy is built. Split sizes are derived on the device from seq_lens, and the
 grid depends only on (batch, heads, num_kv_splits), so both stages are CUDA-graph-safe.
 
-An FP8 pool's values are converted to the dots' dtype as they are loaded (exactly: every
+An FP8 pool's values are converted to the query's dtype as they are loaded (exactly: every
 FP8 value is a bfloat16 / float16 value) and its scales are folded: k_scale into the score
-scale, v_scale into the merged output (see layers/kv_quant.py). Over an FP8 pool, bfloat16
-queries run their dots in float16 (see f16_dot).
+scale, v_scale into the merged output (see layers/kv_quant.py).
 
 Worked example of the split arithmetic (MIN_BLOCK_KV = 32, 4 splits, seq_len 130):
 per_split = ceil(ceil(130 / 4) / 32) * 32 = ceil(33 / 32) * 32 = 64, so the splits cover
@@ -43,25 +42,6 @@ def _dot(a, b, IEEE: tl.constexpr):
     """a @ b with fp32 accumulation; IEEE (for float32 inputs) avoids TF32 rounding."""
     # IEEE is constexpr: Triton compiles only the branch taken.
     return tl.dot(a, b, input_precision="ieee") if IEEE else tl.dot(a, b)
-
-
-def f16_dot(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
-    """Whether the attention dots run in float16 instead of q_dtype: bfloat16 queries over an
-    FP8 pool. An FP8 value converts to float16 in one instruction (two values per
-    cvt.f16x2.e4m3x2 / e5m2x2) but to bfloat16 in several; in bfloat16 an FP8 pool decoded
-    no faster than a bfloat16 one (batch 256 x 800 tokens, Llama-3.1-8B heads, H200: 261 us
-    vs 273), at half the bytes. float16 holds every FP8 value and every bfloat16 query value
-    in [6.1e-5, 65504] exactly (the query is clamped to that range) and keeps the
-    probabilities to 11 bits instead of 8."""
-    return q_dtype == torch.bfloat16 and kv_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-@triton.jit
-def _as_dot_dtype(q, F16_DOT: tl.constexpr):
-    """q in the dtype the attention dots run in (see f16_dot)."""
-    if F16_DOT:  # constexpr: one branch compiled, so q may change type (not two returns)
-        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-    return q
 
 
 @triton.jit
@@ -126,7 +106,6 @@ def _decode_stage1(
     BLOCK_N: tl.constexpr,
     MIN_KV: tl.constexpr,
     IEEE: tl.constexpr,
-    F16_DOT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:  # everything this kernel reads may come from the kernel before it
@@ -152,7 +131,6 @@ def _decode_stage1(
         mask=mask_h[:, None] & mask_d[None, :],
         other=0.0,
     )
-    q = _as_dot_dtype(q, F16_DOT)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -277,7 +255,6 @@ def decode_attention_fwd(
         BLOCK_N=32 if block_d > 128 else 64,
         MIN_KV=MIN_BLOCK_KV,
         IEEE=q.dtype == torch.float32,
-        F16_DOT=f16_dot(q.dtype, k_buffer.dtype),
         PDL=pdl,
         num_warps=4,
         num_stages=2,

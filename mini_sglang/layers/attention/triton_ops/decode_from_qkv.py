@@ -41,9 +41,7 @@ from mini_sglang.layers.attention.triton_ops.decode_attention import (
     BLOCK_H,
     LOG2E,
     MIN_BLOCK_KV,
-    _as_dot_dtype,
     _dot,
-    f16_dot,
     merge_splits,
     pool_and_scratch_strides,
 )
@@ -88,7 +86,7 @@ def _decode_from_qkv_stage1(
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     MIN_KV: tl.constexpr, HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr, IEEE: tl.constexpr,
-    F16_DOT: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
@@ -119,7 +117,6 @@ def _decode_from_qkv_stage1(
     pos = tl.load(positions + b)
     q = _norm_rope(row, heads, mask_h, offs_d, pos, cos_sin, q_w, eps, D, HAS_NORM)
     q = q.to(QKV.dtype.element_ty)  # rounded as the query the unfused path stores
-    q = _as_dot_dtype(q, F16_DOT)
     one = tl.arange(0, 1)
     k_new = _norm_rope(row, NUM_Q + kv_head + one, one < 1, offs_d, pos, cos_sin, k_w, eps, D,
                        HAS_NORM)  # fmt: skip
@@ -232,7 +229,6 @@ def decode_from_qkv_fwd(
         HAS_NORM=has_norm,
         FP8_MAX=fp8_max(k_buffer.dtype),
         IEEE=qkv.dtype == torch.float32,
-        F16_DOT=f16_dot(qkv.dtype, k_buffer.dtype),
         PDL=pdl,
         num_warps=4,
         num_stages=1,  # the next key block is loaded by hand, one iteration ahead
