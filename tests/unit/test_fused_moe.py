@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 
 import pytest
 import torch
@@ -208,6 +209,20 @@ def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch) -> None:
     assert cfg == kernel_config.default_config(40, 8, 2)
     kernel_config.load_configs.cache_clear()
     kernel_config.get_config.cache_clear()
+
+
+def test_shipped_kernel_configs_load() -> None:
+    """Every tuned file that ships parses (a malformed one would fall back to the defaults
+    silently) and covers the tuner's batch sizes, with the tile sizes the kernel accepts."""
+    names = sorted(f for f in os.listdir(kernel_config.CONFIG_DIR) if f.endswith(".json"))
+    assert "E=128,N=768,topk=8,dtype=bfloat16,device_name=NVIDIA_H200.json" in names
+    for name in names:
+        table = kernel_config.load_configs(name, kernel_config.CONFIG_DIR)
+        assert table is not None, name
+        assert {1, 8, 64, 256, 4096} <= set(table), name
+        for cfg in table.values():
+            assert all(cfg[k] & (cfg[k] - 1) == 0 for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N",
+                                                              "BLOCK_SIZE_K"))  # fmt: skip
 
 
 # ---- FP8 experts ---------------------------------------------------------------------------
