@@ -171,7 +171,9 @@ for step in "${steps[@]}"; do
       # fp8-block = a copy of the model directory whose config.json declares Qwen3-FP8's
       # quantization_config (block-wise 128x128 scales; the dummy values quantized per
       # block). FP8_PARTS (default "one_batch offline") picks the workloads. Rows in
-      # $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log.
+      # $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log; each nano-vllm run's
+      # whole log (the scheduler's decode lines: running requests, gen throughput) in
+      # $OUT/fp8_offline_<arm>_<model>_<round>.log.
       declare -A fp8_flags=([bf16]="" [fp8]="--quantization fp8" [fp8kv]="--kv-cache-dtype fp8_e4m3"
         [fp8_fp8kv]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [fp8-block]="")
       for round in $(seq "${FP8_ROUNDS:-1}"); do
@@ -191,6 +193,7 @@ for step in "${steps[@]}"; do
             [[ " ${FP8_PARTS:-one_batch offline} " == *" offline "* ]] && \
             python -m mini_sglang.bench_offline_throughput --model-path "$path" --load-format dummy ${fp8_flags[$arm]} \
               --preset nano-vllm --result-filename "$OUT/fp8_offline_$arm.jsonl" 2>&1 \
+              | tee "$OUT/fp8_offline_${arm}_${m}_$round.log" \
               | grep -E "Output token throughput|Error" | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
           done
         done
