@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size, tensor_model_parallel_all_reduce
+from mini_sglang.layers import small_m_gemm
 from mini_sglang.layers.moe.layer import FusedMoE
 from mini_sglang.models.llama import (
     LlamaDecoderLayer,
@@ -91,14 +92,20 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, F.linear(x, self.gate.weight))
+        out = self.experts(x, small_m_gemm.linear(x, self.gate.weight))
         if self.shared_expert is not None:
             scale = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight))
             out = out + scale * self.shared_expert(x)
         return tensor_model_parallel_all_reduce(out) if get_tp_size() > 1 else out
 
     def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
-        residual.add_(self.forward(x))
+        """residual += forward(x); without a shared expert or tensor parallelism the experts
+        add into residual themselves (at decode, in the down kernel's epilogue: one kernel
+        less per layer, and the step's PDL chain unbroken)."""
+        if self.shared_expert is None and get_tp_size() == 1:
+            self.experts(x, small_m_gemm.linear(x, self.gate.weight), residual=residual)
+        else:
+            residual.add_(self.forward(x))
 
 
 # "experts.<id>.<projection>." in a checkpoint name

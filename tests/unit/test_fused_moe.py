@@ -382,6 +382,42 @@ def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> No
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_experts_add_into_the_residual() -> None:
+    """With a residual, both Triton paths (the GEMV's down kernel adding in its epilogue, the
+    grouped path after its sum) and FusedMoE.forward add the experts' output into it in
+    place and return it; dropped pairs still add nothing."""
+    gen = torch.Generator().manual_seed(5)
+    tokens, experts, k, hidden, inter = 3, 8, 2, 40, 16
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.2
+    weights = torch.rand(tokens, k, generator=gen)
+    ids = _ids(tokens, experts, k, gen)
+    base = torch.randn(tokens, hidden, generator=gen)
+    x, w13, w2, weights, ids, base = (t.to(DEVICE) for t in (x, w13, w2, weights, ids, base))
+    dropped = torch.where(ids % 2 == 1, -1, ids)
+    for case in (ids, dropped):
+        want = base + fused_experts_torch(x, w13, w2, weights, case)
+        residual = base.clone()
+        got = fused_experts_gemv(x, w13, w2, weights, case, config=GEMV_TILES, residual=residual)
+        assert got is residual
+        torch.testing.assert_close(residual, want, atol=1e-5, rtol=1e-5)
+        residual = base.clone()
+        grouped = fused_experts_triton(
+            x, w13, w2, weights, case, dropped_pairs=True, config=TILES, residual=residual
+        )
+        assert grouped is residual
+        torch.testing.assert_close(residual, want, atol=1e-5, rtol=1e-5)
+    layer = FusedMoE(experts, k, hidden, inter, renormalize=True).to(DEVICE)
+    with torch.no_grad():
+        layer.w13_weight.copy_(w13)
+        layer.w2_weight.copy_(w2)
+    logits = torch.randn(tokens, experts, generator=gen).to(DEVICE)
+    residual = base.clone()
+    assert layer(x, logits, residual=residual) is residual
+    torch.testing.assert_close(residual, base + layer(x, logits), atol=1e-5, rtol=1e-5)
+
+
 def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
     """Batches of up to 4 tokens by default; with a threshold, fused_experts_triton (no
     config) returns exactly the GEMV path's result for batches up to it, launched with the

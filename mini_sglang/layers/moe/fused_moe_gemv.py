@@ -105,6 +105,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
     import triton  # deferred: the CPU path never needs it
     import triton.language as tl
 
+    from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
+
     @triton.jit
     def gate_up_kernel(
         x_ptr,
@@ -128,11 +130,17 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
         program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
         e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
-        [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue)."""
+        [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue).
+        PDL: launched as a programmatic dependent; every read here (the ids first, which
+        pick the weights) waits for the kernel before."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         pid_n = tl.program_id(0)
         pair = tl.program_id(1)
         expert = tl.load(ids_ptr + pair)
@@ -203,13 +211,20 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        ADD_OUT: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
         topk_weights[p] * (act[p] . w[ids[p], n]) for the program's BLOCK_N columns n,
-        accumulated in fp32 and rounded once. All k experts' tiles are one
-        [TOP_K_POW2, BLOCK_N, BLOCK_K] load per K step, so a program has k times a GEMV's
-        bytes in flight. FP8: act and w hold FP8 values; act_scale [pairs, 1 or
-        INTER / GROUP_K], w_scale [E, H / GROUP_N, 1 or INTER / GROUP_K]."""
+        accumulated in fp32 and rounded once; with ADD_OUT, out[token, n] += that sum (out
+        is then the residual stream, added in fp32 and rounded once, as the dense GEMV's
+        residual epilogue). All k experts' tiles are one [TOP_K_POW2, BLOCK_N, BLOCK_K]
+        load per K step, so a program has k times a GEMV's bytes in flight. FP8: act and w
+        hold FP8 values; act_scale [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N,
+        1 or INTER / GROUP_K]. PDL: as gate_up_kernel."""
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         pid_n = tl.program_id(0)
         token = tl.program_id(1).to(tl.int64)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -247,7 +262,10 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             acc = acc * a_s[:, None] * tl.load(w_s, mask=w_s_ok, other=0.0)
         route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
         out = tl.sum(acc * route[:, None], axis=0)
-        tl.store(out_ptr + token * stride_om + rn, out.to(out_ptr.dtype.element_ty), mask=n_ok)
+        out_row = out_ptr + token * stride_om + rn
+        if ADD_OUT:  # this program alone reads and writes these columns of the row
+            out += tl.load(out_row, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(out_row, out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
     return gate_up_kernel, down_kernel
 
@@ -273,18 +291,24 @@ def fused_experts_gemv(
     topk_ids: torch.Tensor,
     fp8: Fp8Experts | None = None,
     config: SmallMConfig | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
     nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
-    tiles (default_config if None)."""
+    tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
+    sum is added into it in the down kernel's epilogue and residual is returned. Both
+    kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
     import triton
+
+    from mini_sglang.layers.kernels import pdl_enabled
 
     tokens, k = topk_ids.shape
     _, two_i, hidden = w13.shape
     inter = two_i // 2
     if tokens == 0:
-        return torch.zeros_like(x)
+        return torch.zeros_like(x) if residual is None else residual
+    pdl = pdl_enabled(x)
     config = config or default_config(tokens, fp8 is not None)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
@@ -321,13 +345,22 @@ def fused_experts_gemv(
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        PDL=pdl,
         num_warps=config.gate_up.num_warps,
+        launch_pdl=pdl,
     )
     a, a_scale, w_scale = act, act, w2
     if fp8 is not None:
         a, a_scale = fp8.quantize(act, group)
         w_scale = fp8.w2_scale
-    out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    if residual is not None:
+        assert residual.shape == (tokens, hidden) and residual.dtype == x.dtype
+        assert residual.stride(1) == 1
+    out = (
+        torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+        if residual is None
+        else residual
+    )
     bn, bk = _tiles(config.down, group_k)
     down_kernel[(triton.cdiv(hidden, bn), tokens)](
         a,
@@ -353,6 +386,9 @@ def fused_experts_gemv(
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        ADD_OUT=residual is not None,
+        PDL=pdl,
         num_warps=config.down.num_warps,
+        launch_pdl=pdl,
     )
     return out

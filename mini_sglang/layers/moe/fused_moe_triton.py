@@ -261,6 +261,7 @@ def fused_experts_triton(
     dropped_pairs: bool = False,
     config: dict[str, int] | None = None,
     fp8: Fp8Experts | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fused_experts_torch's result (see the module for the steps). `dropped_pairs`: some ids
     may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
@@ -268,13 +269,17 @@ def fused_experts_triton(
     are FP8 and both GEMMs run w8a8 (x, then the SiLU-and-mul output, quantized
     dynamically; see Fp8Experts); the result has x's dtype. Batches of at most
     fused_moe_gemv.MAX_TOKENS tokens (MINI_SGLANG_MOE_SMALL_M) run fused_moe_gemv's two
-    kernels instead, unless `config` asks for the grouped GEMM's tiles."""
+    kernels instead, unless `config` asks for the grouped GEMM's tiles. With `residual`
+    ([tokens, H], x's dtype) the result is added into it in place (in that path, in the down
+    kernel's epilogue) and residual is returned."""
     tokens, k = topk_ids.shape
     E, two_i, _ = w13.shape
     if tokens == 0:  # nothing to launch (a grid of zero programs is an error)
-        return torch.zeros_like(x)
+        return torch.zeros_like(x) if residual is None else residual
     if config is None and fused_moe_gemv.use_small_m(tokens):
-        return fused_moe_gemv.fused_experts_gemv(x, w13, w2, topk_weights, topk_ids, fp8=fp8)
+        return fused_moe_gemv.fused_experts_gemv(
+            x, w13, w2, topk_weights, topk_ids, fp8=fp8, residual=residual
+        )
     if config is None:
         dtype = x.dtype if fp8 is None else torch.float8_e4m3fn
         block_shape = None if fp8 is None else fp8.block
@@ -298,4 +303,5 @@ def fused_experts_triton(
         a, a_scale = fp8.quantize(act, group)
         scales = (a_scale, fp8.w2_scale)
     _grouped_gemm(a, w2, down, weights, align, 1, False, True, config, scales, block)
-    return down.view(tokens, k, -1).sum(dim=1)
+    out = down.view(tokens, k, -1).sum(dim=1)
+    return out if residual is None else residual.add_(out)

@@ -182,12 +182,28 @@ class FusedMoE(nn.Module):
         local = topk_ids - self.first_expert
         return torch.where((local >= 0) & (local < self.num_local_experts), local, -1)
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The experts' output for hidden [tokens, H] routed by router_logits [tokens, E]
+        (all-reduced where reduce_results at tp > 1); with `residual` it is added into
+        residual in place (in the last expert kernel where no all-reduce comes between) and
+        residual is returned."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         topk_ids = self._local_ids(topk_ids)
+        all_reduce = self.reduce_results and get_tp_size() > 1
         out = self.quant_method.apply(
-            self, hidden, topk_weights, topk_ids, dropped_pairs=self.ep_size > 1
+            self,
+            hidden,
+            topk_weights,
+            topk_ids,
+            dropped_pairs=self.ep_size > 1,
+            residual=None if all_reduce else residual,
         )
-        if self.reduce_results and get_tp_size() > 1:
+        if all_reduce:
             out = tensor_model_parallel_all_reduce(out)
+            return out if residual is None else residual.add_(out)
         return out

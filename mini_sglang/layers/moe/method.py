@@ -71,7 +71,11 @@ class FusedMoEMethodBase:
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The routing-weighted sum of each token's experts, [tokens, H] in x's dtype; with
+        `residual` ([tokens, H], x's dtype) it is added into residual in place (fused into
+        the last kernel where the kernels can) and residual is returned."""
         raise NotImplementedError
 
     def dequantized_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,6 +108,7 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if x.is_cuda and triton is not None:
             return fused_experts_triton(
@@ -113,5 +118,7 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
                 topk_weights,
                 topk_ids,
                 dropped_pairs=dropped_pairs,
+                residual=residual,
             )
-        return fused_experts_torch(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
+        out = fused_experts_torch(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
+        return out if residual is None else residual.add_(out)

@@ -31,6 +31,8 @@ def _kernel():
         import triton  # deferred: the CPU path never needs it
         import triton.language as tl
 
+        from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
+
         @triton.jit
         def topk_softmax_kernel(
             logits_ptr,
@@ -41,7 +43,11 @@ def _kernel():
             TOP_K: tl.constexpr,
             RENORMALIZE: tl.constexpr,
             BLOCK_E: tl.constexpr,
+            PDL: tl.constexpr,
         ):
+            if PDL:  # the logits come from the kernel before
+                gdc_launch_dependents()
+                gdc_wait()
             row = tl.program_id(0)
             offs = tl.arange(0, BLOCK_E)
             valid = offs < num_experts
@@ -74,14 +80,18 @@ def select_experts_triton(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """select_experts_torch in one Triton kernel; top_k must be a power of two (the k
-    results are one block of registers)."""
+    results are one block of registers). It launches as a programmatic dependent where
+    kernels.pdl_enabled(router_logits) (a decode step's few tokens)."""
     import triton
+
+    from mini_sglang.layers.kernels import pdl_enabled
 
     tokens, num_experts = router_logits.shape
     logits = router_logits.contiguous()
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
     if tokens:
+        pdl = pdl_enabled(logits)
         _kernel()[(tokens,)](
             logits,
             weights,
@@ -91,6 +101,8 @@ def select_experts_triton(
             TOP_K=top_k,
             RENORMALIZE=renormalize,
             BLOCK_E=triton.next_power_of_2(num_experts),
+            PDL=pdl,
+            launch_pdl=pdl,
         )
     return weights, ids
 

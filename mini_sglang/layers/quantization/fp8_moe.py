@@ -160,6 +160,7 @@ class Fp8MoEMethod(FusedMoEMethodBase):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
+        residual: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if x.is_cuda and triton is not None:
             w13_scale, w2_scale = self._scales(layer)
@@ -169,13 +170,20 @@ class Fp8MoEMethod(FusedMoEMethodBase):
                 quantize = functools.partial(quantize_activations_in, dtype=x.dtype)
             fp8 = Fp8Experts(w13_scale, w2_scale, self.block, quantize)
             return fused_experts_triton(
-                x, w13, w2, topk_weights, topk_ids, dropped_pairs=dropped_pairs, fp8=fp8
+                x,
+                w13,
+                w2,
+                topk_weights,
+                topk_ids,
+                dropped_pairs=dropped_pairs,
+                fp8=fp8,
+                residual=residual,
             )
         w13, w2 = self.dequantized_weights(layer)
         group = self.block[1] if self.block is not None else None
         qdq = functools.partial(qdq_activations, group=group)
         out = fused_experts_torch(x.float(), w13, w2, topk_weights, topk_ids, act_qdq=qdq)
-        return out.to(x.dtype)
+        return out.to(x.dtype) if residual is None else residual.add_(out.to(x.dtype))
 
     def dequantized_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         w13_scale, w2_scale = self._scales(layer)
