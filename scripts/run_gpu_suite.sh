@@ -295,11 +295,17 @@ for step in "${steps[@]}"; do
             | sed "s/^/qwen3-30b-a3b $arm small_m=$t /" | tee -a "$OUT/moe.log"
         done
       done
+      # nano-vllm, MOE_ROUNDS rounds (default 1) over MOE_OFFLINE_ARMS (default "bf16";
+      # "fp8" adds --quantization fp8: FP8 experts halve the bytes a large batch reads)
       for round in $(seq "${MOE_ROUNDS:-1}"); do
-        for m in qwen3-30b-a3b llama-3.1-8b; do
-          python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
-            --preset nano-vllm --result-filename "$OUT/moe_offline.jsonl" 2>&1 | tee "$OUT/moe_offline_${m}_$round.log" \
-            | grep -E "throughput|duration|Error" | sed "s/^/round $round $m /" | tee -a "$OUT/moe.log"
+        for arm in ${MOE_OFFLINE_ARMS:-bf16}; do
+          flags=$([ "$arm" = fp8 ] && echo "--quantization fp8")
+          for m in qwen3-30b-a3b llama-3.1-8b; do
+            python -m mini_sglang.bench_offline_throughput --model-path "$MODEL_ROOT/$m" --load-format dummy \
+              $flags --preset nano-vllm --result-filename "$OUT/moe_offline_$arm.jsonl" 2>&1 \
+              | tee "$OUT/moe_offline_${m}_${arm}_$round.log" \
+              | grep -E "throughput|duration|Error" | sed "s/^/round $round $arm $m /" | tee -a "$OUT/moe.log"
+          done
         done
       done ;;
     mixtral)
