@@ -10,6 +10,9 @@ pool looks like), plans once, then times 50 calls with CUDA events for:
   fi_tc  flashinfer BatchDecodeWithPagedKVCacheWrapper, use_tensor_cores=True
   fi_cc  the same with CUDA cores
   triton mini-sglang's split-KV kernel (triton_ops/decode_attention.py), 8 splits
+  xqa    flashinfer's XQA decode (TensorRT-LLM's; trtllm_batch_decode_with_kv_cache with
+         backend "xqa"): on Hopper it runs FP8 tensor-core math over an FP8 e4m3 pool;
+         pages of 16, 32, 64 or 128 only (--page-size), so not in the default --kernels
 Each kernel's output is first checked against the fp32 softmax reference on the same data
 (max abs error printed; nan where batch x context > 65536, too large for the reference),
 so a fast-but-wrong kernel shows up. "TB/s" counts the K and V
@@ -29,7 +32,8 @@ import torch
 
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
-KERNELS = ("fi_tc", "fi_cc", "triton")
+KERNELS = ("fi_tc", "fi_cc", "triton", "xqa")
+DEFAULT_KERNELS = ("fi_tc", "fi_cc", "triton")
 
 
 def make_pool(
@@ -86,6 +90,16 @@ def kernel_fn(name: str, q, k, v, pool, args, workspace):
             kv_data_type=k.dtype,
         )
         return lambda: wrapper.run(q, (k, v))
+    if name == "xqa":
+        from flashinfer.decode import trtllm_batch_decode_with_kv_cache
+
+        # its first 8 MB are semaphores that must start at zero: not the shared workspace
+        xqa_ws = torch.zeros(128 << 20, dtype=torch.uint8, device=q.device)
+        seq_lens = torch.full((bs,), req_to_token.shape[1], dtype=torch.int32, device=q.device)
+        return lambda: trtllm_batch_decode_with_kv_cache(
+            q, (k, v), xqa_ws, req_pages, seq_lens, req_pages.shape[1] * args.page_size,
+            bmm1_scale=head_dim**-0.5, kv_layout="NHD", backend="xqa",
+        )  # fmt: skip
     from mini_sglang.layers.attention.triton_ops import decode_attention_fwd
 
     splits = args.triton_splits
@@ -116,7 +130,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[512, 1024, 2048])
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--triton-splits", type=int, default=8)
-    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    ap.add_argument("--kernels", nargs="+", default=list(DEFAULT_KERNELS), choices=KERNELS)
     ap.add_argument("--kv-dtype", default="bfloat16", choices=("bfloat16", "fp8_e4m3", "fp8_e5m2"))
     ap.add_argument("--out", default=None, help="append one JSON line per measurement")
     args = ap.parse_args()

@@ -5,7 +5,7 @@
 # PYTHONPATH first). Usage, from the repository root:
 #   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab]
 #     [ab] [nano_ab] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [mixtral]
-#     [moe_tune] [vlm] [embedding] [gemv_sweep] [save_jit]
+#     [moe_tune] [vlm] [embedding] [gemv_sweep] [kv_fp8_kernels] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -221,6 +221,18 @@ for step in "${steps[@]}"; do
       done
       for m in $MODELS; do  # and the decode GEMMs (cuBLAS) per batch size
         python benchmarks/bench_linear.py --model "$m" --triton --out "$OUT/linear.jsonl" 2>&1 | tee -a "$OUT/linear.log"
+      done ;;
+    kv_fp8_kernels)
+      # decode attention over a bf16 and an FP8 (e4m3) pool, Llama-3.1-8B's heads, batch 1 /
+      # 64 / 256 x 800 tokens: flashinfer and Triton at pages of 1, and with flashinfer's XQA
+      # (FP8 tensor-core math on Hopper; pages of 16-128 only) at pages of 16
+      for kv in bfloat16 fp8_e4m3; do
+        for ps in 1 16; do
+          kernels="fi_tc fi_cc triton"; [ "$ps" = 16 ] && kernels="fi_tc triton xqa"
+          python benchmarks/bench_decode_attention.py --kv-dtype $kv --page-size $ps --kernels $kernels \
+            --batch-sizes 1 64 256 --context 800 --out "$OUT/kv_fp8_kernels.jsonl" 2>&1 \
+            | grep -vE "[Ww]arn" | sed "s/^/$kv page=$ps /" | tee -a "$OUT/kv_fp8_kernels.log"
+        done
       done ;;
     gemv_sweep)
       # every batch-1 decode GEMV of $MODELS over a wide grid of Triton GEMV configs
