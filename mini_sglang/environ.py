@@ -143,6 +143,10 @@ class Envs:
         32,
         "Decode batches up to this size use the Triton split-KV kernel over flashinfer (0: off).",
     )
+    MINI_SGLANG_XQA_DECODE = _flag(
+        "1: flashinfer decode over an FP8 e4m3 pool with pages of 16-128 runs flashinfer's XQA "
+        "kernel (FP8 tensor-core math on Hopper) instead of its BatchDecode wrapper."
+    )
     MINI_SGLANG_DISABLE_DECODE_FROM_QKV = _flag(
         "1: Triton decode runs the separate RoPE/KV-store kernel instead of the fused one."
     )

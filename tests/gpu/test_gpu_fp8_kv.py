@@ -71,13 +71,14 @@ def model_path(request, tmp_path_factory, qwen_tokenizer) -> str:
     return str(out)
 
 
-def _scheduler(model_path: str, backend: str, graphs: bool, kv: str):
+def _scheduler(model_path: str, backend: str, graphs: bool, kv: str, **kw):
     sched, outputs = _make_gpu_scheduler(
         model_path,
         kv_cache_dtype=kv,
         disable_cuda_graph=not graphs,
         skip_tokenizer_init=True,
         **_backend_kwargs(backend),
+        **kw,
     )
     sched.test_outputs = outputs
     return sched
@@ -131,7 +132,13 @@ def test_fp8_kv_against_bf16_kv(model_path, backend, graphs, kv):
     diff = (got - want).abs().max().item()
     assert 0 < diff <= tol, (diff, tol)
 
-    # greedy decode (CUDA graphs when on), then the same prompts from the radix cache
+    _check_decode_and_radix_cache(ref, sched, kv)
+
+
+def _check_decode_and_radix_cache(ref, sched, kv: str, page_size: int = 1) -> None:
+    """Greedy decode (CUDA graphs where on) against the bf16-KV run, then the same prompts
+    from the radix cache (all but each prompt's last token, in whole pages), then the idle
+    memory check."""
     w = [r.output_ids for r in run_prompts(ref, PROMPTS, MAX_NEW, rid_prefix="a")]
     g = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="a")]
     _assert_diverge_only_at_ties(ref, w, g, kv)
@@ -140,10 +147,25 @@ def test_fp8_kv_against_bf16_kv(model_path, backend, graphs, kv):
     cached = {}
     for msg in sched.test_outputs[start:]:
         cached.update(zip(msg.rids, msg.cached_tokens))
-    assert [cached[f"b{i}"] for i in range(len(PROMPTS))] == [len(p) - 1 for p in PROMPTS]
+    want_cached = [(len(p) - 1) // page_size * page_size for p in PROMPTS]
+    assert [cached[f"b{i}"] for i in range(len(PROMPTS))] == want_cached
     # the cached prefix's FP8 KV against the KV the first run attended to (some backends
     # attend to a batch's own new tokens unquantized): the same tokens up to a near tie
     _assert_diverge_only_at_ties(sched, g, again, kv)
     m = sched.stats.memory_accounting()
     assert m["protected"] == 0 and m["free"] + m["evictable"] == m["capacity"], m
     assert sched.stats.check_memory() and sched.stats.memory_check_failures == 0
+
+
+def test_xqa_decode_over_fp8_kv(model_path, monkeypatch):
+    """MINI_SGLANG_XQA_DECODE=1 with pages of 16: flashinfer's XQA kernel decodes the FP8
+    e4m3 pool (in CUDA graphs) and matches the bf16-KV run as the other decode kernels do."""
+    monkeypatch.setenv("MINI_SGLANG_XQA_DECODE", "1")
+    backend = "flashinfer+flashinfer"
+    ref = _scheduler(model_path, backend, True, "auto", page_size=16)
+    sched = _scheduler(model_path, backend, True, "fp8_e4m3", page_size=16)
+    be = sched.tp_worker.model_runner.attn_backend
+    assert getattr(be, "decode_backend", be).xqa
+    be = ref.tp_worker.model_runner.attn_backend
+    assert not getattr(be, "decode_backend", be).xqa  # a bf16 pool keeps flashinfer's decode
+    _check_decode_and_radix_cache(ref, sched, "fp8_e4m3", page_size=16)

@@ -319,3 +319,52 @@ def test_fused_stores_quantize_as_the_pool(dtype):
     assert torch.equal(q, qkv[:, : 4 * 64])
     assert torch.equal(gather_kv(k_buf, loc).float(), quantize_kv(k, K_SCALE, dtype).float())
     assert torch.equal(gather_kv(v_buf, loc).float(), quantize_kv(v, V_SCALE, dtype).float())
+
+
+# ---- flashinfer's XQA decode (opt-in) ------------------------------------------------------
+def test_xqa_decode_policy(monkeypatch):
+    """XQA decodes only when asked for (MINI_SGLANG_XQA_DECODE=1), over an e4m3 pool with
+    XQA's page sizes, bf16/fp16 queries and a head_dim it compiles, on sm90 or newer."""
+    from mini_sglang.layers.attention import flashinfer_backend as fb
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    args = (torch.bfloat16, torch.float8_e4m3fn, 16, 128, cuda)
+    monkeypatch.delenv("MINI_SGLANG_XQA_DECODE", raising=False)
+    assert not fb.xqa_decode_ok(*args)
+    monkeypatch.setenv("MINI_SGLANG_XQA_DECODE", "1")
+    assert fb.xqa_decode_ok(*args)
+    assert fb.xqa_decode_ok(torch.float16, torch.float8_e4m3fn, 128, 64, cuda)
+    assert not fb.xqa_decode_ok(torch.bfloat16, torch.float8_e4m3fn, 1, 128, cuda)  # page 1
+    assert not fb.xqa_decode_ok(torch.bfloat16, torch.float8_e5m2, 16, 128, cuda)
+    assert not fb.xqa_decode_ok(torch.bfloat16, torch.bfloat16, 16, 128, cuda)
+    assert not fb.xqa_decode_ok(torch.float32, torch.float8_e4m3fn, 16, 128, cuda)
+    assert not fb.xqa_decode_ok(torch.bfloat16, torch.float8_e4m3fn, 16, 72, cuda)
+    assert not fb.xqa_decode_ok(*args[:4], torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    assert not fb.xqa_decode_ok(*args)
+
+
+def test_block_table_lists_each_requests_pages():
+    """block_table: the docstring's example, then shuffled pages of three requests of
+    different lengths, written into the leading rows of a larger buffer."""
+    from mini_sglang.layers.attention.flashinfer_backend import block_table
+
+    r2t = torch.zeros(4, 64, dtype=torch.int32)
+    r2t[1, :21] = torch.arange(160, 181, dtype=torch.int32)
+    out = torch.full((8, 4), -1, dtype=torch.int32)
+    got = block_table(r2t, torch.tensor([1]), 16, out)
+    assert got.tolist() == [[10, 11, 0, 0]] and out[1:].eq(-1).all()
+    gen = torch.Generator().manual_seed(0)
+    page, lens, rows = 4, [9, 16, 3], torch.tensor([3, 0, 2])
+    pages = (torch.randperm(20, generator=gen) + 1).tolist()
+    want = []
+    for row, n in zip(rows.tolist(), lens):
+        mine = [pages.pop() for _ in range(-(-n // page))]
+        want.append(mine)
+        slots = [mine[t // page] * page + t % page for t in range(n)]  # token t's slot
+        r2t[row, :n] = torch.tensor(slots, dtype=torch.int32)
+    out = torch.zeros(6, 16, dtype=torch.int32)
+    got = block_table(r2t, rows, page, out)
+    assert got.shape == (3, 16)
+    assert [got[i, : len(w)].tolist() for i, w in enumerate(want)] == want

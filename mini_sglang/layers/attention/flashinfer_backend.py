@@ -16,6 +16,9 @@ on a model's first extend batch.
 
 FP8 KV cache: plan() gets the pool dtype as kv_data_type and run() the layer's k_scale /
 v_scale, which flashinfer folds into the score scale and the output (layers/kv_quant.py).
+Where xqa_decode_ok holds (opt-in), decode runs flashinfer's XQA kernel instead: it takes a
+block table [batch, pages per request] and the lengths, filled per batch into fixed buffers
+(so CUDA graphs replay them), and no plan.
 """
 
 from __future__ import annotations
@@ -36,6 +39,44 @@ if TYPE_CHECKING:
     from mini_sglang.model_executor.model_runner import ModelRunner
 
 WORKSPACE_BYTES = 256 << 20
+# XQA's workspace: its first 8 MB are semaphores that must start at zero, the rest scratch
+# for the partial results of KV splits
+XQA_WORKSPACE_BYTES = 128 << 20
+XQA_PAGE_SIZES = (16, 32, 64, 128)
+
+
+def xqa_decode_ok(
+    q_dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int, head_dim: int, device
+) -> bool:
+    """Whether decode runs flashinfer's XQA kernel (TensorRT-LLM's decode attention,
+    flashinfer.decode.trtllm_batch_decode_with_kv_cache with backend "xqa"): asked for with
+    MINI_SGLANG_XQA_DECODE=1, over an FP8 e4m3 pool (on Hopper XQA then runs its FP8
+    tensor-core kernel, where every other decode kernel here spends as long per FP8 element
+    as per bf16 one; docs/performance/decode-attention.md), with pages of 16-128 tokens
+    (XQA's), bf16/fp16 queries, head_dim a multiple of 16 up to 256, on sm90 or newer."""
+    return (
+        envs.MINI_SGLANG_XQA_DECODE.get()
+        and kv_dtype == torch.float8_e4m3fn
+        and page_size in XQA_PAGE_SIZES
+        and q_dtype in (torch.bfloat16, torch.float16)
+        and head_dim % 16 == 0
+        and head_dim <= 256
+        and torch.device(device).type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
+
+
+def block_table(
+    req_to_token: torch.Tensor, rows: torch.Tensor, page_size: int, out: torch.Tensor
+) -> torch.Tensor:
+    """Each request's page ids, out[i, j] = page j of request rows[i] (the slot of its token
+    j * page_size, divided by page_size), for as many pages as out has columns; returns the
+    filled rows out[:len(rows)]. Pages past a request's length hold whatever its
+    req_to_token row holds there and are never read. E.g. page_size 16, a request whose
+    tokens 0..20 sit in slots 160..180: its row starts [10, 11]."""
+    n, pages = len(rows), out.shape[1]
+    starts = req_to_token[rows.long(), : pages * page_size : page_size]
+    return torch.floor_divide(starts, page_size, out=out[:n, : starts.shape[1]])
 
 
 def decode_tensor_core_policy(num_qo_heads: int, num_kv_heads: int) -> tuple[bool, int]:
@@ -139,6 +180,17 @@ class FlashInferAttnBackend(AttentionBackend):
         )
         self.graph_wrappers: dict[int, object] = {}
         self.active_decode = None
+        self.xqa = xqa_decode_ok(
+            self.q_dtype, self.kv_dtype, self.page_size, self.head_dim, self.device
+        )
+        if self.xqa:
+            max_reqs, max_context = self.req_to_token.shape
+            pages = -(-max_context // self.page_size)
+            self.xqa_workspace = torch.zeros(
+                XQA_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
+            )
+            self.xqa_pages = torch.zeros(max_reqs, pages, dtype=torch.int32, device=self.device)
+            self.xqa_seq_lens = torch.ones(max_reqs, dtype=torch.int32, device=self.device)
         # The current batch's prefill plan arguments (all but causal) and its causality.
         self._prefill_plan_args: tuple = ()
         self._prefill_causal = True
@@ -202,7 +254,17 @@ class FlashInferAttnBackend(AttentionBackend):
             non_blocking=True,
         )
 
+    def _xqa_metadata(self, fb: ForwardBatch) -> None:
+        """The batch's block table and lengths into the XQA buffers (stream-ordered after the
+        previous step's kernels that read them)."""
+        bs = len(fb.seq_lens)
+        block_table(self.req_to_token, fb.req_pool_indices, self.page_size, self.xqa_pages)
+        self.xqa_seq_lens[:bs].copy_(fb.seq_lens)
+
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        if fb.forward_mode.is_decode() and self.xqa:
+            self._xqa_metadata(fb)
+            return
         if fb.forward_mode.is_decode():
             tc = self._tensor_cores_for(len(fb.seq_lens_cpu))
             if tc not in self.decode_wrappers:
@@ -264,12 +326,35 @@ class FlashInferAttnBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True):
         self._save(k, v, layer, fb, save_kv_cache)
+        if self.xqa:
+            return self._xqa_decode(q, layer, fb)
         o = self.active_decode.run(
             q.view(-1, layer.tp_q_head_num, layer.head_dim),
             self._paged(fb, layer.layer_id),
             **self._scales(layer),
         )
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    def _xqa_decode(self, q, layer, fb: ForwardBatch) -> torch.Tensor:
+        """XQA over the pool: q's scale (the softmax scale times k_scale) and one KV scale,
+        v_scale, from which XQA recovers the scores' k_scale (see
+        trtllm_batch_decode_with_kv_cache's bmm1_scale / bmm2_scale)."""
+        from flashinfer.decode import trtllm_batch_decode_with_kv_cache
+
+        bs = q.shape[0]
+        o = trtllm_batch_decode_with_kv_cache(
+            q.view(bs, layer.tp_q_head_num, layer.head_dim),
+            self._paged(fb, layer.layer_id),
+            self.xqa_workspace,
+            self.xqa_pages[:bs],
+            self.xqa_seq_lens[:bs],
+            self.xqa_pages.shape[1] * self.page_size,
+            bmm1_scale=layer.scaling * layer.k_scale,
+            bmm2_scale=layer.v_scale,
+            kv_layout="NHD",
+            backend="xqa",
+        )
+        return o.view(bs, layer.tp_q_head_num * layer.head_dim)
 
     # ---- CUDA graphs (decode) ------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -290,11 +375,17 @@ class FlashInferAttnBackend(AttentionBackend):
         return self.graph_wrappers[bs]
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
+        if self.xqa:  # the graph reads the fixed XQA buffers, refilled before each replay
+            self._xqa_metadata(fb)
+            return
         wrapper = self._graph_wrapper(bs)
         self._plan_decode(wrapper, fb)
         self.active_decode = wrapper
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, fb: ForwardBatch) -> None:
+        if self.xqa:
+            self._xqa_metadata(fb)
+            return
         wrapper = self.graph_wrappers[bs]
         self._plan_decode(wrapper, fb)
         self.active_decode = wrapper
