@@ -5,8 +5,10 @@ weight cold in L2 as in small_m_gemm's own pick.
     python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--fp8] [--only down,o]
         [--out r.jsonl] [--forced f.txt]
 
-The grid is small_m_gemm._CONFIGS plus BLOCK_N 1-8 (1-16 for FP8 weights, whose rows hold
-half the bytes), BLOCK_K 2048 up to the whole row, 4-16 warps and 1-3 stages. Prints cuBLAS, the pick and the best 8 configs per shape, and writes
+The grid is small_m_gemm's candidates (for FP8 weights, its tensor-core dot configs too)
+plus BLOCK_N 1-8 (1-16 for FP8 weights, whose rows hold half the bytes), BLOCK_K 2048 up to
+the whole row, 4-16 warps and 1-3 stages. Prints cuBLAS, the pick and the best 8 configs
+per shape, and writes
 MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
 beats the pick by >= 2%, FILE.all the best config of every shape. On an H100 this grid
 found nothing the picks miss (docs/performance/decode-gemv.md).
@@ -42,7 +44,7 @@ def grid(name: str, k: int, variant: tuple[str, ...], elem_bytes: int = 2) -> li
     """small_m_gemm's configs plus wider ones, (BLOCK_N, BLOCK_K, warps, stages); a weight
     tile holds at most 64 KiB (elem_bytes per element)."""
     k_pow2 = 1 << (k - 1).bit_length()
-    configs = list(small_m_gemm._CONFIGS)
+    configs = small_m_gemm.candidates(variant)
     for bn in (1, 2, 4, 8) if elem_bytes > 1 else (1, 2, 4, 8, 16):
         if "silu_mul" in variant and bn < 2:  # a program needs a gate row and an up row
             continue

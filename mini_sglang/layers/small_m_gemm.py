@@ -59,6 +59,31 @@ _CONFIGS = [
     (8, 512, 4),
     (64, 64, 4),
 ]
+# FP8 weights only: 5-tuples whose last element 1 selects tensor-core dots (DOT below: the
+# FP8 tile converted to x's dtype, x padded to 16 rows, tl.dot with fp32 accumulation)
+# instead of converting every weight to fp32 for a multiply and a sum. At batch 1 an FP8
+# GEMV converts and multiplies twice the elements per byte a bf16 one does, and it read
+# Llama-3.1-8B's qkv and o at 1.9 TB/s against gate_up's 3.1 (docs/performance/
+# decode-gemv.md). The start-up pick times these beside _CONFIGS, so they serve only where
+# they are faster (and a config the compiler rejects is skipped).
+_FP8_DOT_CONFIGS = [
+    (16, 512, 4, 3, 1),
+    (16, 1024, 4, 2, 1),
+    (32, 256, 4, 3, 1),
+    (32, 512, 8, 2, 1),
+]
+
+
+def candidates(variant: tuple[str, ...] = ()) -> list[tuple]:
+    """The Triton configs the pick times for a fused variant: _CONFIGS, plus the
+    tensor-core dot configs for an FP8 weight (with SiLU-mul only those whose half of
+    BLOCK_N, a program's gate rows, is still tl.dot's smallest N, 16)."""
+    if "fp8" not in variant:
+        return list(_CONFIGS)
+    dots = [c for c in _FP8_DOT_CONFIGS if "silu_mul" not in variant or c[0] >= 32]
+    return _CONFIGS + dots
+
+
 # a Triton config must beat cuBLAS by this factor: graph timings repeat within ~1%
 _MARGIN = 0.97
 # ... plus this much (ms) where the Triton GEMV launches as a programmatic dependent (PDL): in
@@ -90,6 +115,12 @@ _FORCED = _parse_forced(envs.MINI_SGLANG_GEMV_CONFIGS.get())
 if triton is not None:
 
     @triton.jit
+    def _tile_dot(a, w, IEEE: tl.constexpr):
+        """a [BM, BK] @ w [BN, BK]^T with fp32 accumulation (_gemv_kernel's DOT)."""
+        # IEEE is constexpr: Triton compiles only the branch taken.
+        return tl.dot(a, tl.trans(w), input_precision="ieee") if IEEE else tl.dot(a, tl.trans(w))
+
+    @triton.jit
     def _gemv_kernel(  # noqa: C901  # its branches are constexpr specialisations, compiled away
         x,
         w,
@@ -112,7 +143,12 @@ if triton is not None:
         NORM: tl.constexpr,
         NORM_G: tl.constexpr,
         W_SCALE: tl.constexpr,
+        DOT: tl.constexpr,
+        IEEE: tl.constexpr,
     ):
+        # With DOT each K tile is one tl.dot of x [BM >= 16, BK] and the weight tile
+        # transposed [BK, BN >= 16], both in x's dtype (fp32 accumulation; IEEE: exact fp32
+        # products for float32 x, not TF32); without, an elementwise fp32 multiply and sum.
         # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
         # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
         # program 3 reads gate rows 6, 7 and up rows 14342, 14343, and writes columns 6, 7.
@@ -141,10 +177,16 @@ if triton is not None:
             sq = xt * xt  # reduced once after the loop, not per tile
             if NORM_G:
                 xt = xt * gt[None, :]
-        xt = xt[:, None, :]
-        acc = tl.sum(xt * wt.to(tl.float32)[None, :, :], axis=2)
-        if SILU_MUL:
-            acc_up = tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
+        if DOT:
+            xd = xt.to(x.dtype.element_ty)
+            acc = _tile_dot(xd, wt.to(x.dtype.element_ty), IEEE)
+            if SILU_MUL:
+                acc_up = _tile_dot(xd, wu.to(x.dtype.element_ty), IEEE)
+        else:
+            x3 = xt[:, None, :]
+            acc = tl.sum(x3 * wt.to(tl.float32)[None, :, :], axis=2)
+            if SILU_MUL:
+                acc_up = tl.sum(x3 * wu.to(tl.float32)[None, :, :], axis=2)
         for k0 in range(BK, K, BK):
             rk = k0 + tl.arange(0, BK)
             k_mask = rk[None, :] < K
@@ -156,11 +198,18 @@ if triton is not None:
                 if NORM_G:
                     gt = tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)
                     xt = xt * gt[None, :]
-            xt = xt[:, None, :]
-            acc += tl.sum(xt * wt.to(tl.float32)[None, :, :], axis=2)
             if SILU_MUL:
                 wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
-                acc_up += tl.sum(xt * wu.to(tl.float32)[None, :, :], axis=2)
+            if DOT:
+                xd = xt.to(x.dtype.element_ty)
+                acc += _tile_dot(xd, wt.to(x.dtype.element_ty), IEEE)
+                if SILU_MUL:
+                    acc_up += _tile_dot(xd, wu.to(x.dtype.element_ty), IEEE)
+            else:
+                x3 = xt[:, None, :]
+                acc += tl.sum(x3 * wt.to(tl.float32)[None, :, :], axis=2)
+                if SILU_MUL:
+                    acc_up += tl.sum(x3 * wu.to(tl.float32)[None, :, :], axis=2)
         if W_SCALE:  # a per-row scale of a quantized w (FP8): out = x @ (w * scale)^T
             acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)[None, :]
             if SILU_MUL:
@@ -222,11 +271,16 @@ def gemv(
     n = w.shape[0]
     bn, bk, warps = cfg[:3]
     extra = {"num_stages": cfg[3]} if len(cfg) > 3 else {}
+    dot = len(cfg) > 4 and bool(cfg[4])
     bm = max(1, triton.next_power_of_2(m))
-    if bm > 1:
+    if dot:
+        bm = max(16, bm)  # tl.dot's smallest M; the extra rows are masked off
+    elif bm > 1:
         bk = max(32, bk // bm)  # keep the per-thread register tile bounded
     if silu_mul:
         assert n % 2 == 0 and bn >= 2, (n, cfg)
+        if dot:  # tl.dot needs 16 gate rows a program: gate_up's pick is timed without SiLU
+            bn = max(bn, 32)
         n, bn = n // 2, bn // 2
     assert norm_weight is None or eps is not None, "norm_weight needs eps"
     if residual is not None:
@@ -256,6 +310,8 @@ def gemv(
         NORM=eps is not None,
         NORM_G=norm_weight is not None,
         W_SCALE=w_scale is not None,
+        DOT=dot,
+        IEEE=x.dtype == torch.float32,
         num_warps=warps,
         launch_pdl=pdl,
         **extra,
@@ -289,7 +345,7 @@ def time_candidates(
     else:
         times = {None: cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)}
     kwargs = _variant_kwargs(x, w, variant)
-    for cfg in _CONFIGS:
+    for cfg in candidates(variant):
         try:
             times[cfg] = cuda_time_ms(lambda cfg=cfg: gemv(x, w, cfg, **kwargs), cold_l2=True)
         except Exception:  # a config the compiler rejects on this card
@@ -371,7 +427,7 @@ def _stored_or_timed(
     stored = kernel_choices.lookup("gemv", card, name)
     if stored is None:
         return None
-    if isinstance(stored, list) and tuple(stored) in _CONFIGS:
+    if isinstance(stored, list) and tuple(stored) in candidates(variant):
         return tuple(stored)
     best = _pick(x.new_zeros((key[0], x.shape[1])), w, variant)
     kernel_choices.record("gemv", card, name, list(best) if best else None)

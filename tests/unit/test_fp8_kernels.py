@@ -166,6 +166,44 @@ def test_gemv_with_per_row_weight_scales(silu_mul):
     torch.testing.assert_close(out.float().cpu(), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("silu_mul", [False, True])
+def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
+    """The FP8 candidates with tensor-core dots (small_m_gemm._FP8_DOT_CONFIGS' form: a
+    trailing 1) compute what the elementwise configs compute, through the norm prologue
+    and the residual epilogue too, for 1 and 3 rows (padded to 16), three K tiles."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.small_m_gemm import gemv
+
+    assert all(len(c) == 5 and c[4] == 1 for c in small_m_gemm._FP8_DOT_CONFIGS)
+    assert small_m_gemm.candidates(("fp8",))[-len(small_m_gemm._FP8_DOT_CONFIGS) :] == (
+        small_m_gemm._FP8_DOT_CONFIGS
+    )
+    assert small_m_gemm.candidates(("silu_mul",)) == small_m_gemm._CONFIGS
+    silu_dots = small_m_gemm.candidates(("silu_mul", "fp8"))[len(small_m_gemm._CONFIGS) :]
+    assert silu_dots and all(c[0] >= 32 for c in silu_dots)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    # bf16 operands round x (times the norm weight) once more than the fp32 multiply does
+    tol = dict(rtol=2e-2, atol=2e-2) if DEVICE == "cuda" else dict(rtol=1e-5, atol=1e-5)
+    w = _rand(64, 384, seed=8) / 16
+    wq, s = quantize_rows(w)
+    wv = (wq.float() if DEVICE == "cpu" else wq).to(DEVICE)
+    n_out = 32 if silu_mul else 64
+    for m in (1, 3):
+        x = _rand(m, 384, seed=m).to(DEVICE, dtype)
+        g = (1 + 0.2 * _rand(384, seed=9)).to(DEVICE, dtype)
+        res = _rand(m, n_out, seed=10).to(DEVICE, dtype)
+        for kw in ({}, {"norm_weight": g, "eps": 1e-6}, {"residual": res}):
+            outs = []
+            # (16, ...) with SiLU-mul: gate_up's pick is timed without it, and gemv widens
+            # the dot config's row block to 32 (16 gate rows) rather than fail to compile
+            for cfg in ((32, 128, 4), (32, 128, 4, 2, 1), (16, 128, 4, 2, 1)):
+                args = dict(kw, residual=kw["residual"].clone()) if "residual" in kw else kw
+                outs.append(gemv(x, wv, cfg, silu_mul=silu_mul, w_scale=s.to(DEVICE), **args))
+            for out in outs[1:]:
+                torch.testing.assert_close(out.float(), outs[0].float(), **tol)
+
+
 # ---- which quantization a model gets ----------------------------------------------------
 
 
