@@ -115,10 +115,18 @@ _FORCED = _parse_forced(envs.MINI_SGLANG_GEMV_CONFIGS.get())
 if triton is not None:
 
     @triton.jit
-    def _tile_dot(a, w, IEEE: tl.constexpr):
-        """a [BM, BK] @ w [BN, BK]^T with fp32 accumulation (_gemv_kernel's DOT)."""
-        # IEEE is constexpr: Triton compiles only the branch taken.
-        return tl.dot(a, tl.trans(w), input_precision="ieee") if IEEE else tl.dot(a, tl.trans(w))
+    def _tile_product(xt, wt, x, DOT: tl.constexpr, IEEE: tl.constexpr):
+        """xt [BM, BK] (fp32) @ wt [BN, BK]^T -> [BM, BN] fp32: with DOT one tl.dot with both
+        tiles in x's dtype (x: the input pointer; IEEE for float32 x: exact products, not
+        TF32), else an elementwise fp32 multiply and sum."""
+        # DOT and IEEE are constexpr: Triton compiles only the branches taken.
+        if DOT:
+            a = xt.to(x.dtype.element_ty)
+            b = tl.trans(wt.to(x.dtype.element_ty))
+            prod = tl.dot(a, b, input_precision="ieee") if IEEE else tl.dot(a, b)
+        else:
+            prod = tl.sum(xt[:, None, :] * wt.to(tl.float32)[None, :, :], axis=2)
+        return prod
 
     @triton.jit
     def _gemv_kernel(  # noqa: C901  # its branches are constexpr specialisations, compiled away
@@ -177,16 +185,9 @@ if triton is not None:
             sq = xt * xt  # reduced once after the loop, not per tile
             if NORM_G:
                 xt = xt * gt[None, :]
-        if DOT:
-            xd = xt.to(x.dtype.element_ty)
-            acc = _tile_dot(xd, wt.to(x.dtype.element_ty), IEEE)
-            if SILU_MUL:
-                acc_up = _tile_dot(xd, wu.to(x.dtype.element_ty), IEEE)
-        else:
-            x3 = xt[:, None, :]
-            acc = tl.sum(x3 * wt.to(tl.float32)[None, :, :], axis=2)
-            if SILU_MUL:
-                acc_up = tl.sum(x3 * wu.to(tl.float32)[None, :, :], axis=2)
+        acc = _tile_product(xt, wt, x, DOT, IEEE)
+        if SILU_MUL:
+            acc_up = _tile_product(xt, wu, x, DOT, IEEE)
         for k0 in range(BK, K, BK):
             rk = k0 + tl.arange(0, BK)
             k_mask = rk[None, :] < K
@@ -200,16 +201,9 @@ if triton is not None:
                     xt = xt * gt[None, :]
             if SILU_MUL:
                 wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
-            if DOT:
-                xd = xt.to(x.dtype.element_ty)
-                acc += _tile_dot(xd, wt.to(x.dtype.element_ty), IEEE)
-                if SILU_MUL:
-                    acc_up += _tile_dot(xd, wu.to(x.dtype.element_ty), IEEE)
-            else:
-                x3 = xt[:, None, :]
-                acc += tl.sum(x3 * wt.to(tl.float32)[None, :, :], axis=2)
-                if SILU_MUL:
-                    acc_up += tl.sum(x3 * wu.to(tl.float32)[None, :, :], axis=2)
+            acc += _tile_product(xt, wt, x, DOT, IEEE)
+            if SILU_MUL:
+                acc_up += _tile_product(xt, wu, x, DOT, IEEE)
         if W_SCALE:  # a per-row scale of a quantized w (FP8): out = x @ (w * scale)^T
             acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)[None, :]
             if SILU_MUL:

@@ -91,8 +91,11 @@ class SparseMoeBlock(nn.Module):
         )
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared else None
 
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return small_m_gemm.linear(x, self.gate.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, small_m_gemm.linear(x, self.gate.weight))
+        out = self.experts(x, self.router_logits(x))
         if self.shared_expert is not None:
             scale = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight))
             out = out + scale * self.shared_expert(x)
@@ -103,7 +106,7 @@ class SparseMoeBlock(nn.Module):
         add into residual themselves (at decode, in the down kernel's epilogue: one kernel
         less per layer, and the step's PDL chain unbroken)."""
         if self.shared_expert is None and get_tp_size() == 1:
-            self.experts(x, small_m_gemm.linear(x, self.gate.weight), residual=residual)
+            self.experts(x, self.router_logits(x), residual=residual)
         else:
             residual.add_(self.forward(x))
 
