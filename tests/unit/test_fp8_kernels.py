@@ -183,8 +183,11 @@ def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
     silu_dots = small_m_gemm.candidates(("silu_mul", "fp8"))[len(small_m_gemm._CONFIGS) :]
     assert silu_dots and all(c[0] >= 32 for c in silu_dots)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    # bf16 operands round x (times the norm weight) once more than the fp32 multiply does
-    tol = dict(rtol=2e-2, atol=2e-2) if DEVICE == "cuda" else dict(rtol=1e-5, atol=1e-5)
+    # bf16 operands round x (times the norm weight) once more than the fp32 multiply does:
+    # an error relative to the pre-SiLU products, whose scale is the output's largest value,
+    # so an output near zero after SiLU-mul keeps an error of that scale (measured on an
+    # H200: 0.055 at 1.23, the output's largest value 33)
+    rtol, atol_per_max = (2e-2, 4e-3) if DEVICE == "cuda" else (1e-5, 1e-6)
     w = _rand(64, 384, seed=8) / 16
     wq, s = quantize_rows(w)
     wv = (wq.float() if DEVICE == "cpu" else wq).to(DEVICE)
@@ -200,8 +203,10 @@ def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
             for cfg in ((32, 128, 4), (32, 128, 4, 2, 1), (16, 128, 4, 2, 1)):
                 args = dict(kw, residual=kw["residual"].clone()) if "residual" in kw else kw
                 outs.append(gemv(x, wv, cfg, silu_mul=silu_mul, w_scale=s.to(DEVICE), **args))
+            ref = outs[0].float()
+            atol = max(atol_per_max * ref.abs().max().item(), 2e-2 if DEVICE == "cuda" else 1e-5)
             for out in outs[1:]:
-                torch.testing.assert_close(out.float(), outs[0].float(), **tol)
+                torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
 
 
 # ---- which quantization a model gets ----------------------------------------------------

@@ -215,7 +215,10 @@ def _grouped_gemm(
     group_n, group_k = block if block is not None else (1, 0)
     if group_k:  # one K step must lie in one scale group
         config = dict(config, BLOCK_SIZE_K=math.gcd(config["BLOCK_SIZE_K"], group_k))
-        assert config["BLOCK_SIZE_K"] >= 16, (config, block)
+    # tl.dot's smallest K: 16 for 16-bit operands, 32 for FP8 ones (compiled; the interpreter
+    # takes any)
+    min_k = 32 if scales is not None and a.is_cuda else 16
+    assert config["BLOCK_SIZE_K"] >= min_k, (config, block)
     max_padded = sorted_ids.numel()
     grid = (
         triton.cdiv(max_padded, config["BLOCK_SIZE_M"]) * triton.cdiv(N, config["BLOCK_SIZE_N"]),
