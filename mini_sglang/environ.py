@@ -143,9 +143,12 @@ class Envs:
         32,
         "Decode batches up to this size use the Triton split-KV kernel over flashinfer (0: off).",
     )
-    MINI_SGLANG_XQA_DECODE = _flag(
-        "1: flashinfer decode over an FP8 e4m3 pool with pages of 16-128 runs flashinfer's XQA "
-        "kernel (FP8 tensor-core math on Hopper) instead of its BatchDecode wrapper."
+    MINI_SGLANG_XQA_DECODE = EnvBool(
+        True,
+        "0: flashinfer decode over an FP8 e4m3 pool with pages of 16-128 runs its BatchDecode "
+        "wrapper instead of the XQA kernel (FP8 tensor-core math, sm90+), and --kv-cache-dtype "
+        "fp8_e4m3 keeps the default pages of 1.",
+        ("1", "true"),
     )
     MINI_SGLANG_DISABLE_DECODE_FROM_QKV = _flag(
         "1: Triton decode runs the separate RoPE/KV-store kernel instead of the fused one."

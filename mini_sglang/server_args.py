@@ -22,13 +22,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mini_sglang import server_args_cli as cli
+from mini_sglang.environ import envs
 from mini_sglang.port_args import PortArgs  # noqa: F401  (SGLang's import path)
 from mini_sglang.server_args_defaults import (
     CPU_CHUNKED_PREFILL_SIZE,
     CPU_MIN_MEM_FRACTION_STATIC,
     compute_mem_fraction_static,
     default_chunked_prefill_and_cuda_graph_max_bs,
+    default_page_size,
     generate_cuda_graph_batch_sizes,
+    get_device_compute_capability,
     get_device_memory_capacity_mb,
     is_gguf_file,
     resolve_dtype,
@@ -209,6 +212,7 @@ class ServerArgs:
         self._handle_memory_settings()
         self._handle_cpu_offload()
         self._handle_backends()
+        self._handle_page_size()
         validate_resolved(self)
         object.__setattr__(self, "_resolved", True)
 
@@ -254,8 +258,6 @@ class ServerArgs:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.random_seed is None:
             self.random_seed = random.randint(0, 1 << 30)
-        if self.page_size is None:
-            self.page_size = 1
 
     @property
     def is_cpu(self) -> bool:
@@ -362,6 +364,28 @@ class ServerArgs:
         if self.enable_deterministic_inference and self.sampling_backend != "pytorch":
             logger.warning("Sampling backend is set to pytorch for deterministic inference.")
             self.sampling_backend = "pytorch"
+
+    def _handle_page_size(self) -> None:
+        """After the backends: an FP8 e4m3 KV cache decoded by flashinfer on Hopper or newer
+        gets pages of 16 (default_page_size says why); everything else SGLang's 1."""
+        if self.page_size is not None:
+            return
+        decode_backend = self.decode_attention_backend or self.attention_backend
+        self.page_size = default_page_size(
+            self.kv_cache_dtype,
+            decode_backend,
+            get_device_compute_capability(self.device) if self.kv_cache_dtype != "auto" else None,
+            self.chunked_prefill_size,
+            envs.MINI_SGLANG_XQA_DECODE.get(),
+        )
+        if self.page_size > 1:
+            logger.info(
+                "Page size is %d for --kv-cache-dtype %s: flashinfer's XQA decode kernel "
+                "reads an FP8 KV cache with FP8 tensor cores in pages of 16-128 "
+                "(--page-size sets another; MINI_SGLANG_XQA_DECODE=0 turns XQA off).",
+                self.page_size,
+                self.kv_cache_dtype,
+            )
 
     # ---- public API (SGLang's names) ----
 

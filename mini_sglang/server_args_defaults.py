@@ -118,6 +118,54 @@ def get_device_memory_capacity_mb(device: str) -> float | None:
     return None
 
 
+def get_device_compute_capability(device: str) -> tuple[int, int] | None:
+    """The smallest GPU's compute capability, e.g. (9, 0), from nvidia-smi (not torch.cuda:
+    see get_device_memory_capacity_mb); None on CPU or when nvidia-smi cannot tell."""
+    if device.startswith("cpu"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        caps = [tuple(int(v) for v in x.strip().split(".")) for x in out.split() if x.strip()]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return min(caps) if caps else None  # type: ignore[return-value]
+
+
+# The smallest page flashinfer's XQA decode kernel takes (flashinfer_backend.XQA_PAGE_SIZES):
+# the radix cache matches prefixes in whole pages, so the smallest keeps reuse finest.
+FP8_KV_PAGE_SIZE = 16
+
+
+def default_page_size(
+    kv_cache_dtype: str,
+    decode_backend: str,
+    capability: tuple[int, int] | None,
+    chunked_prefill_size: int,
+    xqa_enabled: bool,
+) -> int:
+    """--page-size when not given: SGLang's 1, except FP8_KV_PAGE_SIZE for an FP8 e4m3 KV
+    cache decoded by flashinfer on sm90 or newer, where flashinfer_backend.xqa_decode_ok
+    then holds. XQA's FP8 tensor-core decode reads the pool about twice as fast as any
+    kernel at pages of 1 (H200, batch 256 x 800 tokens: 118 us against flashinfer's 229 us
+    over a bf16 pool and 267 us over the FP8 one; docs/performance/decode-attention.md).
+    A chunked prefill size that 16 does not divide keeps pages of 1 rather than fail."""
+    wants_xqa = (
+        xqa_enabled
+        and kv_cache_dtype == "fp8_e4m3"
+        and decode_backend == "flashinfer"
+        and capability is not None
+        and capability >= (9, 0)
+    )
+    fits = chunked_prefill_size <= 0 or chunked_prefill_size % FP8_KV_PAGE_SIZE == 0
+    return FP8_KV_PAGE_SIZE if wants_xqa and fits else 1
+
+
 _STR_TO_DTYPE_NAME = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16",
                       "float": "float32", "float32": "float32"}  # fmt: skip
 

@@ -107,8 +107,10 @@ def _assert_diverge_only_at_ties(judge, want: list[list[int]], got: list[list[in
     "kv,backend,graphs", CASES, ids=[f"{k}-{b}-{'graphs' if g else 'eager'}" for k, b, g in CASES]
 )
 def test_fp8_kv_against_bf16_kv(model_path, backend, graphs, kv):
-    ref = _scheduler(model_path, backend, graphs, "auto")
-    sched = _scheduler(model_path, backend, graphs, kv)
+    # pages of 1 given, as an e4m3 pool decoded by flashinfer on sm90+ defaults to 16 (XQA,
+    # the next test)
+    ref = _scheduler(model_path, backend, graphs, "auto", page_size=1)
+    sched = _scheduler(model_path, backend, graphs, kv, page_size=1)
     runner, ref_runner = sched.tp_worker.model_runner, ref.tp_worker.model_runner
     assert (
         runner.token_to_kv_pool.k_buffer[0].dtype
@@ -157,13 +159,19 @@ def _check_decode_and_radix_cache(ref, sched, kv: str, page_size: int = 1) -> No
     assert sched.stats.check_memory() and sched.stats.memory_check_failures == 0
 
 
-def test_xqa_decode_over_fp8_kv(model_path, monkeypatch):
-    """MINI_SGLANG_XQA_DECODE=1 with pages of 16: flashinfer's XQA kernel decodes the FP8
-    e4m3 pool (in CUDA graphs) and matches the bf16-KV run as the other decode kernels do."""
-    monkeypatch.setenv("MINI_SGLANG_XQA_DECODE", "1")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+    reason="XQA's FP8 path: sm90+",
+)
+def test_fp8_e4m3_kv_defaults_to_xqa_decode(model_path, monkeypatch):
+    """--kv-cache-dtype fp8_e4m3 alone, on flashinfer: pages of 16, and flashinfer's XQA
+    kernel decodes the FP8 pool (in CUDA graphs), matching the bf16-KV run as the other
+    decode kernels do."""
+    monkeypatch.delenv("MINI_SGLANG_XQA_DECODE", raising=False)
     backend = "flashinfer+flashinfer"
     ref = _scheduler(model_path, backend, True, "auto", page_size=16)
-    sched = _scheduler(model_path, backend, True, "fp8_e4m3", page_size=16)
+    sched = _scheduler(model_path, backend, True, "fp8_e4m3")
+    assert sched.page_size == 16
     be = sched.tp_worker.model_runner.attn_backend
     assert getattr(be, "decode_backend", be).xqa
     be = ref.tp_worker.model_runner.attn_backend

@@ -321,18 +321,18 @@ def test_fused_stores_quantize_as_the_pool(dtype):
     assert torch.equal(gather_kv(v_buf, loc).float(), quantize_kv(v, V_SCALE, dtype).float())
 
 
-# ---- flashinfer's XQA decode (opt-in) ------------------------------------------------------
+# ---- flashinfer's XQA decode --------------------------------------------------------------
 def test_xqa_decode_policy(monkeypatch):
-    """XQA decodes only when asked for (MINI_SGLANG_XQA_DECODE=1), over an e4m3 pool with
-    XQA's page sizes, bf16/fp16 queries and a head_dim it compiles, on sm90 or newer."""
+    """XQA decodes (unless MINI_SGLANG_XQA_DECODE=0) over an e4m3 pool with XQA's page
+    sizes, bf16/fp16 queries and a head_dim it compiles, on sm90 or newer."""
     from mini_sglang.layers.attention import flashinfer_backend as fb
 
     cuda = torch.device("cuda")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     args = (torch.bfloat16, torch.float8_e4m3fn, 16, 128, cuda)
-    monkeypatch.delenv("MINI_SGLANG_XQA_DECODE", raising=False)
+    monkeypatch.setenv("MINI_SGLANG_XQA_DECODE", "0")
     assert not fb.xqa_decode_ok(*args)
-    monkeypatch.setenv("MINI_SGLANG_XQA_DECODE", "1")
+    monkeypatch.delenv("MINI_SGLANG_XQA_DECODE")
     assert fb.xqa_decode_ok(*args)
     assert fb.xqa_decode_ok(torch.float16, torch.float8_e4m3fn, 128, 64, cuda)
     assert not fb.xqa_decode_ok(torch.bfloat16, torch.float8_e4m3fn, 1, 128, cuda)  # page 1

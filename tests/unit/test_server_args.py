@@ -15,6 +15,7 @@ from mini_sglang.server_args import PortArgs, ServerArgs, prepare_server_args, r
 from mini_sglang.server_args_defaults import (
     compute_mem_fraction_static,
     default_chunked_prefill_and_cuda_graph_max_bs,
+    default_page_size,
     generate_cuda_graph_batch_sizes,
 )
 from mini_sglang.server_args_validation import UNSUPPORTED_FLAGS
@@ -505,3 +506,36 @@ def test_supported_quantization_is_kept(caplog, method):
         a = prepare_server_args(["--model-path", MODEL, "--quantization", method])
     assert a.quantization == method
     assert "quantization" not in caplog.text
+
+
+def test_default_page_size_is_16_only_where_xqa_decodes():
+    """--page-size unset: 16 for an e4m3 KV cache that flashinfer decodes on sm90+ (XQA's
+    smallest page), SGLang's 1 otherwise, and 1 where 16 would not divide the chunk."""
+    hopper = ("fp8_e4m3", "flashinfer", (9, 0), 8192, True)
+    assert default_page_size(*hopper) == 16
+    assert default_page_size("fp8_e4m3", "flashinfer", (10, 0), -1, True) == 16
+    for i, other in ((0, "auto"), (0, "fp8_e5m2"), (1, "triton"), (2, (8, 9)), (2, None),
+                     (3, 1000), (4, False)):  # fmt: skip
+        args = list(hopper)
+        args[i] = other
+        assert default_page_size(*args) == 1, args
+
+
+def test_fp8_kv_page_size_resolution(monkeypatch, caplog):
+    """ServerArgs asks the GPU's compute capability only for an FP8 KV cache; an explicit
+    --page-size always wins; the chosen 16 is logged with how to change it."""
+    asked = []
+    monkeypatch.setattr(
+        sa_mod, "get_device_compute_capability", lambda d: asked.append(d) or (9, 0)
+    )
+    monkeypatch.delenv("MINI_SGLANG_XQA_DECODE", raising=False)
+    base = dict(model_path=MODEL, device="cuda", attention_backend="flashinfer")
+    assert ServerArgs(**base).page_size == 1 and asked == []
+    with caplog.at_level(logging.INFO, logger="mini_sglang.server_args"):
+        assert ServerArgs(**base, kv_cache_dtype="fp8_e4m3").page_size == 16
+    assert "Page size is 16 for --kv-cache-dtype fp8_e4m3" in caplog.text
+    assert ServerArgs(**base, kv_cache_dtype="fp8_e4m3", page_size=1).page_size == 1
+    assert ServerArgs(**base, kv_cache_dtype="fp8_e4m3", page_size=32).page_size == 32
+    monkeypatch.setenv("MINI_SGLANG_XQA_DECODE", "0")
+    assert ServerArgs(**base, kv_cache_dtype="fp8_e4m3").page_size == 1
+    assert ServerArgs(model_path=MODEL, device="cpu", kv_cache_dtype="fp8_e4m3").page_size == 1

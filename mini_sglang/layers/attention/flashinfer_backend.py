@@ -16,7 +16,8 @@ on a model's first extend batch.
 
 FP8 KV cache: plan() gets the pool dtype as kv_data_type and run() the layer's k_scale /
 v_scale, which flashinfer folds into the score scale and the output (layers/kv_quant.py).
-Where xqa_decode_ok holds (opt-in), decode runs flashinfer's XQA kernel instead: it takes a
+Where xqa_decode_ok holds (an e4m3 pool in pages of 16-128 on sm90+; --kv-cache-dtype
+fp8_e4m3 defaults to pages of 16 there), decode runs flashinfer's XQA kernel instead: it takes a
 block table [batch, pages per request] and the lengths, filled per batch into fixed buffers
 (so CUDA graphs replay them), and no plan.
 """
@@ -49,8 +50,8 @@ def xqa_decode_ok(
     q_dtype: torch.dtype, kv_dtype: torch.dtype, page_size: int, head_dim: int, device
 ) -> bool:
     """Whether decode runs flashinfer's XQA kernel (TensorRT-LLM's decode attention,
-    flashinfer.decode.trtllm_batch_decode_with_kv_cache with backend "xqa"): asked for with
-    MINI_SGLANG_XQA_DECODE=1, over an FP8 e4m3 pool (on Hopper XQA then runs its FP8
+    flashinfer.decode.trtllm_batch_decode_with_kv_cache with backend "xqa"), unless
+    MINI_SGLANG_XQA_DECODE=0, over an FP8 e4m3 pool (on Hopper XQA then runs its FP8
     tensor-core kernel, where every other decode kernel here spends as long per FP8 element
     as per bf16 one; docs/performance/decode-attention.md), with pages of 16-128 tokens
     (XQA's), bf16/fp16 queries, head_dim a multiple of 16 up to 256, on sm90 or newer."""
