@@ -203,6 +203,12 @@ class Envs:
     )
     # Memory and files
     MINI_SGLANG_CPU_KV_CACHE_GB = EnvFloat(2.0, "GiB of KV cache on --device cpu.")
+    SGLANG_DEBUG_MEMORY_POOL = EnvBool(
+        False,
+        "true/1: the KV allocator checks every free (double frees, paged frees that are not a "
+        "page-aligned range) and allocation on the host; slow, for tests and debugging.",
+        ("true", "1"),
+    )
     MINI_SGLANG_CACHE_DIR = EnvStr(
         None, "Cache for the converted default model (unset or empty: ~/.cache/mini_sglang)."
     )

@@ -16,6 +16,9 @@ import shutil
 # anything else in the session imports triton.
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Every KV allocator a test builds (in-process schedulers and the servers tests start)
+# checks each free and allocation: no double frees, paged frees of page-aligned ranges.
+os.environ.setdefault("SGLANG_DEBUG_MEMORY_POOL", "1")
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path

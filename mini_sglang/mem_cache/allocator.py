@@ -13,10 +13,16 @@ Contract (shared by every allocator):
   For page_size > 1, n must be a multiple of page_size (whole pages).
 - `alloc_extend` / `alloc_decode` (SGLang's names) allocate for a batch of requests that
   may continue a partially filled last page; both return None, taking nothing, when short.
-- `free(indices)` returns slots. With page_size > 1 freeing any slot of a page frees the
-  whole page, so callers must free a page's slots together (the radix cache does: it
-  frees whole aligned ranges plus a request's entire unaligned tail). Frees made between
-  `free_group_begin()` and `free_group_end()` are batched into one.
+- `free(indices)` returns slots. With page_size > 1, `indices` must be the slots of
+  consecutive positions of one request starting at a page-aligned position (a request's
+  KV from position 0 or from the end of its tree prefix, its unaligned tail, a tree
+  node's value, a slot that opened a page): every caller frees such a range. Position i
+  lives at offset i % page_size of its page, so the range's pages are exactly its slots
+  at offsets 0, page_size, 2 * page_size, ...: taking those is a strided view, where
+  deduplicating `indices // page_size` (torch.unique, as SGLang does) has a data-dependent
+  size and so waits for the GPU queue, which stalls overlap scheduling at every step
+  where a request finishes. Frees made between `free_group_begin()` and
+  `free_group_end()` are batched into one.
 - `available_size()` counts free slots (tokens, not pages), including lazily released ones.
 """
 
@@ -91,22 +97,38 @@ class BaseTokenToKVPoolAllocator:
         return out
 
     def free(self, indices: torch.Tensor) -> None:
-        """Return the slots `indices` (any int dtype); a page is freed as a whole."""
+        """Return the slots `indices` (any int dtype; with page_size > 1 a page-aligned
+        range of one request, see the module docstring); a page is freed as a whole.
+        E.g. page_size 4, a request's tail at positions 8..13 in slots [36..39, 12, 13]:
+        the slots at offsets 0 and 4 of the range, 36 and 12, give pages 9 and 3."""
         if indices.numel() == 0:
             return
         indices = indices.to(device=self.device, dtype=torch.int64)
+        ps = self.page_size
+        pages = indices if ps == 1 else indices[::ps] // ps
+        if self.debug and ps > 1:
+            cpu = indices.cpu()
+            if not (
+                bool((cpu[::ps] % ps == 0).all())
+                and torch.equal(cpu // ps, pages.cpu().repeat_interleave(ps)[: len(cpu)])
+            ):
+                raise AssertionError(
+                    f"free() of slots that are not a page-aligned range: {cpu.tolist()}"
+                )
         if self._group is not None:
-            self._group.append(indices)
+            self._group.append(pages)
             return
-        pages = indices if self.page_size == 1 else torch.unique(indices // self.page_size)
+        self._release(pages)
+
+    def _release(self, pages: torch.Tensor) -> None:
         if self.debug:
             cpu_pages = pages.cpu()
-            if self.page_size == 1 and len(torch.unique(cpu_pages)) != len(cpu_pages):
+            if len(torch.unique(cpu_pages)) != len(cpu_pages):
                 raise AssertionError("double free within one free() call")
             if bool((cpu_pages <= 0).any()) or bool((cpu_pages > self.num_pages).any()):
-                raise AssertionError(f"freeing slots outside the pool: {indices.tolist()}")
+                raise AssertionError(f"freeing pages outside the pool: {cpu_pages.tolist()}")
             if bool(self._page_is_free[cpu_pages].any()):
-                raise AssertionError(f"double free of slots {indices.tolist()}")
+                raise AssertionError(f"double free of pages {cpu_pages.tolist()}")
             self._page_is_free[cpu_pages] = True
         self._released.append(pages)
 
@@ -117,7 +139,7 @@ class BaseTokenToKVPoolAllocator:
     def free_group_end(self) -> None:
         group, self._group = self._group, None
         if group:
-            self.free(torch.cat(group))
+            self._release(torch.cat(group))
 
 
 class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):

@@ -310,7 +310,9 @@ class ModelRunner:
             max(int(max_tokens / context_len * 512), 2048), 4096
         )
         self.req_to_token_pool = ReqToTokenPool(max_num_reqs, context_len + 4, self.device)
-        self.token_to_kv_pool_allocator = get_allocator(max_tokens, self.page_size, self.device)
+        self.token_to_kv_pool_allocator = get_allocator(
+            max_tokens, self.page_size, self.device, envs.SGLANG_DEBUG_MEMORY_POOL.get()
+        )
         cfg = self.model_config
         self.token_to_kv_pool = MHATokenToKVPool(
             self.token_to_kv_pool_allocator.num_kv_slots - 1,

@@ -48,10 +48,38 @@ def test_debug_mode_catches_double_free() -> None:
         a.free(x[:1])
     p = get_allocator(16, 4, debug=True)
     y = p.alloc(4)
-    p.free(y[1:2])  # any slot frees its whole page
+    with pytest.raises(AssertionError, match="not a page-aligned range"):
+        p.free(y[1:2])  # paged frees start at a page's first position
+    p.free(y[:1])  # ... and free that page whole
     assert p.available_size() == 16
-    with pytest.raises(AssertionError):
-        p.free(y[3:])
+    with pytest.raises(AssertionError, match="double free"):
+        p.free(y)
+
+
+def test_paged_free_takes_each_ranges_pages_without_deduplicating() -> None:
+    """A request's tail from an aligned position frees exactly its pages (the docstring's
+    example, page_size 4: positions 8..13 in slots [36..39, 12, 13] -> pages 9 and 3);
+    ranges freed in one group keep their own page boundaries."""
+    a = PagedTokenToKVPoolAllocator(40, 4, debug=True)  # pages 1..10
+    assert len(a.alloc(40)) == 40 and a.available_size() == 0
+    a.free(torch.tensor([36, 37, 38, 39, 12, 13]))
+    assert a.available_size() == 8 and sorted(a.alloc(8).tolist()) == [
+        12,
+        13,
+        14,
+        15,
+        36,
+        37,
+        38,
+        39,
+    ]
+    a.free_group_begin()
+    a.free(torch.tensor([20, 21]))  # a 2-token tail: page 5
+    a.free(torch.tensor([8, 9, 10, 11, 28]))  # positions 0..4 of a request: pages 2 and 7
+    assert a.available_size() == 0  # a group takes effect at its end
+    a.free_group_end()
+    assert a.available_size() == 12
+    assert sorted(a.alloc(12).tolist()) == [*range(8, 12), *range(20, 24), *range(28, 32)]
 
 
 def test_paged_alloc_whole_pages_and_page0_reserved() -> None:
