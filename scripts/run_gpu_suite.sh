@@ -172,15 +172,16 @@ for step in "${steps[@]}"; do
       # quantization_config (block-wise 128x128 scales; the dummy values quantized per
       # block). An e4m3 pool on Hopper defaults to pages of 16 and flashinfer's XQA decode;
       # fp8_fp8kv_noxqa = both, with MINI_SGLANG_XQA_DECODE=0 (pages of 1, flashinfer's
-      # BatchDecode over the FP8 pool). FP8_FLAGS go to every arm (e.g. "--page-size 16",
-      # so the arms share a page size). FP8_PARTS (default "one_batch offline") picks the
-      # workloads. Rows in
+      # BatchDecode over the FP8 pool); bf16_page16 = bf16 at pages of 16, the FP8 KV arms'
+      # default on Hopper (what pages of 16 cost by themselves). FP8_FLAGS go to every arm
+      # (e.g. "--page-size 16", so the arms share a page size). FP8_PARTS (default
+      # "one_batch offline") picks the workloads. Rows in
       # $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log; each nano-vllm run's
       # whole log (the scheduler's decode lines: running requests, gen throughput) in
       # $OUT/fp8_offline_<arm>_<model>_<round>.log.
       declare -A fp8_flags=([bf16]="" [fp8]="--quantization fp8" [fp8kv]="--kv-cache-dtype fp8_e4m3"
         [fp8_fp8kv]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [fp8-block]=""
-        [fp8_fp8kv_noxqa]="--quantization fp8 --kv-cache-dtype fp8_e4m3")
+        [fp8_fp8kv_noxqa]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [bf16_page16]="--page-size 16")
       for round in $(seq "${FP8_ROUNDS:-1}"); do
         for arm in ${FP8_ARMS:-bf16 fp8 fp8kv fp8_fp8kv}; do
           for m in $MODELS; do
