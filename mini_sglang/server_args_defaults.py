@@ -87,29 +87,36 @@ def generate_cuda_graph_batch_sizes(
     return [b for b in bs if b <= cuda_graph_max_bs]
 
 
-def get_device_memory_capacity_mb(device: str) -> float | None:
-    """Smallest GPU's memory in MB (host RAM for cpu, as SGLang), None when unknown.
-
-    nvidia-smi is asked first because querying torch.cuda would create a CUDA context in
-    the launcher process, which the scheduler subprocesses must own.
-    """
-    if device.startswith("cpu"):
-        import psutil
-
-        return float(psutil.virtual_memory().total // (1 << 20))
+def _nvidia_smi(field: str) -> list[str]:
+    """nvidia-smi's --query-gpu=field, one value per GPU (no header, no units); [] where
+    nvidia-smi is missing or fails. It is asked instead of torch.cuda, which would create a
+    CUDA context in the launcher process, while the scheduler subprocesses must own theirs."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout
-        sizes = [float(x) for x in out.split() if x.strip()]
-        if sizes:
-            return min(sizes)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        pass
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x.strip() for x in out.splitlines() if x.strip()]
+
+
+def get_device_memory_capacity_mb(device: str) -> float | None:
+    """Smallest GPU's memory in MB (host RAM for cpu, as SGLang), None when unknown
+    (nvidia-smi first, see _nvidia_smi; torch.cuda only where it cannot tell)."""
+    if device.startswith("cpu"):
+        import psutil
+
+        return float(psutil.virtual_memory().total // (1 << 20))
+    try:
+        sizes = [float(x) for x in _nvidia_smi("memory.total")]
+    except ValueError:
+        sizes = []
+    if sizes:
+        return min(sizes)
     import torch
 
     if torch.cuda.is_available():
@@ -119,20 +126,13 @@ def get_device_memory_capacity_mb(device: str) -> float | None:
 
 
 def get_device_compute_capability(device: str) -> tuple[int, int] | None:
-    """The smallest GPU's compute capability, e.g. (9, 0), from nvidia-smi (not torch.cuda:
-    see get_device_memory_capacity_mb); None on CPU or when nvidia-smi cannot tell."""
+    """The smallest GPU's compute capability, e.g. (9, 0), from nvidia-smi; None on CPU or
+    when nvidia-smi cannot tell."""
     if device.startswith("cpu"):
         return None
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-        caps = [tuple(int(v) for v in x.strip().split(".")) for x in out.split() if x.strip()]
-    except (OSError, subprocess.SubprocessError, ValueError):
+        caps = [tuple(int(v) for v in x.split(".")) for x in _nvidia_smi("compute_cap")]
+    except ValueError:
         return None
     return min(caps) if caps else None  # type: ignore[return-value]
 

@@ -539,3 +539,25 @@ def test_fp8_kv_page_size_resolution(monkeypatch, caplog):
     monkeypatch.setenv("MINI_SGLANG_XQA_DECODE", "0")
     assert ServerArgs(**base, kv_cache_dtype="fp8_e4m3").page_size == 1
     assert ServerArgs(model_path=MODEL, device="cpu", kv_cache_dtype="fp8_e4m3").page_size == 1
+
+
+def test_gpu_facts_come_from_nvidia_smi(monkeypatch, tmp_path):
+    """The launcher reads the smallest GPU's memory and compute capability from nvidia-smi
+    (a stand-in script here, answering as a host with an H100 and an L40S would)."""
+    from mini_sglang.server_args_defaults import (
+        get_device_compute_capability,
+        get_device_memory_capacity_mb,
+    )
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        '#!/bin/sh\ncase "$1" in\n'
+        '  --query-gpu=compute_cap) printf "9.0\\n8.9\\n" ;;\n'
+        '  --query-gpu=memory.total) printf "81559\\n46068\\n" ;;\n'
+        "  *) exit 1 ;;\nesac\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert get_device_compute_capability("cuda") == (8, 9)
+    assert get_device_memory_capacity_mb("cuda") == 46068.0
+    assert get_device_compute_capability("cpu") is None
