@@ -7,7 +7,8 @@
   and returns q. Unfused, this is 2 RMSNorm + 1 RoPE + 2 index_put kernels plus copies.
 `store_kv`: k and v into the pool in one launch (instead of two index_put kernels).
 Both quantize for an FP8 pool (k / k_scale, v / v_scale, clamped; layers/kv_quant.py).
-`rmsnorm`, `silu_and_mul`: RMSNorm (with the residual add fused in) and the gated activation.
+`rmsnorm`, `silu_and_mul`: RMSNorm (with the residual add fused in) and the gated activation;
+`rmsnorm_quant`: the RMSNorm quantized per token to FP8 for the next GEMM.
 
 Every kernel here can launch as a programmatic dependent (pdl=True, see kernels.pdl_enabled):
 it is scheduled while the kernel before it drains, loads what no kernel of the step writes
@@ -166,6 +167,7 @@ if triton is not None:
         res,
         w,
         out,
+        out_scale,
         stride_x,
         stride_r,
         stride_o,
@@ -174,6 +176,9 @@ if triton is not None:
         BLOCK: tl.constexpr,
         HAS_RES: tl.constexpr,
         PDL: tl.constexpr,
+        QUANT: tl.constexpr,
+        QMAX: tl.constexpr,
+        MIN_AMAX: tl.constexpr,
     ):
         row = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
@@ -190,7 +195,12 @@ if triton is not None:
             tl.store(res + row * stride_r + offs, hb, mask=mask)
             h = hb.to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(h * h, 0) / N + eps)
-        y = (h * r).to(out.dtype.element_ty).to(tl.float32) * wv
+        y = (h * r).to(x.dtype.element_ty).to(tl.float32) * wv
+        if QUANT:  # the row in x's dtype, quantized as fp8_kernels.per_token_quant does it
+            y = y.to(x.dtype.element_ty).to(tl.float32)
+            scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), 0), MIN_AMAX), QMAX)
+            y = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -QMAX), QMAX)
+            tl.store(out_scale + row, scale)
         tl.store(out + row * stride_o + offs, y.to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
@@ -218,16 +228,40 @@ def rmsnorm(
     With a residual it works in place, as flashinfer's fused_add_rmsnorm: residual += x, then
     x = RMSNorm(residual) * weight, and x is returned. Without one the result is a new tensor.
     """
-    m, n = x.shape
     out = x if residual is not None else torch.empty_like(x)
+    _launch_rmsnorm(x, weight, eps, residual, out, None, pdl)
+    return out
+
+
+def rmsnorm_quant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None,
+    out: torch.Tensor,
+    qmax: float,
+    min_amax: float,
+) -> torch.Tensor:
+    """rmsnorm's result quantized per token into `out` (FP8, or float32 holding the FP8
+    values in Triton's interpreter), with the per-token scales [M, 1] float32 returned:
+    the values fp8_kernels.per_token_quant gives for rmsnorm's output, without writing and
+    re-reading that output. residual is updated in place as rmsnorm updates it; x is not
+    written."""
+    scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
+    _launch_rmsnorm(x, weight, eps, residual, out, scale, False, qmax, min_amax)
+    return scale
+
+
+def _launch_rmsnorm(x, weight, eps, residual, out, scale, pdl, qmax=1.0, min_amax=0.0) -> None:
+    m, n = x.shape
     if m:
         res = residual if residual is not None else x
         _rmsnorm_kernel[(m,)](
-            x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), n, eps,
-            BLOCK=triton.next_power_of_2(n), HAS_RES=residual is not None, PDL=pdl,
-            num_warps=8, launch_pdl=pdl,
+            x, res, weight, out, scale if scale is not None else weight, x.stride(0),
+            res.stride(0), out.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
+            HAS_RES=residual is not None, PDL=pdl, QUANT=scale is not None, QMAX=qmax,
+            MIN_AMAX=min_amax, num_warps=8, launch_pdl=pdl,
         )  # fmt: skip
-    return out
 
 
 def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:

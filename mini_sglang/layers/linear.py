@@ -97,6 +97,17 @@ class ColumnParallelLinear(nn.Module):
             fused = self.quant_method.apply_rmsnorm(self, x, norm)
         return self.forward(norm(x)) if fused is None else fused
 
+    def forward_fused_add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> torch.Tensor | None:
+        """forward(h) for h, residual = norm(x, residual) (residual updated in place), where
+        the method folds the add-RMSNorm into its input kernel (apply_add_rmsnorm, e.g. FP8's
+        per-token quantization); None, touching nothing, where it does not: the caller then
+        runs norm and its usual path (which may fuse other work, e.g. a SiLU-mul GEMV)."""
+        if self.bias is not None or self.gather_output:
+            return None
+        return self.quant_method.apply_add_rmsnorm(self, x, residual, norm)
+
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections fused into one matmul (e.g. gate_proj + up_proj).

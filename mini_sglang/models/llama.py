@@ -87,6 +87,17 @@ class LlamaMLP(nn.Module):
         """residual += forward(x), with the add in down_proj's epilogue where it can be."""
         self.down_proj.forward_add_(self.gate_up_proj.forward_silu_mul(x, self.act_fn), residual)
 
+    def forward_after_add_rmsnorm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(forward(h), residual) for h, residual = norm(x, residual), gate_up_proj folding
+        the norm into its input where its method can (forward_fused_add_rmsnorm)."""
+        gate_up = self.gate_up_proj.forward_fused_add_rmsnorm(x, residual, norm)
+        if gate_up is None:
+            h, residual = norm(x, residual)
+            return self.forward(h), residual
+        return self.down_proj(self.act_fn(gate_up)), residual
+
 
 class LlamaAttention(nn.Module):
     def __init__(
@@ -145,7 +156,13 @@ class LlamaAttention(nn.Module):
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch
     ) -> torch.Tensor:
-        return self.o_proj(self.attend(positions, self.qkv_proj(hidden), fb))
+        return self.forward_qkv(positions, self.qkv_proj(hidden), fb)
+
+    def forward_qkv(
+        self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        """forward() from the qkv projection's output."""
+        return self.o_proj(self.attend(positions, qkv, fb))
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """Attention output [tokens, heads * head_dim] (before o_proj) from the qkv projection."""
@@ -235,12 +252,21 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) for the next layer, as SGLang's decoder layers: the next layer
         adds hidden into residual in its input add-RMSNorm."""
+        attn, qkv = self.self_attn, None
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
         else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, fb)
+            qkv = attn.qkv_proj.forward_fused_add_rmsnorm(hidden, residual, self.input_layernorm)
+            if qkv is None:
+                hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = (
+            attn(positions, hidden, fb) if qkv is None else attn.forward_qkv(positions, qkv, fb)
+        )
+        if isinstance(self.mlp, LlamaMLP):
+            return self.mlp.forward_after_add_rmsnorm(
+                hidden, residual, self.post_attention_layernorm
+            )
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -256,7 +282,7 @@ class LlamaDecoderLayer(nn.Module):
         ms/token unfused; this dataflow 5.46 vs 5.49-5.51; docs/performance/decode-gemv.md)."""
         attn = self.self_attn
         qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
-        o = attn.o_proj(attn.attend(positions, qkv, fb))
+        o = attn.forward_qkv(positions, qkv, fb)
         hidden, residual = self.post_attention_layernorm(o, residual)
         self.mlp.forward_add_(hidden, residual)
         return residual

@@ -152,6 +152,51 @@ def test_triton_group_quant_matches_torch(group):
     torch.testing.assert_close(q.cpu().to(FP8_DTYPE).float(), q_ref.float(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_quant_is_the_norm_then_the_quantization(with_residual):
+    """fused_kernels' RMSNorm with per-token FP8 output: the values and scales of the norm
+    kernel followed by the quantization kernel (exactly), the residual stream updated as
+    the norm updates it, and x left as it was; an all-zero row gets the smallest scale."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers import fused_kernels
+    from mini_sglang.layers.quantization.fp8_kernels import (
+        FP8_DTYPE,
+        group_quant_triton,
+        rmsnorm_per_token_quant,
+    )
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x = _rand(4, 200, seed=3).to(DEVICE, dtype)
+    res = _rand(4, 200, seed=4).to(DEVICE, dtype)
+    x[2], res[2] = 0.0, 0.0
+    w = (1 + 0.1 * torch.randn(200, generator=torch.Generator().manual_seed(5))).to(DEVICE, dtype)
+    # the interpreter has no FP8 dtype: FP8 values in float32
+    fp8_out = lambda: None if DEVICE == "cuda" else torch.empty(4, 200)  # noqa: E731
+    r_fused = res.clone() if with_residual else None
+    x_fused = x.clone()
+    q, s = rmsnorm_per_token_quant(x_fused, w, 1e-6, r_fused, out=fp8_out())
+    r_ref = res.clone() if with_residual else None
+    h = fused_kernels.rmsnorm(x.clone(), w, 1e-6, r_ref)
+    q_ref, s_ref = group_quant_triton(h, 200, out=fp8_out())
+    assert q.shape == (4, 200) and s.shape == (4, 1)
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    torch.testing.assert_close(q.float(), q_ref.float(), rtol=0, atol=0)
+    assert torch.equal(x_fused, x)
+    if with_residual:
+        assert torch.equal(r_fused, r_ref) and torch.equal(r_fused, x + res)
+    assert s[2].item() == pytest.approx(1e-10 / 448) and not q[2].any()
+    # and against torch: RMSNorm as HF computes it, then per-token quantization
+    from mini_sglang.layers.layernorm import RMSNorm
+
+    norm = RMSNorm(200, 1e-6).to(DEVICE)
+    norm.weight.data = w
+    ref = norm.forward_native(x, res)[0] if with_residual else norm.forward_native(x)
+    q_torch, s_torch = per_token_quant(ref.float().cpu())
+    torch.testing.assert_close(s.cpu(), s_torch, rtol=1e-5, atol=0)
+    deq = q.cpu().to(FP8_DTYPE).float() * s.cpu()
+    torch.testing.assert_close(deq, q_torch.float() * s_torch, rtol=0, atol=float(s.max()) * 32)
+
+
 @pytest.mark.parametrize("silu_mul", [False, True])
 def test_gemv_with_per_row_weight_scales(silu_mul):
     pytest.importorskip("triton")

@@ -76,6 +76,14 @@ class LinearMethodBase:
         """act(apply(layer, x)) for a [gate; up] weight in one kernel, or None."""
         return None
 
+    def apply_add_rmsnorm(
+        self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> torch.Tensor | None:
+        """apply(layer, h) for h, residual = norm(x, residual), with the add-RMSNorm folded
+        into the method's own input kernel (residual += x in place, as norm's kernel does
+        it); None, touching nothing, where the method has no such kernel."""
+        return None
+
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
         """residual += apply(layer, x) in one kernel; False (residual untouched) if not."""
         return False

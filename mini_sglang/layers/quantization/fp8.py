@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from mini_sglang.environ import envs
 from mini_sglang.layers import small_m_gemm
 from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMoEMethod
 from mini_sglang.layers.quantization.base import (
@@ -42,8 +43,10 @@ from mini_sglang.layers.quantization.fp8_kernels import (
     dequantize_blocks,
     dequantize_rows,
     fp8_linear,
+    fp8_linear_quantized,
     quantize_blocks,
     quantize_rows,
+    rmsnorm_per_token_quant,
     triton_fp8_supported,
 )
 from mini_sglang.layers.quantization.fp8_moe import Fp8MoEMethod
@@ -150,6 +153,25 @@ class Fp8LinearMethod(LinearMethodBase):
         if not triton_fp8_supported(x):
             return False
         return small_m_gemm.linear_add_(x, layer.weight, residual, layer.weight_scale)
+
+    def apply_add_rmsnorm(
+        self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> torch.Tensor | None:
+        # Above the GEMV's batch sizes x is quantized per token for torch._scaled_mm anyway:
+        # the norm kernel writes FP8 and the scales straight away (one launch and one
+        # [M, K] write and read less per norm). Opt-in (MINI_SGLANG_FP8_NORM_QUANT=1) until
+        # measured against flashinfer's add-RMSNorm followed by the quantization kernel.
+        if not (
+            envs.MINI_SGLANG_FP8_NORM_QUANT.get()
+            and x.shape[0] > small_m_gemm.MAX_M
+            and triton_fp8_supported(x)
+            and x.dim() == 2
+            and x.is_contiguous()
+            and residual.is_contiguous()
+        ):
+            return None
+        xq, xs = rmsnorm_per_token_quant(x, norm.weight.data, norm.variance_epsilon, residual)
+        return fp8_linear_quantized(xq, xs, layer.weight, layer.weight_scale, x.dtype)
 
 
 class Fp8BlockLinearMethod(LinearMethodBase):

@@ -182,14 +182,39 @@ def fp8_linear(
 ) -> torch.Tensor:
     """x [M, K] @ (w [N, K] fp8 * w_scale [N] per row)^T (+ bias), x quantized per token;
     the result has x's dtype."""
-    xq, xs = per_token_quant(x)
-    if scaled_mm_supported(x, w):
-        out = torch._scaled_mm(
-            xq, w.t(), scale_a=xs, scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16
-        ).to(x.dtype)
-    else:
-        out = F.linear(dequantize_rows(xq, xs), dequantize_rows(w, w_scale)).to(x.dtype)
+    out = fp8_linear_quantized(*per_token_quant(x), w, w_scale, x.dtype)
     return out + bias if bias is not None else out
+
+
+def fp8_linear_quantized(
+    xq: torch.Tensor, xs: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """fp8_linear for an x already quantized per token: xq [M, K] (FP8 values) with scales
+    xs [M, 1]; the result in dtype."""
+    if scaled_mm_supported(xq, w):
+        return torch._scaled_mm(
+            xq, w.t(), scale_a=xs, scale_b=w_scale.view(1, -1), out_dtype=torch.bfloat16
+        ).to(dtype)
+    return F.linear(dequantize_rows(xq, xs), dequantize_rows(w, w_scale)).to(dtype)
+
+
+def rmsnorm_per_token_quant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_quant(RMSNorm(x [+ residual]) * weight) in one Triton launch
+    (fused_kernels.rmsnorm_quant): the same FP8 values and scales as the norm kernel
+    followed by the quantization kernel, without the norm's output round trip through
+    memory. residual, if given, becomes x + residual in place (as the norm leaves it). out:
+    see group_quant_triton."""
+    from mini_sglang.layers import fused_kernels
+
+    q = out if out is not None else torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    s = fused_kernels.rmsnorm_quant(x, weight, eps, residual, q, FP8_MAX, _MIN_AMAX)
+    return q, s
 
 
 def block_fp8_linear(
