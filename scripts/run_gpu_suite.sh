@@ -173,7 +173,8 @@ for step in "${steps[@]}"; do
       # block). An e4m3 pool on Hopper defaults to pages of 16 and flashinfer's XQA decode;
       # fp8_fp8kv_noxqa = both, with MINI_SGLANG_XQA_DECODE=0 (pages of 1, flashinfer's
       # BatchDecode over the FP8 pool); bf16_page16 = bf16 at pages of 16, the FP8 KV arms'
-      # default on Hopper (what pages of 16 cost by themselves). FP8_FLAGS go to every arm
+      # default on Hopper (what pages of 16 cost by themselves); fp8_fp8kv_normquant = both,
+      # with MINI_SGLANG_FP8_NORM_QUANT=1 (the add-RMSNorm writes FP8). FP8_FLAGS go to every arm
       # (e.g. "--page-size 16", so the arms share a page size). FP8_PARTS (default
       # "one_batch offline") picks the workloads. Rows in
       # $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log; each nano-vllm run's
@@ -181,7 +182,10 @@ for step in "${steps[@]}"; do
       # $OUT/fp8_offline_<arm>_<model>_<round>.log.
       declare -A fp8_flags=([bf16]="" [fp8]="--quantization fp8" [fp8kv]="--kv-cache-dtype fp8_e4m3"
         [fp8_fp8kv]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [fp8-block]=""
-        [fp8_fp8kv_noxqa]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [bf16_page16]="--page-size 16")
+        [fp8_fp8kv_noxqa]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [bf16_page16]="--page-size 16"
+        [fp8_fp8kv_normquant]="--quantization fp8 --kv-cache-dtype fp8_e4m3")
+      declare -A fp8_env=([fp8_fp8kv_noxqa]="MINI_SGLANG_XQA_DECODE=0"
+        [fp8_fp8kv_normquant]="MINI_SGLANG_FP8_NORM_QUANT=1")
       for round in $(seq "${FP8_ROUNDS:-1}"); do
         for arm in ${FP8_ARMS:-bf16 fp8 fp8kv fp8_fp8kv}; do
           for m in $MODELS; do
@@ -191,15 +195,14 @@ for step in "${steps[@]}"; do
               rm -rf "$path" && cp -r "$MODEL_ROOT/$m" "$path"
               python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
             fi
-            xqa=$([ "$arm" = fp8_fp8kv_noxqa ] && echo 0)
             [[ " ${FP8_PARTS:-one_batch offline} " == *" one_batch "* ]] && \
-            env ${xqa:+MINI_SGLANG_XQA_DECODE=$xqa} python -m mini_sglang.bench_one_batch --model-path "$path" \
+            env ${fp8_env[$arm]:-} python -m mini_sglang.bench_one_batch --model-path "$path" \
               --load-format dummy ${fp8_flags[$arm]} ${FP8_FLAGS:-} \
               --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler \
               --result-filename "$OUT/fp8_one_batch_$arm.jsonl" 2>&1 | grep -E "Scheduler|KV Cache|Error" \
               | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
             [[ " ${FP8_PARTS:-one_batch offline} " == *" offline "* ]] && \
-            env ${xqa:+MINI_SGLANG_XQA_DECODE=$xqa} python -m mini_sglang.bench_offline_throughput --model-path "$path" \
+            env ${fp8_env[$arm]:-} python -m mini_sglang.bench_offline_throughput --model-path "$path" \
               --load-format dummy ${fp8_flags[$arm]} ${FP8_FLAGS:-} \
               --preset nano-vllm --result-filename "$OUT/fp8_offline_$arm.jsonl" 2>&1 \
               | tee "$OUT/fp8_offline_${arm}_${m}_$round.log" \
