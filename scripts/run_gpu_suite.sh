@@ -75,7 +75,7 @@ for step in "${steps[@]}"; do
       # plus the unit tests whose kernels run compiled (and in bf16) where CUDA is present;
       # GPU_TEST_FILES replaces the file list (e.g. only the files a change touched); runs
       # append to one log
-      python -m pytest -q -p no:cacheprovider -rf --tb=short \
+      python -m pytest -q -p no:cacheprovider -rf --tb=short --durations=20 \
         ${GPU_TEST_FILES:-tests/gpu tests/unit/test_qk_norm_rope_store.py tests/unit/test_fp8_kv_cache.py tests/unit/test_fp8_kernels.py tests/unit/test_fused_moe.py} \
         2>&1 | tee -a "$OUT/gpu_tests.log" | tail -25 ;;
     one_batch)
