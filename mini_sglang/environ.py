@@ -181,8 +181,8 @@ class Envs:
         "", 'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas".'
     )
     MINI_SGLANG_FP8_NORM_QUANT = _flag(
-        "1: with --quantization fp8, above the GEMV's batch sizes the add-RMSNorm before qkv and "
-        "gate_up writes FP8 and per-token scales in one kernel instead of norm then quantize."
+        "1: with --quantization fp8, above the GEMV's batch sizes the add-RMSNorms before qkv "
+        "and gate_up and the SiLU-mul before down write FP8 and per-token scales themselves."
     )
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."

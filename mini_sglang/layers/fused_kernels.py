@@ -8,7 +8,8 @@
 `store_kv`: k and v into the pool in one launch (instead of two index_put kernels).
 Both quantize for an FP8 pool (k / k_scale, v / v_scale, clamped; layers/kv_quant.py).
 `rmsnorm`, `silu_and_mul`: RMSNorm (with the residual add fused in) and the gated activation;
-`rmsnorm_quant`: the RMSNorm quantized per token to FP8 for the next GEMM.
+`rmsnorm_quant`, `silu_and_mul_quant`: their outputs quantized per token to FP8 for the next
+GEMM.
 
 Every kernel here can launch as a programmatic dependent (pdl=True, see kernels.pdl_enabled):
 it is scheduled while the kernel before it drains, loads what no kernel of the step writes
@@ -196,15 +197,26 @@ if triton is not None:
             h = hb.to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(h * h, 0) / N + eps)
         y = (h * r).to(x.dtype.element_ty).to(tl.float32) * wv
-        if QUANT:  # the row in x's dtype, quantized as fp8_kernels.per_token_quant does it
-            y = y.to(x.dtype.element_ty).to(tl.float32)
-            scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), 0), MIN_AMAX), QMAX)
-            y = tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -QMAX), QMAX)
+        if QUANT:
+            y, scale = _quantize_row(y.to(x.dtype.element_ty), QMAX, MIN_AMAX)
             tl.store(out_scale + row, scale)
         tl.store(out + row * stride_o + offs, y.to(out.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _silu_and_mul_kernel(x, out, stride_x, stride_o, D, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    def _silu_and_mul_kernel(
+        x,
+        out,
+        out_scale,
+        stride_x,
+        stride_o,
+        D,
+        BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
+        QUANT: tl.constexpr,
+        QMAX: tl.constexpr,
+        MIN_AMAX: tl.constexpr,
+    ):
+        # with QUANT one program holds the whole row (grid (M, 1)): its amax sets the scale
         row = tl.program_id(0)
         offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < D
@@ -213,7 +225,37 @@ if triton is not None:
             gdc_wait()
         g = tl.load(x + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         u = tl.load(x + row * stride_x + D + offs, mask=mask, other=0.0)
-        tl.store(out + row * stride_o + offs, silu_mul(g, u), mask=mask)
+        y = silu_mul(g, u)
+        if QUANT:
+            y, scale = _quantize_row(y, QMAX, MIN_AMAX)
+            tl.store(out_scale + row, scale)
+        tl.store(out + row * stride_o + offs, y.to(out.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _quantize_row(y, QMAX: tl.constexpr, MIN_AMAX: tl.constexpr):
+        """One row y (masked lanes 0, in the model dtype) -> (float32 y / scale clamped to
+        +-QMAX, scale): the values fp8_kernels.per_token_quant gives for it."""
+        y = y.to(tl.float32)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(y), 0), MIN_AMAX), QMAX)
+        return tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -QMAX), QMAX), scale
+
+
+def silu_and_mul_quant(
+    x: torch.Tensor, out: torch.Tensor, qmax: float, min_amax: float
+) -> torch.Tensor:
+    """silu_and_mul(x) quantized per token into `out` [M, d] (FP8, or float32 holding the
+    FP8 values in Triton's interpreter), the scales [M, 1] float32 returned: the values
+    fp8_kernels.per_token_quant gives for silu_and_mul's output, without that output's
+    round trip through memory."""
+    m, d = x.shape[0], x.shape[1] // 2
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    if m:
+        block = triton.next_power_of_2(d)
+        _silu_and_mul_kernel[(m, 1)](
+            x, out, scale, x.stride(0), out.stride(0), d, BLOCK=block, PDL=False, QUANT=True,
+            QMAX=qmax, MIN_AMAX=min_amax, num_warps=min(16, max(4, block // 1024)),
+        )  # fmt: skip
+    return scale
 
 
 def rmsnorm(
@@ -272,7 +314,8 @@ def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     if m:
         block = 1024
         _silu_and_mul_kernel[(m, triton.cdiv(d, block))](
-            x, out, x.stride(0), out.stride(0), d, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl
+            x, out, out, x.stride(0), out.stride(0), d, BLOCK=block, PDL=pdl, QUANT=False,
+            QMAX=1.0, MIN_AMAX=0.0, num_warps=4, launch_pdl=pdl,
         )  # fmt: skip
     return out
 

@@ -229,11 +229,22 @@ class RowParallelLinear(nn.Module):
         load_row_shard(param, loaded, self.tp_rank)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.quant_method.apply(self, x)
+        return self._reduce(self.quant_method.apply(self, x))
+
+    def _reduce(self, out: torch.Tensor) -> torch.Tensor:
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         # The bias is added once, after the reduction, so it is not counted tp_size times.
         return out + self.bias if self.bias is not None else out
+
+    def forward_after_silu_mul(
+        self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """forward(act(gate_up)) for gate_up = [gate | up] (a gate_up projection's output) and
+        act its SiLU-and-mul; the method may fold act into its input kernel
+        (apply_after_silu_mul, e.g. FP8's per-token quantization)."""
+        out = self.quant_method.apply_after_silu_mul(self, gate_up)
+        return self.forward(act(gate_up)) if out is None else self._reduce(out)
 
     def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """residual += forward(x), in place; on one rank at small batches the add may happen

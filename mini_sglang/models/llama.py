@@ -91,12 +91,13 @@ class LlamaMLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(forward(h), residual) for h, residual = norm(x, residual), gate_up_proj folding
-        the norm into its input where its method can (forward_fused_add_rmsnorm)."""
+        the norm into its input where its method can (forward_fused_add_rmsnorm), and then
+        down_proj the SiLU-mul (forward_after_silu_mul)."""
         gate_up = self.gate_up_proj.forward_fused_add_rmsnorm(x, residual, norm)
         if gate_up is None:
             h, residual = norm(x, residual)
             return self.forward(h), residual
-        return self.down_proj(self.act_fn(gate_up)), residual
+        return self.down_proj.forward_after_silu_mul(gate_up, self.act_fn), residual
 
 
 class LlamaAttention(nn.Module):

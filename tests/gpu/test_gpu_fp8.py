@@ -208,24 +208,29 @@ def test_fp8_gemms_against_float_references(m, n, k):
 
 def test_fp8_norm_quant_fusion_against_the_emulated_model(case, tmp_path, monkeypatch):
     """MINI_SGLANG_FP8_NORM_QUANT=1: above the GEMV's batch sizes (here the prefill of 119
-    tokens) the add-RMSNorm before qkv_proj and gate_up_proj writes FP8 and per-token
-    scales in one kernel; the logits match the emulated FP8 model as the unfused path's do."""
+    tokens) the add-RMSNorm before qkv_proj and gate_up_proj and the SiLU-mul before
+    down_proj write FP8 and per-token scales in one kernel each; the logits match the
+    emulated FP8 model as the unfused path's do."""
     from mini_sglang.layers.quantization import fp8 as fp8_method
     from tests.models.test_fp8_models import bf16_tolerance, emulated_model
 
-    calls = []
-    fused = fp8_method.rmsnorm_per_token_quant
-    monkeypatch.setattr(
-        fp8_method, "rmsnorm_per_token_quant", lambda *a, **k: calls.append(1) or fused(*a, **k)
-    )
+    calls: dict[str, int] = {}
+    for name in ("rmsnorm_per_token_quant", "silu_mul_per_token_quant"):
+
+        def spy(*a, _fused=getattr(fp8_method, name), _name=name, **k):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fused(*a, **k)
+
+        monkeypatch.setattr(fp8_method, name, spy)
     monkeypatch.setenv("MINI_SGLANG_FP8_NORM_QUANT", "1")
     path, quantization, weights, group = _fp8_model(case, "online", tmp_path)
     sched = _scheduler(path, "flashinfer", quantization)
     got = prefill_logits(sched, PROMPTS, all_positions=True).input_logits.float().cpu()
     # every layer's gate_up_proj, and qkv_proj from the second layer on (the first layer
-    # has no residual to add yet)
+    # has no residual to add yet); every layer's down_proj after the SiLU-mul
     layers = len(sched.tp_worker.model_runner.model.model.layers)
-    assert len(calls) >= 2 * layers - 1, (len(calls), layers)
+    assert calls["rmsnorm_per_token_quant"] >= 2 * layers - 1, (calls, layers)
+    assert calls["silu_mul_per_token_quant"] >= layers, (calls, layers)
     want = torch.cat(
         [_all_logits(emulated_model(case.hf_model, weights, group), p) for p in PROMPTS]
     )

@@ -197,6 +197,33 @@ def test_rmsnorm_quant_is_the_norm_then_the_quantization(with_residual):
     torch.testing.assert_close(deq, q_torch.float() * s_torch, rtol=0, atol=float(s.max()) * 32)
 
 
+def test_silu_mul_quant_is_the_activation_then_the_quantization():
+    """fused_kernels' SiLU-and-mul with per-token FP8 output: exactly the values and scales
+    of the activation kernel followed by the quantization kernel, and close to torch's."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers import fused_kernels
+    from mini_sglang.layers.quantization.fp8_kernels import (
+        FP8_DTYPE,
+        group_quant_triton,
+        silu_mul_per_token_quant,
+    )
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x = _rand(3, 2 * 300, seed=6).to(DEVICE, dtype)  # d = 300: a masked tail of the block
+    x[1] = 0.0
+    fp8_out = lambda: None if DEVICE == "cuda" else torch.empty(3, 300)  # noqa: E731
+    q, s = silu_mul_per_token_quant(x, out=fp8_out())
+    q_ref, s_ref = group_quant_triton(fused_kernels.silu_and_mul(x), 300, out=fp8_out())
+    assert q.shape == (3, 300) and s.shape == (3, 1)
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    torch.testing.assert_close(q.float(), q_ref.float(), rtol=0, atol=0)
+    y = torch.nn.functional.silu(x[:, :300].float().cpu()) * x[:, 300:].float().cpu()
+    q_torch, s_torch = per_token_quant(y)
+    torch.testing.assert_close(s.cpu(), s_torch, rtol=1e-2 if DEVICE == "cuda" else 1e-5, atol=0)
+    deq = q.cpu().to(FP8_DTYPE).float() * s.cpu()
+    torch.testing.assert_close(deq, y, rtol=0.07, atol=float(s.max()) * 32)
+
+
 @pytest.mark.parametrize("silu_mul", [False, True])
 def test_gemv_with_per_row_weight_scales(silu_mul):
     pytest.importorskip("triton")

@@ -84,6 +84,11 @@ class LinearMethodBase:
         it); None, touching nothing, where the method has no such kernel."""
         return None
 
+    def apply_after_silu_mul(self, layer: nn.Module, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """apply(layer, silu(gate) * up) for gate_up = [gate | up], with the SiLU-mul folded
+        into the method's own input kernel; None where the method has no such kernel."""
+        return None
+
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
         """residual += apply(layer, x) in one kernel; False (residual untouched) if not."""
         return False

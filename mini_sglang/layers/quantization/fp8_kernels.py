@@ -198,6 +198,19 @@ def fp8_linear_quantized(
     return F.linear(dequantize_rows(xq, xs), dequantize_rows(w, w_scale)).to(dtype)
 
 
+def silu_mul_per_token_quant(
+    x: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_quant(silu(x[:, :d]) * x[:, d:]) in one Triton launch
+    (fused_kernels.silu_and_mul_quant): the values of the activation kernel followed by the
+    quantization kernel. out: see group_quant_triton."""
+    from mini_sglang.layers import fused_kernels
+
+    m, d = x.shape[0], x.shape[1] // 2
+    q = out if out is not None else torch.empty((m, d), dtype=FP8_DTYPE, device=x.device)
+    return q, fused_kernels.silu_and_mul_quant(x, q, FP8_MAX, _MIN_AMAX)
+
+
 def rmsnorm_per_token_quant(
     x: torch.Tensor,
     weight: torch.Tensor,
