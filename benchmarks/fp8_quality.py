@@ -6,13 +6,16 @@ prompts; each prompt's logits at every position come from one prefill. Usage:
 
     python benchmarks/fp8_quality.py MODEL_PATH [--device cpu|cuda] [--dtype auto]
         [--quantization fp8|none] [--kv-cache-dtype auto|fp8_e4m3|fp8_e5m2]
-        [--result-filename out.jsonl]
+        [--decode-from N] [--result-filename out.jsonl]
 
 `--quantization` is what the quantized arm passes (fp8 quantizes a bf16/fp16 checkpoint
 online); for an FP8 checkpoint, pass its path as --quantized-path and the unquantized
 original as MODEL_PATH. `--kv-cache-dtype` is the quantized arm's KV pool (the reference
 keeps the model dtype): each position's attention reads its prompt's keys and values back
-from the pool, so an FP8 pool's rounding reaches every logit but the first. Prints one JSON line: positions, top1_agreement (fraction of
+from the pool, so an FP8 pool's rounding reaches every logit but the first. A prefill reads
+the pool with the prefill kernel; `--decode-from N` runs positions N - 1 on as teacher-forced
+decode steps instead (decode_logits), through the decode kernel generation uses (XQA for an
+e4m3 pool on Hopper, where it is the default). Prints one JSON line: positions, top1_agreement (fraction of
 positions whose argmax matches), mean_kl (nats, KL(reference || quantized)), max_kl.
 """
 
@@ -78,6 +81,46 @@ def position_logits(scheduler, prompts: list[list[int]]) -> list[torch.Tensor]:
     return out
 
 
+def decode_logits(scheduler, prompts: list[list[int]], prefill: int) -> list[torch.Tensor]:
+    """Float32 logits [len(p) - prefill + 1, vocab] at positions prefill - 1 .. len(p) - 1 of
+    each prompt: the first from a prefill of p[:prefill], every later one from a decode step
+    fed the prompt's next token (teacher forcing), so those positions run the decode
+    attention kernel over the KV pool, as generation does (an FP8 pool on Hopper: XQA)."""
+    from mini_sglang.managers.req import Req
+    from mini_sglang.managers.schedule_batch import ScheduleBatch
+    from mini_sglang.sampling.sampling_params import SamplingParams
+
+    out = []
+    for i, ids in enumerate(prompts):
+        sp = SamplingParams(max_new_tokens=len(ids), temperature=0.0)
+        sp.normalize(None)
+        vocab = scheduler.model_config.vocab_size
+        req = Req(f"d{i}", "", ids[:prefill], sp, vocab_size=vocab)
+        req.init_next_round_input(None)
+        batch = ScheduleBatch(
+            [req],
+            scheduler.req_to_token_pool,
+            scheduler.allocator,
+            scheduler.tree_cache,
+            vocab,
+            scheduler.device,
+        )
+        batch.prepare_for_extend()
+        rows = []
+        for t in range(prefill, len(ids) + 1):
+            result = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
+            rows.append(result.logits_output.next_token_logits[0].float().cpu())
+            if t == len(ids):
+                break
+            batch.output_ids = torch.tensor([ids[t]], dtype=torch.int64, device=scheduler.device)
+            batch.prepare_for_decode()
+        table = scheduler.req_to_token_pool.req_to_token
+        scheduler.allocator.free(table[req.req_pool_idx, : len(ids)].to(torch.int64))
+        scheduler.req_to_token_pool.free(req.req_pool_idx)
+        out.append(torch.stack(rows))
+    return out
+
+
 def make_scheduler(
     model_path: str, device: str, dtype: str, quantization: str | None, kv: str = "auto"
 ):
@@ -120,24 +163,41 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", help="the quantized arm's KV pool")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--decode-from",
+        type=int,
+        default=0,
+        help="N > 0: positions from N - 1 on come from teacher-forced decode steps (both "
+        "arms), so an FP8 KV arm is read by the decode kernel (XQA on Hopper) as in "
+        "generation; 0: every position from one prefill",
+    )
     parser.add_argument("--result-filename", default=None)
     args = parser.parse_args()
     quantization = None if args.quantization == "none" else args.quantization
     t0 = time.perf_counter()
     ref_sched = make_scheduler(args.model_path, args.device, args.dtype, None)
     prompts = [ref_sched.tokenizer.encode(p) for p in PASSAGES]
-    ref = position_logits(ref_sched, prompts)
+
+    def logits(sched) -> list[torch.Tensor]:
+        if args.decode_from > 0:
+            return decode_logits(sched, prompts, args.decode_from)
+        return position_logits(sched, prompts)
+
+    ref = logits(ref_sched)
     del ref_sched
     quant_path = args.quantized_path or args.model_path
     quant_sched = make_scheduler(
         quant_path, args.device, args.dtype, quantization, args.kv_cache_dtype
     )
-    got = position_logits(quant_sched, prompts)
+    got = logits(quant_sched)
+    page_size = quant_sched.page_size
     result = {
         "model_path": args.model_path,
         "quantized_path": quant_path,
         "quantization": quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "page_size": page_size,
+        "decode_from": args.decode_from,
         "device": args.device,
         "dtype": args.dtype,
         **compare(ref, got),

