@@ -1,4 +1,5 @@
-"""The per-step KV allocation never waits for the GPU (CUDA only).
+"""The per-step KV allocation and the frees of finished requests never wait for the GPU
+(CUDA only).
 
 With overlap scheduling the host prepares step N+1 while the GPU runs step N; one
 device->host read in that path (an `int(device_tensor.sum())`, a `repeat_interleave`
@@ -33,15 +34,24 @@ def test_alloc_extend_and_decode_do_not_sync(ps: int) -> None:
     extend_ends = torch.cumsum(seq_cpu - prefix_cpu, 0).cuda()
     new_lens_cpu = seq_cpu + 1
     new_lens_dev = new_lens_cpu.cuda()
+    e1, e2 = torch.cumsum(seq_cpu - prefix_cpu, 0)[1:3].tolist()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         out = a.alloc_extend(prefix_cpu, seq_cpu, last_loc, n)
         dec = a.alloc_decode(new_lens_dev, out[extend_ends - 1], new_lens_cpu)
+        before = a.available_size()
+        # a finished request's tail (request 2's positions ps .. 3 ps - 1, page-aligned) in
+        # a grouped free, as the output processor frees: no torch.unique of page ids
+        a.free_group_begin()
+        a.free(out[e1:e2])
+        a.free_group_end()
+        after = a.available_size()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out is not None and out.numel() == n
     assert dec is not None and dec.numel() == 4
+    assert after - before == 2 * ps
     # paged layout: position p of a request sits at offset p % ps of its page
     assert ((dec.cpu() % ps) == ((new_lens_cpu - 1) % ps)).all()
     ref = get_allocator(1024 * ps, ps)  # the same calls on the CPU give the same slots
