@@ -198,7 +198,9 @@ for step in "${steps[@]}"; do
       # fp8_fp8kv_noxqa = both, with MINI_SGLANG_XQA_DECODE=0 (pages of 1, flashinfer's
       # BatchDecode over the FP8 pool); bf16_page16 = bf16 at pages of 16, the FP8 KV arms'
       # default on Hopper (what pages of 16 cost by themselves); fp8_fp8kv_normquant = both,
-      # with MINI_SGLANG_FP8_NORM_QUANT=1 (the add-RMSNorm writes FP8). FP8_FLAGS go to every arm
+      # with MINI_SGLANG_FP8_NORM_QUANT=1 (the add-RMSNorm writes FP8); minisgl =
+      # sgl-project/mini-sglang in bf16 (compare_engines.py --only second: batch 1 and the
+      # nano-vllm workload; .minisgl on PYTHONPATH). FP8_FLAGS go to every arm
       # (e.g. "--page-size 16", so the arms share a page size). FP8_PARTS (default
       # "one_batch offline") picks the workloads. Rows in
       # $OUT/fp8_{one_batch,offline}_<arm>.jsonl, lines in $OUT/fp8.log; each nano-vllm run's
@@ -214,6 +216,12 @@ for step in "${steps[@]}"; do
         for arm in ${FP8_ARMS:-bf16 fp8 fp8kv fp8_fp8kv}; do
           for m in $MODELS; do
             path="$MODEL_ROOT/$m"
+            if [ "$arm" = minisgl ]; then  # both workloads of compare_engines.py, theirs only
+              python benchmarks/compare_engines.py --model-dir "$path" --only second \
+                --out "$OUT/fp8_minisgl.jsonl" 2>&1 | grep -E "^(decode|output)|minisgl|rror" \
+                | sed "s/^/round $round $arm $m /" | tee -a "$OUT/fp8.log"
+              continue
+            fi
             if [ "$arm" = fp8-block ]; then
               path="$MODEL_ROOT/$m-fp8-block"
               rm -rf "$path" && cp -r "$MODEL_ROOT/$m" "$path"
