@@ -368,3 +368,9 @@ def test_block_table_lists_each_requests_pages():
     got = block_table(r2t, rows, page, out)
     assert got.shape == (3, 16)
     assert [got[i, : len(w)].tolist() for i, w in enumerate(want)] == want
+    # only the pages the longest request (16 tokens: 4 pages) fills, the rest untouched
+    out = torch.full((6, 16), -1, dtype=torch.int32)
+    got = block_table(r2t, rows, page, out, max_len=16)
+    assert got.shape == (3, 4) and out[:, 4:].eq(-1).all()
+    assert [got[i, : len(w)].tolist() for i, w in enumerate(want)] == want
+    assert block_table(r2t, rows, page, out, max_len=17).shape == (3, 5)

@@ -68,14 +68,23 @@ def xqa_decode_ok(
 
 
 def block_table(
-    req_to_token: torch.Tensor, rows: torch.Tensor, page_size: int, out: torch.Tensor
+    req_to_token: torch.Tensor,
+    rows: torch.Tensor,
+    page_size: int,
+    out: torch.Tensor,
+    max_len: int | None = None,
 ) -> torch.Tensor:
     """Each request's page ids, out[i, j] = page j of request rows[i] (the slot of its token
-    j * page_size, divided by page_size), for as many pages as out has columns; returns the
-    filled rows out[:len(rows)]. Pages past a request's length hold whatever its
-    req_to_token row holds there and are never read. E.g. page_size 16, a request whose
-    tokens 0..20 sit in slots 160..180: its row starts [10, 11]."""
+    j * page_size, divided by page_size), for the pages that max_len tokens fill (default:
+    as many as out has columns); returns the filled block out[:len(rows), :pages]. Pages
+    past a request's length hold whatever was there and are never read, so a batch whose
+    longest request has max_len tokens gathers ceil(max_len / page_size) columns, not the
+    context length's (8,192 strided reads a row for a 131,072-token context). E.g.
+    page_size 16, a request whose tokens 0..20 sit in slots 160..180: its row starts
+    [10, 11]."""
     n, pages = len(rows), out.shape[1]
+    if max_len is not None:
+        pages = min(pages, -(-max_len // page_size))
     starts = req_to_token[rows.long(), : pages * page_size : page_size]
     return torch.floor_divide(starts, page_size, out=out[:n, : starts.shape[1]])
 
@@ -259,7 +268,8 @@ class FlashInferAttnBackend(AttentionBackend):
         """The batch's block table and lengths into the XQA buffers (stream-ordered after the
         previous step's kernels that read them)."""
         bs = len(fb.seq_lens)
-        block_table(self.req_to_token, fb.req_pool_indices, self.page_size, self.xqa_pages)
+        max_len = int(fb.seq_lens_cpu.max()) if bs else 1  # host lengths: no sync
+        block_table(self.req_to_token, fb.req_pool_indices, self.page_size, self.xqa_pages, max_len)
         self.xqa_seq_lens[:bs].copy_(fb.seq_lens)
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
