@@ -294,7 +294,18 @@ def rmsnorm_quant(
     return scale
 
 
-def _launch_rmsnorm(x, weight, eps, residual, out, scale, pdl, qmax=1.0, min_amax=0.0) -> None:
+def _launch_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None,
+    out: torch.Tensor,
+    scale: torch.Tensor | None,
+    pdl: bool,
+    qmax: float = 1.0,
+    min_amax: float = 0.0,
+) -> None:
+    """One _rmsnorm_kernel launch: rmsnorm's, or with `scale` rmsnorm_quant's."""
     m, n = x.shape
     if m:
         res = residual if residual is not None else x
