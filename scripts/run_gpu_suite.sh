@@ -402,4 +402,8 @@ for step in "${steps[@]}"; do
       bash scripts/bench_serving_gpu.sh "$MODEL_ROOT/llama-3.1-8b" "$OUT" 2>&1 | tail -80 | tee -a "$OUT/serving.log" ;;
   esac
 done
+# The start-up kernel picks this run timed (kernel_choices: GEMV configs per shape), for
+# shipping in mini_sglang/layers/kernel_configs/ where a card has none for those shapes.
+picks=${MINI_SGLANG_CACHE_DIR:-$HOME/.cache/mini_sglang}/kernel_choices
+[ -d "$picks" ] && mkdir -p "$OUT/kernel_choices" && cp "$picks"/*.json "$OUT/kernel_choices/" 2>/dev/null
 exit 0
