@@ -52,31 +52,40 @@ PASSAGES = [
 ]
 
 
-def position_logits(scheduler, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """Float32 logits [len(p), vocab] at every position of each prompt (one prefill each)."""
+def _prefill_batch(scheduler, rid: str, ids: list[int], **req_kw):
+    """(req, batch): one greedy request for `ids`, its extend batch prepared (KV slots
+    allocated) on the scheduler's pools."""
     from mini_sglang.managers.req import Req
     from mini_sglang.managers.schedule_batch import ScheduleBatch
     from mini_sglang.sampling.sampling_params import SamplingParams
 
+    sp = SamplingParams(max_new_tokens=1, temperature=0.0)
+    sp.normalize(None)
+    vocab = scheduler.model_config.vocab_size
+    req = Req(rid, "", ids, sp, vocab_size=vocab, **req_kw)
+    req.init_next_round_input(None)
+    pools = (scheduler.req_to_token_pool, scheduler.allocator, scheduler.tree_cache)
+    batch = ScheduleBatch([req], *pools, vocab, scheduler.device)
+    batch.prepare_for_extend()
+    return req, batch
+
+
+def _release(scheduler, req, kv_len: int) -> None:
+    """Free the request's KV slots (positions 0 .. kv_len - 1) and its request slot."""
+    table = scheduler.req_to_token_pool.req_to_token
+    scheduler.allocator.free(table[req.req_pool_idx, :kv_len].to(torch.int64))
+    scheduler.req_to_token_pool.free(req.req_pool_idx)
+
+
+def position_logits(scheduler, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Float32 logits [len(p), vocab] at every position of each prompt (one prefill each)."""
     out = []
     for i, ids in enumerate(prompts):
-        sp = SamplingParams(max_new_tokens=1, temperature=0.0)
-        sp.normalize(None)
-        vocab = scheduler.model_config.vocab_size
-        req = Req(f"q{i}", "", ids, sp, vocab_size=vocab, return_logprob=True, logprob_start_len=0)
-        req.init_next_round_input(None)
-        batch = ScheduleBatch(
-            [req],
-            scheduler.req_to_token_pool,
-            scheduler.allocator,
-            scheduler.tree_cache,
-            vocab,
-            scheduler.device,
+        req, batch = _prefill_batch(
+            scheduler, f"q{i}", ids, return_logprob=True, logprob_start_len=0
         )
-        batch.prepare_for_extend()
         result = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
-        scheduler.allocator.free(batch.out_cache_loc)
-        scheduler.req_to_token_pool.free([req.req_pool_idx])
+        _release(scheduler, req, len(ids))
         out.append(result.logits_output.input_logits[: len(ids)].float().cpu())
     return out
 
@@ -86,26 +95,9 @@ def decode_logits(scheduler, prompts: list[list[int]], prefill: int) -> list[tor
     each prompt: the first from a prefill of p[:prefill], every later one from a decode step
     fed the prompt's next token (teacher forcing), so those positions run the decode
     attention kernel over the KV pool, as generation does (an FP8 pool on Hopper: XQA)."""
-    from mini_sglang.managers.req import Req
-    from mini_sglang.managers.schedule_batch import ScheduleBatch
-    from mini_sglang.sampling.sampling_params import SamplingParams
-
     out = []
     for i, ids in enumerate(prompts):
-        sp = SamplingParams(max_new_tokens=len(ids), temperature=0.0)
-        sp.normalize(None)
-        vocab = scheduler.model_config.vocab_size
-        req = Req(f"d{i}", "", ids[:prefill], sp, vocab_size=vocab)
-        req.init_next_round_input(None)
-        batch = ScheduleBatch(
-            [req],
-            scheduler.req_to_token_pool,
-            scheduler.allocator,
-            scheduler.tree_cache,
-            vocab,
-            scheduler.device,
-        )
-        batch.prepare_for_extend()
+        req, batch = _prefill_batch(scheduler, f"d{i}", ids[:prefill])
         rows = []
         for t in range(prefill, len(ids) + 1):
             result = scheduler.tp_worker.forward_batch_generation(batch.get_model_worker_batch())
@@ -114,9 +106,7 @@ def decode_logits(scheduler, prompts: list[list[int]], prefill: int) -> list[tor
                 break
             batch.output_ids = torch.tensor([ids[t]], dtype=torch.int64, device=scheduler.device)
             batch.prepare_for_decode()
-        table = scheduler.req_to_token_pool.req_to_token
-        scheduler.allocator.free(table[req.req_pool_idx, : len(ids)].to(torch.int64))
-        scheduler.req_to_token_pool.free(req.req_pool_idx)
+        _release(scheduler, req, len(ids))
         out.append(torch.stack(rows))
     return out
 

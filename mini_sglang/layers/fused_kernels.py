@@ -7,9 +7,8 @@
   and returns q. Unfused, this is 2 RMSNorm + 1 RoPE + 2 index_put kernels plus copies.
 `store_kv`: k and v into the pool in one launch (instead of two index_put kernels).
 Both quantize for an FP8 pool (k / k_scale, v / v_scale, clamped; layers/kv_quant.py).
-`rmsnorm`, `silu_and_mul`: RMSNorm (with the residual add fused in) and the gated activation;
-`rmsnorm_quant`, `silu_and_mul_quant`: their outputs quantized per token to FP8 for the next
-GEMM.
+`rmsnorm`, `silu_and_mul`: RMSNorm (with the residual add fused in) and the gated activation,
+either of them optionally writing its result quantized per token (RowQuant) for an FP8 GEMM.
 
 Every kernel here can launch as a programmatic dependent (pdl=True, see kernels.pdl_enabled):
 it is scheduled while the kernel before it drains, loads what no kernel of the step writes
@@ -25,6 +24,8 @@ heads 40..47.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -240,22 +241,18 @@ if triton is not None:
         return tl.minimum(tl.maximum(tl.math.div_rn(y, scale), -QMAX), QMAX), scale
 
 
-def silu_and_mul_quant(
-    x: torch.Tensor, out: torch.Tensor, qmax: float, min_amax: float
-) -> torch.Tensor:
-    """silu_and_mul(x) quantized per token into `out` [M, d] (FP8, or float32 holding the
-    FP8 values in Triton's interpreter), the scales [M, 1] float32 returned: the values
-    fp8_kernels.per_token_quant gives for silu_and_mul's output, without that output's
-    round trip through memory."""
-    m, d = x.shape[0], x.shape[1] // 2
-    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    if m:
-        block = triton.next_power_of_2(d)
-        _silu_and_mul_kernel[(m, 1)](
-            x, out, scale, x.stride(0), out.stride(0), d, BLOCK=block, PDL=False, QUANT=True,
-            QMAX=qmax, MIN_AMAX=min_amax, num_warps=min(16, max(4, block // 1024)),
-        )  # fmt: skip
-    return scale
+@dataclass(frozen=True)
+class RowQuant:
+    """Where a kernel writes its result quantized per row instead (the values
+    fp8_kernels.per_token_quant gives for that result, without its round trip through
+    memory): values into `out` (FP8, or float32 holding FP8 values in Triton's
+    interpreter), row scales into `scale` [M, 1] float32; `qmax` is the format's largest
+    finite value, `min_amax` the smallest amax a scale is derived from."""
+
+    out: torch.Tensor
+    scale: torch.Tensor
+    qmax: float
+    min_amax: float
 
 
 def rmsnorm(
@@ -264,69 +261,41 @@ def rmsnorm(
     eps: float,
     residual: torch.Tensor | None = None,
     pdl: bool = False,
+    quant: RowQuant | None = None,
 ) -> torch.Tensor:
     """RMSNorm(x) * weight as HF computes it, for x [M, N] with unit column stride.
 
     With a residual it works in place, as flashinfer's fused_add_rmsnorm: residual += x, then
     x = RMSNorm(residual) * weight, and x is returned. Without one the result is a new tensor.
+    With `quant` the result goes to quant.out (returned) and quant.scale, and x is not
+    written (the residual still is).
     """
-    out = x if residual is not None else torch.empty_like(x)
-    _launch_rmsnorm(x, weight, eps, residual, out, None, pdl)
-    return out
-
-
-def rmsnorm_quant(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None,
-    out: torch.Tensor,
-    qmax: float,
-    min_amax: float,
-) -> torch.Tensor:
-    """rmsnorm's result quantized per token into `out` (FP8, or float32 holding the FP8
-    values in Triton's interpreter), with the per-token scales [M, 1] float32 returned:
-    the values fp8_kernels.per_token_quant gives for rmsnorm's output, without writing and
-    re-reading that output. residual is updated in place as rmsnorm updates it; x is not
-    written."""
-    scale = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
-    _launch_rmsnorm(x, weight, eps, residual, out, scale, False, qmax, min_amax)
-    return scale
-
-
-def _launch_rmsnorm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None,
-    out: torch.Tensor,
-    scale: torch.Tensor | None,
-    pdl: bool,
-    qmax: float = 1.0,
-    min_amax: float = 0.0,
-) -> None:
-    """One _rmsnorm_kernel launch: rmsnorm's, or with `scale` rmsnorm_quant's."""
     m, n = x.shape
+    out = quant.out if quant else x if residual is not None else torch.empty_like(x)
     if m:
         res = residual if residual is not None else x
         _rmsnorm_kernel[(m,)](
-            x, res, weight, out, scale if scale is not None else weight, x.stride(0),
-            res.stride(0), out.stride(0), n, eps, BLOCK=triton.next_power_of_2(n),
-            HAS_RES=residual is not None, PDL=pdl, QUANT=scale is not None, QMAX=qmax,
-            MIN_AMAX=min_amax, num_warps=8, launch_pdl=pdl,
+            x, res, weight, out, quant.scale if quant else weight, x.stride(0), res.stride(0),
+            out.stride(0), n, eps, BLOCK=triton.next_power_of_2(n), HAS_RES=residual is not None,
+            PDL=pdl, QUANT=quant is not None, QMAX=quant.qmax if quant else 1.0,
+            MIN_AMAX=quant.min_amax if quant else 0.0, num_warps=8, launch_pdl=pdl,
         )  # fmt: skip
+    return out
 
 
-def silu_and_mul(x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, pdl: bool = False, quant: RowQuant | None = None) -> torch.Tensor:
     """silu(x[:, :d]) * x[:, d:] for x [M, 2d], rounding silu to x's dtype before the product
-    as flashinfer and HF do."""
+    as flashinfer and HF do. With `quant` the result goes to quant.out (returned) and
+    quant.scale: one program then holds a whole row, whose amax sets its scale."""
     m, d = x.shape[0], x.shape[1] // 2
-    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    out = quant.out if quant else torch.empty((m, d), dtype=x.dtype, device=x.device)
     if m:
-        block = 1024
+        block = triton.next_power_of_2(d) if quant else 1024
         _silu_and_mul_kernel[(m, triton.cdiv(d, block))](
-            x, out, out, x.stride(0), out.stride(0), d, BLOCK=block, PDL=pdl, QUANT=False,
-            QMAX=1.0, MIN_AMAX=0.0, num_warps=4, launch_pdl=pdl,
+            x, out, quant.scale if quant else out, x.stride(0), out.stride(0), d, BLOCK=block,
+            PDL=pdl, QUANT=quant is not None, QMAX=quant.qmax if quant else 1.0,
+            MIN_AMAX=quant.min_amax if quant else 0.0,
+            num_warps=min(16, max(4, block // 1024)), launch_pdl=pdl,
         )  # fmt: skip
     return out
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mini_sglang.layers import fused_kernels
+from mini_sglang.layers.fused_kernels import RowQuant
+
 try:
     import triton
     import triton.language as tl
@@ -201,14 +204,13 @@ def fp8_linear_quantized(
 def silu_mul_per_token_quant(
     x: torch.Tensor, out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """per_token_quant(silu(x[:, :d]) * x[:, d:]) in one Triton launch
-    (fused_kernels.silu_and_mul_quant): the values of the activation kernel followed by the
+    """per_token_quant(silu(x[:, :d]) * x[:, d:]) in one Triton launch (fused_kernels.
+    silu_and_mul with a RowQuant): the values of the activation kernel followed by the
     quantization kernel. out: see group_quant_triton."""
-    from mini_sglang.layers import fused_kernels
-
     m, d = x.shape[0], x.shape[1] // 2
-    q = out if out is not None else torch.empty((m, d), dtype=FP8_DTYPE, device=x.device)
-    return q, fused_kernels.silu_and_mul_quant(x, q, FP8_MAX, _MIN_AMAX)
+    quant = _row_quant(out if out is not None else x.new_empty((m, d), dtype=FP8_DTYPE))
+    fused_kernels.silu_and_mul(x, quant=quant)
+    return quant.out, quant.scale
 
 
 def rmsnorm_per_token_quant(
@@ -218,16 +220,20 @@ def rmsnorm_per_token_quant(
     residual: torch.Tensor | None,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """per_token_quant(RMSNorm(x [+ residual]) * weight) in one Triton launch
-    (fused_kernels.rmsnorm_quant): the same FP8 values and scales as the norm kernel
-    followed by the quantization kernel, without the norm's output round trip through
-    memory. residual, if given, becomes x + residual in place (as the norm leaves it). out:
-    see group_quant_triton."""
-    from mini_sglang.layers import fused_kernels
+    """per_token_quant(RMSNorm(x [+ residual]) * weight) in one Triton launch (fused_kernels.
+    rmsnorm with a RowQuant): the same FP8 values and scales as the norm kernel followed by
+    the quantization kernel, without the norm's output round trip through memory. residual,
+    if given, becomes x + residual in place (as the norm leaves it). out: see
+    group_quant_triton."""
+    quant = _row_quant(out if out is not None else x.new_empty(x.shape, dtype=FP8_DTYPE))
+    fused_kernels.rmsnorm(x, weight, eps, residual, quant=quant)
+    return quant.out, quant.scale
 
-    q = out if out is not None else torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
-    s = fused_kernels.rmsnorm_quant(x, weight, eps, residual, q, FP8_MAX, _MIN_AMAX)
-    return q, s
+
+def _row_quant(out: torch.Tensor) -> RowQuant:
+    """fused_kernels' per-token FP8 output into `out`, with scales as per_token_quant's."""
+    scale = torch.empty((out.shape[0], 1), dtype=torch.float32, device=out.device)
+    return RowQuant(out, scale, FP8_MAX, _MIN_AMAX)
 
 
 def block_fp8_linear(
