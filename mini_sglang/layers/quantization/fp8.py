@@ -98,6 +98,8 @@ class Fp8LinearMethod(LinearMethodBase):
 
     def __init__(self, online: bool) -> None:
         self.online = online
+        # read once at model build, not per layer call (see apply_add_rmsnorm)
+        self.fuse_input_quant = envs.MINI_SGLANG_FP8_NORM_QUANT.get()
 
     def create_weights(
         self,
@@ -162,25 +164,24 @@ class Fp8LinearMethod(LinearMethodBase):
         # the norm kernel writes FP8 and the scales straight away (one launch and one
         # [M, K] write and read less per norm). Opt-in (MINI_SGLANG_FP8_NORM_QUANT=1) until
         # measured against flashinfer's kernels followed by the quantization kernel.
-        if not (_fuse_input_quant(x) and residual.is_contiguous()):
+        if not (self.fuse_input_quant and _input_quant_fits(x) and residual.is_contiguous()):
             return None
         xq, xs = rmsnorm_per_token_quant(x, norm.weight.data, norm.variance_epsilon, residual)
         return fp8_linear_quantized(xq, xs, layer.weight, layer.weight_scale, x.dtype)
 
     def apply_after_silu_mul(self, layer: nn.Module, gate_up: torch.Tensor) -> torch.Tensor | None:
         # as apply_add_rmsnorm: the SiLU-mul kernel writes FP8 and the scales
-        if not _fuse_input_quant(gate_up):
+        if not (self.fuse_input_quant and _input_quant_fits(gate_up)):
             return None
         xq, xs = silu_mul_per_token_quant(gate_up)
         return fp8_linear_quantized(xq, xs, layer.weight, layer.weight_scale, gate_up.dtype)
 
 
-def _fuse_input_quant(x: torch.Tensor) -> bool:
-    """Whether the kernel before an FP8 linear quantizes x for it (MINI_SGLANG_FP8_NORM_QUANT,
-    above the GEMV's batch sizes, where Triton writes FP8)."""
+def _input_quant_fits(x: torch.Tensor) -> bool:
+    """Whether the kernel before an FP8 linear can quantize x for it: above the GEMV's batch
+    sizes, where Triton writes FP8."""
     return (
-        envs.MINI_SGLANG_FP8_NORM_QUANT.get()
-        and x.dim() == 2
+        x.dim() == 2
         and x.shape[0] > small_m_gemm.MAX_M
         and triton_fp8_supported(x)
         and x.is_contiguous()
