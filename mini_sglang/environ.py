@@ -180,9 +180,12 @@ class Envs:
     MINI_SGLANG_GEMV_CONFIGS = EnvStr(
         "", 'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas".'
     )
-    MINI_SGLANG_FP8_NORM_QUANT = _flag(
-        "1: with --quantization fp8, above the GEMV's batch sizes the add-RMSNorms before qkv "
-        "and gate_up and the SiLU-mul before down write FP8 and per-token scales themselves."
+    MINI_SGLANG_FP8_NORM_QUANT = EnvBool(
+        True,
+        "0: with --quantization fp8, above the GEMV's batch sizes the add-RMSNorms before qkv "
+        "and gate_up and the SiLU-mul before down write bf16, and a separate kernel quantizes "
+        "it per token for the FP8 GEMM (by default they write FP8 and the scales themselves).",
+        ("1", "true"),
     )
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."

@@ -197,8 +197,9 @@ for step in "${steps[@]}"; do
       # block). An e4m3 pool on Hopper defaults to pages of 16 and flashinfer's XQA decode;
       # fp8_fp8kv_noxqa = both, with MINI_SGLANG_XQA_DECODE=0 (pages of 1, flashinfer's
       # BatchDecode over the FP8 pool); bf16_page16 = bf16 at pages of 16, the FP8 KV arms'
-      # default on Hopper (what pages of 16 cost by themselves); fp8_fp8kv_normquant = both,
-      # with MINI_SGLANG_FP8_NORM_QUANT=1 (the add-RMSNorm writes FP8); minisgl =
+      # default on Hopper (what pages of 16 cost by themselves); fp8_fp8kv_nonormquant = both,
+      # with MINI_SGLANG_FP8_NORM_QUANT=0 (the add-RMSNorm writes bf16 and a separate kernel
+      # quantizes it); minisgl =
       # sgl-project/mini-sglang in bf16 (compare_engines.py --only second: batch 1 and the
       # nano-vllm workload; .minisgl on PYTHONPATH). FP8_FLAGS go to every arm
       # (e.g. "--page-size 16", so the arms share a page size). FP8_PARTS (default
@@ -209,9 +210,9 @@ for step in "${steps[@]}"; do
       declare -A fp8_flags=([bf16]="" [fp8]="--quantization fp8" [fp8kv]="--kv-cache-dtype fp8_e4m3"
         [fp8_fp8kv]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [fp8-block]=""
         [fp8_fp8kv_noxqa]="--quantization fp8 --kv-cache-dtype fp8_e4m3" [bf16_page16]="--page-size 16"
-        [fp8_fp8kv_normquant]="--quantization fp8 --kv-cache-dtype fp8_e4m3")
+        [fp8_fp8kv_nonormquant]="--quantization fp8 --kv-cache-dtype fp8_e4m3")
       declare -A fp8_env=([fp8_fp8kv_noxqa]="MINI_SGLANG_XQA_DECODE=0"
-        [fp8_fp8kv_normquant]="MINI_SGLANG_FP8_NORM_QUANT=1")
+        [fp8_fp8kv_nonormquant]="MINI_SGLANG_FP8_NORM_QUANT=0")
       for round in $(seq "${FP8_ROUNDS:-1}"); do
         for arm in ${FP8_ARMS:-bf16 fp8 fp8kv fp8_fp8kv}; do
           for m in $MODELS; do

@@ -162,8 +162,7 @@ class Fp8LinearMethod(LinearMethodBase):
     ) -> torch.Tensor | None:
         # Above the GEMV's batch sizes x is quantized per token for torch._scaled_mm anyway:
         # the norm kernel writes FP8 and the scales straight away (one launch and one
-        # [M, K] write and read less per norm). Opt-in (MINI_SGLANG_FP8_NORM_QUANT=1) until
-        # measured against flashinfer's kernels followed by the quantization kernel.
+        # [M, K] write and read less per norm; MINI_SGLANG_FP8_NORM_QUANT=0 turns it off).
         if not (self.fuse_input_quant and _input_quant_fits(x) and residual.is_contiguous()):
             return None
         xq, xs = rmsnorm_per_token_quant(x, norm.weight.data, norm.variance_epsilon, residual)
