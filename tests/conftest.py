@@ -33,6 +33,43 @@ import torch
 torch.set_num_threads(1)
 
 
+def use_interpreted_gemvs(monkeypatch) -> None:
+    """Every fused small-batch GEMV (small_m_gemm.norm_fusion_config's users) runs the Triton
+    kernel for batches of <= 8 rows, in Triton's interpreter on CPU (skips where the
+    interpreter is off: tests/gpu runs the compiled kernels); larger batches take the
+    fallbacks."""
+    import os
+
+    from mini_sglang.layers import small_m_gemm
+
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") != "1":  # set above where there is no GPU
+        pytest.skip("this scheduler runs on CPU; tests/gpu runs the compiled kernels")
+    fix_triton_interpreter_index()
+
+    def config(x: torch.Tensor, w: torch.Tensor, variant: tuple) -> tuple | None:
+        return (16, 32, 4) if x.shape[0] <= 8 else None  # 2+ K blocks at hidden 64
+
+    monkeypatch.setattr(small_m_gemm, "norm_fusion_config", config)
+
+
+def count_norm_out_gemvs(monkeypatch) -> list[int]:
+    """A list that receives the row count of every small_m_gemm.gemv call that writes the
+    normalised rows (norm_out: the MoE router's GEMV taking the post-attention norm)."""
+    from mini_sglang.layers import small_m_gemm
+
+    calls: list[int] = []
+    gemv = small_m_gemm.gemv
+
+    def counting_gemv(*args, norm_out=None, **kwargs):
+        if norm_out is not None:
+            calls.append(args[0].shape[0])
+        return gemv(*args, norm_out=norm_out, **kwargs)
+
+    monkeypatch.setattr(small_m_gemm, "gemv", counting_gemv)
+    return calls
+
+
 def fix_triton_interpreter_index() -> None:
     """Triton 3.6's interpreter implements tensor.__index__ (used by range() with tensor
     bounds) as int(array) on a 1-element 1-D array, which numpy >= 2.4 rejects. Take the

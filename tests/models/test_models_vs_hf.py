@@ -10,7 +10,6 @@ After every run all KV and request slots must be free again.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,12 @@ from tests.conftest import (
     assert_memory_all_free,
     build_tiny_model,
     collect_outputs,
-    fix_triton_interpreter_index,
     hf_greedy,
     make_req,
     make_scheduler,
     prefill_logits,
     run_prompts,
+    use_interpreted_gemvs,
 )
 
 ARCHS = ["llama", "qwen2", "qwen3"]
@@ -270,19 +269,10 @@ def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, gemvs: str, monkeyp
     fused GEMVs (small_m_gemm.linear_rmsnorm, linear_add_) serve every batch of <= 8 rows, in
     Triton's interpreter on CPU; prefill batches take the fallbacks."""
     import mini_sglang.models.llama as llama
-    from mini_sglang.layers import small_m_gemm
 
     monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
     if gemvs == "triton":
-        pytest.importorskip("triton")
-        if os.environ.get("TRITON_INTERPRET") != "1":  # set by conftest where there is no GPU
-            pytest.skip("this scheduler runs on CPU; tests/gpu runs the compiled kernels")
-        fix_triton_interpreter_index()
-
-        def config(x: torch.Tensor, w: torch.Tensor, variant: tuple) -> tuple | None:
-            return (16, 32, 4) if x.shape[0] <= 8 else None  # 2+ K blocks at hidden 64
-
-        monkeypatch.setattr(small_m_gemm, "norm_fusion_config", config)
+        use_interpreted_gemvs(monkeypatch)
     sched = make_scheduler(tiny.path)
     _assert_same_as_hf(tiny, run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS))
     assert_memory_all_free(sched)
