@@ -178,7 +178,9 @@ class Envs:
         "1: ignore shipped and cached kernel picks (GEMV configs) and time them again."
     )
     MINI_SGLANG_GEMV_CONFIGS = EnvStr(
-        "", 'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas".'
+        "",
+        'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas" '
+        "(entries separated by ';' or '/').",
     )
     MINI_SGLANG_FP8_NORM_QUANT = EnvBool(
         True,

@@ -176,9 +176,11 @@ for step in "${steps[@]}"; do
       # machine drift hits every arm alike. AB_ARMS: ';'-separated arms, an empty arm =
       # this checkout with defaults, e.g.
       #   AB_ARMS=";MINI_SGLANG_DISABLE_DECODE_FROM_QKV=1" MODELS=llama-3.1-8b ... ab
-      # Rows go to $OUT/ab_arm<i>.jsonl, i = the arm's position in AB_ARMS.
+      # Rows go to $OUT/ab_arm<i>.jsonl, i = the arm's position in AB_ARMS. AB_FLAGS go to
+      # every arm, e.g. FP8 weights with forced GEMV configs ('/' separates their entries):
+      #   AB_FLAGS="--quantization fp8" AB_ARMS=";MINI_SGLANG_GEMV_CONFIGS=4096x4096:4,4096,8,1/6144x4096:4,4096,8,1"
       ab_rounds ab "Scheduler|Error" -m mini_sglang.bench_one_batch --load-format dummy \
-        --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler ;;
+        --batch-size 1 --input-len 128 --output-len 1024 --mode scheduler ${AB_FLAGS:-} ;;
     nano_ab)
       # The same arms (AB_ARMS, AB_ROUNDS) on the nano-vllm workload; AB_FLAGS go to every
       # arm, e.g. AB_ARMS="tree=.ab/c728cb8;" AB_FLAGS="--chunked-prefill-size 16384".

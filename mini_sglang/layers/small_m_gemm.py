@@ -17,6 +17,7 @@ is fastest, so the norm and residual variants are timed as themselves.
 from __future__ import annotations
 
 import logging
+import re
 
 import torch
 import torch.nn.functional as F
@@ -97,12 +98,13 @@ _PDL_CREDIT_MS = envs.MINI_SGLANG_GEMV_PDL_CREDIT_US.get() / 1000
 
 
 def _parse_forced(spec: str) -> dict[tuple[int, int], tuple | None]:
-    """MINI_SGLANG_GEMV_CONFIGS, for experiments: ';'-separated "NxK:config" entries that
-    replace the timed pick for every weight of that shape, e.g.
+    """MINI_SGLANG_GEMV_CONFIGS, for experiments: ';'- or '/'-separated "NxK:config" entries
+    that replace the timed pick for every weight of that shape, e.g.
     "4096x4096:4,2048,4,2;28672x4096:cublas" runs Llama-3.1-8B's o_proj with BLOCK_N 4,
-    BLOCK_K 2048, 4 warps, 2 stages and its gate_up_proj on cuBLAS."""
+    BLOCK_K 2048, 4 warps, 2 stages and its gate_up_proj on cuBLAS ('/' where ';' is taken,
+    as in run_gpu_suite.sh's AB_ARMS)."""
     forced: dict[tuple[int, int], tuple | None] = {}
-    for entry in filter(None, spec.split(";")):
+    for entry in filter(None, re.split("[;/]", spec)):
         shape, cfg = entry.split(":")
         n, k = (int(v) for v in shape.split("x"))
         forced[(n, k)] = None if cfg == "cublas" else tuple(int(v) for v in cfg.split(","))

@@ -48,4 +48,9 @@ def test_forced_configs_parse_shape_to_config_or_cublas():
         (28672, 4096): None,
         (1024, 3072): (2, 4096, 8),
     }
+    # '/' separates entries too (an A/B arm's value, where ';' separates the arms)
+    assert _parse_forced("4096x4096:4,2048,4,2/28672x4096:cublas") == {
+        (4096, 4096): (4, 2048, 4, 2),
+        (28672, 4096): None,
+    }
     assert _parse_forced("") == {}
