@@ -66,15 +66,16 @@ def test_unreadable_cache_is_ignored_and_rewritten(fresh, monkeypatch):
 
 
 def test_shipped_gemv_tables_name_current_candidates():
-    """Every shipped pick is cuBLAS (null) or one of small_m_gemm's Triton configs, under a
-    key small_m_gemm builds; a stale entry would be timed again at every start."""
+    """Every shipped pick is cuBLAS (null) or a Triton config among its variant's candidates
+    (small_m_gemm.candidates: the FP8 variants add tensor-core configs), under a key
+    small_m_gemm builds; a stale entry would be timed again at every start."""
     import glob
     import os
     import re
 
     import torch
 
-    from mini_sglang.layers.small_m_gemm import _CONFIGS, _choice_key
+    from mini_sglang.layers.small_m_gemm import _choice_key, candidates
 
     files = glob.glob(os.path.join(kc.SHIPPED_DIR, "gemv_*.json"))
     assert files, "no shipped GEMV tables"
@@ -88,4 +89,6 @@ def test_shipped_gemv_tables_name_current_candidates():
         assert table, path
         for name, value in table.items():
             assert key.match(name), (path, name)
-            assert value is None or tuple(value) in _CONFIGS, (path, name, value)
+            variant = name.rsplit("|", 1)[1]  # "plain" or "norm+fp8", ...
+            allowed = candidates(() if variant == "plain" else tuple(variant.split("+")))
+            assert value is None or tuple(value) in allowed, (path, name, value)
