@@ -17,23 +17,18 @@ shows a correct engine passing.
 from __future__ import annotations
 
 import copy
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
+from benchmarks import make_fp8_checkpoint
 from mini_sglang.layers.quantization.fp8_kernels import (
     FP8_DTYPE,
-    dequantize_blocks,
     dequantize_rows,
     per_token_group_quant,
     per_token_quant,
-    quantize_blocks,
     quantize_rows,
-    quantize_tensor,
 )
 from mini_sglang.model_executor.weight_updates import get_weights_by_name, load_named_tensors
 from tests.conftest import make_scheduler, prefill_logits, randomize_norms_and_biases, tiny_config
@@ -151,59 +146,12 @@ def case(request, tmp_path_factory) -> Case:
 def write_fp8_checkpoint(
     case: Case, out: Path, fmt: str, block: tuple[int, int] = BLOCK
 ) -> tuple[dict, tuple[str, ...]]:
-    """An FP8 checkpoint of case's weights in `fmt` at out; returns the dequantized weights
-    it stores (HF names) and its ignored layers."""
-    for f in case.path.iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, out / f.name)
-    config = json.loads((case.path / "config.json").read_text())
-    state = {k: v.clone() for k, v in case.hf_model.state_dict().items()}
-    ignored: tuple[str, ...] = ()
-    if fmt == "compressed-tensors":
-        config["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "float-quantized",
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token"},
-                }
-            },
-            "ignore": ["lm_head"],
-        }
-    elif fmt == "fp8-tensor":
-        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
-    else:
-        ignored = ("model.layers.1.mlp.down_proj",)
-        config["quantization_config"] = {
-            "quant_method": "fp8",
-            "activation_scheme": "dynamic",
-            "weight_block_size": list(block),
-            "ignored_layers": list(ignored),
-        }
-    deq = {}
-    for name in _linear_names(case.hf_model, ignored):
-        w = state[name]
-        base = name[: -len("weight")]
-        if fmt == "compressed-tensors":
-            q, s = quantize_rows(w)
-            state[base + "weight_scale"] = s[:, None].to(torch.bfloat16).float()
-            deq[name] = dequantize_rows(q, state[base + "weight_scale"])
-        elif fmt == "fp8-tensor":
-            q, s = quantize_tensor(w)
-            state[base + "weight_scale"] = s
-            state[base + "input_scale"] = torch.tensor(0.05)  # static: read, not used
-            deq[name] = q.float() * s
-        else:
-            q, s = quantize_blocks(w, block)
-            state[base + "weight_scale_inv"] = s
-            deq[name] = dequantize_blocks(q, s, block)
-        state[name] = q
-    if config.get("tie_word_embeddings"):
-        state.pop("lm_head.weight", None)
-    save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config))
+    """An FP8 checkpoint of case's weights in `fmt` (benchmarks/make_fp8_checkpoint.py) at
+    out; returns the dequantized weights it stores (HF names) and its ignored layers (one,
+    for fp8-block)."""
+    ignored = ("model.layers.1.mlp.down_proj",) if fmt == "fp8-block" else ()
+    state = case.hf_model.state_dict()
+    deq = make_fp8_checkpoint.write_fp8_checkpoint(case.path, out, fmt, block, ignored, state)
     return deq, ignored
 
 

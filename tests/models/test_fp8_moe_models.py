@@ -15,29 +15,24 @@ checked to be much further away, so FP8 experts are what is being matched. The r
 from __future__ import annotations
 
 import copy
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from benchmarks import make_fp8_checkpoint
 from mini_sglang.layers.quantization.fp8_kernels import (
     FP8_DTYPE,
-    dequantize_blocks,
     dequantize_rows,
-    quantize_blocks,
     quantize_rows,
-    quantize_tensor,
 )
 from tests.conftest import make_scheduler, prefill_logits, randomize_norms_and_biases
 from tests.models.test_fp8_models import LOGITS_ATOL, PROMPTS, VOCAB, _act_qdq, _hf_logits
 from tests.models.test_moe_models import tiny_moe_config
 
 BLOCK = (32, 32)
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class Tiny:
@@ -59,11 +54,6 @@ def tiny(tmp_path_factory) -> Tiny:
     randomize_norms_and_biases(hf_model)
     hf_model.save_pretrained(str(path), safe_serialization=True)
     return Tiny(path, hf_model)
-
-
-def _quantized_names(state: dict[str, torch.Tensor]) -> list[str]:
-    """The checkpoint's linear weights an FP8 format quantizes (per-expert names)."""
-    return [n for n in state if n.endswith(".weight") and n.split(".")[-2] in PROJECTIONS]
 
 
 def _experts_forward(experts, group: int | None):
@@ -117,7 +107,10 @@ def emulated_logits(tiny: Tiny, deq: dict[str, torch.Tensor], group: int | None)
 
 def online_fp8_weights(tiny: Tiny) -> dict[str, torch.Tensor]:
     """The dequantized weights `--quantization fp8` gives tiny (per output channel)."""
-    return {n: dequantize_rows(*quantize_rows(tiny.state[n])) for n in _quantized_names(tiny.state)}
+    return {
+        n: dequantize_rows(*quantize_rows(tiny.state[n]))
+        for n in make_fp8_checkpoint.linear_weight_names(tiny.state)
+    }
 
 
 def _experts(model):
@@ -164,38 +157,11 @@ def test_online_fp8_experts_match_the_fp8_emulation(tiny: Tiny) -> None:
 def write_fp8_checkpoint(
     tiny: Tiny, out: Path, fmt: str, block: tuple[int, int] = BLOCK
 ) -> dict[str, torch.Tensor]:
-    """An FP8 checkpoint of tiny's weights at out, block-wise (`block`, Qwen3-*-FP8) or per
-    tensor with static input scales (`tensor`); returns the dequantized weights it stores."""
-    for f in tiny.path.iterdir():
-        if f.suffix != ".safetensors":
-            shutil.copy(f, out / f.name)
-    config = json.loads((tiny.path / "config.json").read_text())
-    if fmt == "block":
-        config["quantization_config"] = {
-            "quant_method": "fp8",
-            "activation_scheme": "dynamic",
-            "fmt": "e4m3",
-            "weight_block_size": list(block),
-        }
-    else:
-        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
-    state = dict(tiny.state)
-    deq = {}
-    for name in _quantized_names(tiny.state):
-        base = name[: -len("weight")]
-        if fmt == "block":
-            q, s = quantize_blocks(tiny.state[name], block)
-            state[base + "weight_scale_inv"] = s
-            deq[name] = dequantize_blocks(q, s, block)
-        else:
-            q, s = quantize_tensor(tiny.state[name])
-            state[base + "weight_scale"] = s
-            state[base + "input_scale"] = torch.tensor(0.05)  # static: read past, not used
-            deq[name] = q.float() * s
-        state[name] = q
-    save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config))
-    return deq
+    """An FP8 checkpoint of tiny's weights at out (benchmarks/make_fp8_checkpoint.py),
+    block-wise (`block`, Qwen3-*-FP8) or per tensor with static input scales (`tensor`);
+    returns the dequantized weights it stores."""
+    fmt = "fp8-block" if fmt == "block" else "fp8-tensor"
+    return make_fp8_checkpoint.write_fp8_checkpoint(tiny.path, out, fmt, block, state=tiny.state)
 
 
 def test_fp8_checkpoints_match_their_emulation(tiny: Tiny, tmp_path: Path) -> None:
