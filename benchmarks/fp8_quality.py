@@ -180,13 +180,12 @@ def main() -> None:
         quant_path, args.device, args.dtype, quantization, args.kv_cache_dtype
     )
     got = logits(quant_sched)
-    page_size = quant_sched.page_size
     result = {
         "model_path": args.model_path,
         "quantized_path": quant_path,
         "quantization": quantization,
         "kv_cache_dtype": args.kv_cache_dtype,
-        "page_size": page_size,
+        "page_size": quant_sched.page_size,
         "decode_from": args.decode_from,
         "device": args.device,
         "dtype": args.dtype,

@@ -50,7 +50,9 @@ def linear_weight_names(state: dict[str, torch.Tensor], ignored: tuple[str, ...]
     return [
         n
         for n in state
-        if n.endswith(".weight") and n.split(".")[-2] in PROJECTIONS and n[:-7] not in ignored
+        if n.endswith(".weight")
+        and n.split(".")[-2] in PROJECTIONS
+        and n.removesuffix(".weight") not in ignored
     ]
 
 

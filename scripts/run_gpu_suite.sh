@@ -140,11 +140,12 @@ for step in "${steps[@]}"; do
       # Rows in $OUT/fp8_quality.jsonl.
       pkg=$(default_gguf_pkg) || exit 1
       smol=$(PYTHONPATH="${PYTHONPATH:-}:$pkg" python -c "from mini_sglang.model_loader.default_model import resolve_default_model_path as r; print(r())")
-      for arm in "--quantization fp8" "--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8" \
-          "--quantization fp8 --kv-cache-dtype fp8_e4m3 --decode-from 8" \
-          "--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8 XQA=0"; do
-        xqa=${arm##*XQA=}; [ "$xqa" = "$arm" ] && xqa=""; arm=${arm% XQA=*}
-        env ${xqa:+MINI_SGLANG_XQA_DECODE=$xqa} python benchmarks/fp8_quality.py "$smol" --device cuda $arm \
+      # An arm: "ENV ASSIGNMENTS|fp8_quality.py flags".
+      for arm in "|--quantization fp8" "|--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8" \
+          "|--quantization fp8 --kv-cache-dtype fp8_e4m3 --decode-from 8" \
+          "MINI_SGLANG_XQA_DECODE=0|--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8"; do
+        IFS='|' read -r arm_env arm_flags <<< "$arm"
+        env $arm_env python benchmarks/fp8_quality.py "$smol" --device cuda $arm_flags \
           --result-filename "$OUT/fp8_quality.jsonl" 2>&1 | tail -1 | tee -a "$OUT/fp8_quality.log"
       done ;;
     compare)

@@ -4,16 +4,10 @@ on CPU), at pages of 1 and 16, and leaves the KV pool as it found it."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-_PATH = Path(__file__).parents[2] / "benchmarks" / "fp8_quality.py"
-_spec = importlib.util.spec_from_file_location("fp8_quality", _PATH)
-fp8_quality = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fp8_quality)
+from benchmarks import fp8_quality
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
