@@ -192,10 +192,6 @@ class Envs:
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
-    MINI_SGLANG_MOE_ROUTER_NORM = _flag(
-        "1: at decode batches on one rank the MoE router's GEMV applies the post-attention "
-        "RMSNorm and writes the normalised rows for the experts (no norm kernel a layer)."
-    )
     # Multimodal inputs (TokenizerManager)
     SGLANG_IO_WORKERS = EnvInt(4, "Threads that load and preprocess images of requests.")
     MINI_SGLANG_MAX_IMAGE_BYTES = EnvInt(

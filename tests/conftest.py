@@ -53,23 +53,6 @@ def use_interpreted_gemvs(monkeypatch) -> None:
     monkeypatch.setattr(small_m_gemm, "norm_fusion_config", config)
 
 
-def count_norm_out_gemvs(monkeypatch) -> list[int]:
-    """A list that receives the row count of every small_m_gemm.gemv call that writes the
-    normalised rows (norm_out: the MoE router's GEMV taking the post-attention norm)."""
-    from mini_sglang.layers import small_m_gemm
-
-    calls: list[int] = []
-    gemv = small_m_gemm.gemv
-
-    def counting_gemv(*args, norm_out=None, **kwargs):
-        if norm_out is not None:
-            calls.append(args[0].shape[0])
-        return gemv(*args, norm_out=norm_out, **kwargs)
-
-    monkeypatch.setattr(small_m_gemm, "gemv", counting_gemv)
-    return calls
-
-
 def fix_triton_interpreter_index() -> None:
     """Triton 3.6's interpreter implements tensor.__index__ (used by range() with tensor
     bounds) as int(array) on a 1-element 1-D array, which numpy >= 2.4 rejects. Take the

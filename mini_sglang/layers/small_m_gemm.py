@@ -144,8 +144,6 @@ if triton is not None:
         norm_w,
         eps,
         w_scale,
-        xn,
-        sxnm,
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
@@ -157,7 +155,6 @@ if triton is not None:
         W_SCALE: tl.constexpr,
         DOT: tl.constexpr,
         IEEE: tl.constexpr,
-        NORM_OUT: tl.constexpr,
     ):
         # With DOT each K tile is one tl.dot of x [BM >= 16, BK] and the weight tile
         # transposed [BK, BN >= 16], both in x's dtype (fp32 accumulation; IEEE: exact fp32
@@ -218,18 +215,6 @@ if triton is not None:
             acc = acc * rstd
             if SILU_MUL:
                 acc_up = acc_up * rstd
-            if NORM_OUT:
-                # xn = RMSNorm(x) * g, rounded as fused_kernels.rmsnorm rounds, for the next
-                # kernel: program p writes columns [p * NORM_OUT, (p + 1) * NORM_OUT) (e.g.
-                # K 2048 over 32 programs: 64 each), re-reading its slice of x and g
-                rc = pid * NORM_OUT + tl.arange(0, NORM_OUT)
-                c_mask = x_mask & (rc[None, :] < K)
-                xc = tl.load(x_rows + rc[None, :], mask=c_mask, other=0.0).to(tl.float32)
-                gc = tl.load(norm_w + rc, mask=rc < K, other=0.0).to(tl.float32)
-                hn = (xc * rstd).to(xn.dtype.element_ty).to(tl.float32) * gc[None, :]
-                tl.store(
-                    xn + rm[:, None] * sxnm + rc[None, :], hn.to(xn.dtype.element_ty), mask=c_mask
-                )
         y = acc.to(out.dtype.element_ty)
         if SILU_MUL:
             # rounded as gemv's output and then fused_kernels.silu_and_mul would round
@@ -253,7 +238,6 @@ def gemv(
     norm_weight: torch.Tensor | None = None,
     eps: float | None = None,
     w_scale: torch.Tensor | None = None,
-    norm_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
     stages]); without stages Triton's default software pipelining depth is used. pdl=True
@@ -271,11 +255,6 @@ def gemv(
 
     eps alone (no norm_weight) computes RMSNorm(x) @ w^T: for a w whose columns the norm's
     weight already scales.
-
-    norm_out [M, K] (with norm_weight) also receives RMSNorm(x) * g itself, rounded as
-    fused_kernels.rmsnorm rounds it (its rstd summed in another order, so equal up to the
-    last bit): the programs split its columns, so a small GEMV (the MoE router) hands the
-    normalised rows to the kernels after it and no norm kernel runs.
 
     residual r [M, N] makes the result r + x @ w^T, written into r in place (returned).
 
@@ -305,12 +284,7 @@ def gemv(
         out = residual
     else:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(n, bn)
-    norm_cols = 0  # NORM_OUT: columns of norm_out per program (0: none written)
-    if norm_out is not None:
-        assert norm_weight is not None and norm_out.shape == (m, k) and norm_out.stride(1) == 1
-        norm_cols = triton.next_power_of_2(triton.cdiv(k, programs))
-    _gemv_kernel[(programs,)](
+    _gemv_kernel[(triton.cdiv(n, bn),)](
         x,
         w,
         out,
@@ -323,8 +297,6 @@ def gemv(
         norm_weight if norm_weight is not None else w,  # unread without NORM_G
         eps or 0.0,
         w_scale if w_scale is not None else w,  # unread without W_SCALE
-        norm_out if norm_out is not None else out,  # unwritten without NORM_OUT
-        norm_out.stride(0) if norm_out is not None else 0,
         BM=bm,
         BN=bn,
         BK=bk,
@@ -336,7 +308,6 @@ def gemv(
         W_SCALE=w_scale is not None,
         DOT=dot,
         IEEE=x.dtype == torch.float32,
-        NORM_OUT=norm_cols,
         num_warps=warps,
         launch_pdl=pdl,
         **extra,
@@ -513,20 +484,6 @@ def linear_rmsnorm(
     if cfg is None:
         return None
     return gemv(x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps, w_scale=w_scale)
-
-
-def linear_rmsnorm_out(
-    x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(RMSNorm(x) * norm_weight @ w^T, RMSNorm(x) * norm_weight) from one Triton GEMV (see
-    gemv's norm_out) where linear_rmsnorm would run it, else None and the caller runs the
-    norm itself."""
-    cfg = norm_fusion_config(x, w, ("norm",))
-    if cfg is None:
-        return None
-    h = torch.empty_like(x)
-    out = gemv(x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps, norm_out=h)
-    return out, h
 
 
 def linear_add_(

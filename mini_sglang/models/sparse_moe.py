@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size, tensor_model_parallel_all_reduce
-from mini_sglang.environ import envs
 from mini_sglang.layers import small_m_gemm
 from mini_sglang.layers.moe.layer import FusedMoE
 from mini_sglang.models.llama import (
@@ -34,9 +33,7 @@ from mini_sglang.models.llama import (
 from mini_sglang.models.weight_loading import load_checkpoint_weights
 
 if TYPE_CHECKING:
-    from mini_sglang.layers.layernorm import RMSNorm
     from mini_sglang.layers.quantization.base import QuantizationConfig
-    from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
 
 def moe_settings(config) -> dict:
@@ -93,10 +90,6 @@ class SparseMoeBlock(nn.Module):
             else None
         )
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False) if shared else None
-        # read once at model build; see forward_rmsnorm_add_
-        self.norm_in_router = (
-            envs.MINI_SGLANG_MOE_ROUTER_NORM.get() and not shared and get_tp_size() == 1
-        )
 
     def router_logits(self, x: torch.Tensor) -> torch.Tensor:
         return small_m_gemm.linear(x, self.gate.weight)
@@ -117,22 +110,6 @@ class SparseMoeBlock(nn.Module):
         else:
             residual.add_(self.forward(x))
 
-    def forward_rmsnorm_add_(self, residual: torch.Tensor, norm: RMSNorm) -> None:
-        """residual += forward(norm(residual)), in place. Where norm_in_router holds
-        (MINI_SGLANG_MOE_ROUTER_NORM=1, one rank, no shared expert) and the router runs the
-        Triton GEMV, that GEMV normalises the rows itself and writes them out for the experts
-        (small_m_gemm.linear_rmsnorm_out): no norm kernel runs, and the experts add into
-        residual in their last kernel."""
-        if self.norm_in_router:
-            fused = small_m_gemm.linear_rmsnorm_out(
-                residual, self.gate.weight, norm.weight.data, norm.variance_epsilon
-            )
-            if fused is not None:
-                logits, h = fused
-                self.experts(h, logits, residual=residual)
-                return
-        self.forward_add_(norm(residual), residual)
-
 
 # "experts.<id>.<projection>." in a checkpoint name
 _EXPERT_PART = re.compile(r"experts\.\d+\.[^.]+\.")
@@ -145,21 +122,6 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         if is_sparse_layer(config, layer_id):
             return SparseMoeBlock(config, quant_config, prefix)
         return super().build_mlp(config, layer_id, quant_config, prefix)
-
-    def forward_norms_in_gemvs(
-        self, positions: torch.Tensor, fb: ForwardBatch, residual: torch.Tensor
-    ) -> torch.Tensor:
-        """LlamaDecoderLayer.forward_norms_in_gemvs; where the sparse block's router takes the
-        post-attention norm (SparseMoeBlock.norm_in_router), o_proj adds into the residual in
-        its epilogue and the router's GEMV normalises it, so a layer runs no norm kernel."""
-        mlp = self.mlp
-        if not (isinstance(mlp, SparseMoeBlock) and mlp.norm_in_router):
-            return super().forward_norms_in_gemvs(positions, fb, residual)
-        attn = self.self_attn
-        qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
-        attn.o_proj.forward_add_(attn.attend(positions, qkv, fb), residual)
-        mlp.forward_rmsnorm_add_(residual, self.post_attention_layernorm)
-        return residual
 
 
 class MoeForCausalLM(LlamaForCausalLM):

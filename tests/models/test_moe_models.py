@@ -25,12 +25,10 @@ import torch
 from tests.conftest import (
     TINY_DECODER,
     assert_memory_all_free,
-    count_norm_out_gemvs,
     hf_greedy,
     make_scheduler,
     randomize_norms_and_biases,
     run_prompts,
-    use_interpreted_gemvs,
 )
 
 ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral"]
@@ -131,35 +129,6 @@ def test_prefill_logits_and_greedy_match_hf(tiny: TinyMoe) -> None:
         assert res.input_logprobs[1:] == pytest.approx(ref_in, abs=LOGITS_ATOL), i
         assert res.output_logprobs == pytest.approx(ref_gen, abs=LOGITS_ATOL), i
     assert_memory_all_free(sched)
-
-
-@pytest.mark.parametrize("gemvs", ["fallbacks", "triton"])
-def test_norm_in_router_dataflow_matches_hf(tiny: TinyMoe, gemvs: str, monkeypatch) -> None:
-    """MINI_SGLANG_MOE_ROUTER_NORM=1 with the small-batch dataflow forced on for every batch
-    (llama.norms_in_gemvs): o_proj adds into the residual and the router's GEMV applies the
-    post-attention norm and hands the normalised rows to the experts
-    (SparseMoeBlock.forward_rmsnorm_add_). "fallbacks": on CPU every fused step takes its
-    unfused kernel, which checks the dataflow. "triton": the GEMVs (small_m_gemm.gemv with
-    norm_out for the router) serve every batch of <= 8 rows in Triton's interpreter. Qwen2-MoE
-    (a shared expert) keeps the norm kernel; its dense layer keeps the Llama dataflow."""
-    import mini_sglang.models.llama as llama
-
-    monkeypatch.setenv("MINI_SGLANG_MOE_ROUTER_NORM", "1")
-    monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
-    calls = count_norm_out_gemvs(monkeypatch)
-    if gemvs == "triton":
-        use_interpreted_gemvs(monkeypatch)
-    sched = make_scheduler(tiny.path)
-    blocks = [layer.mlp for layer in sched.tp_worker.model_runner.model.model.layers]
-    assert [getattr(b, "norm_in_router", False) for b in blocks] == (
-        [False, False] if tiny.arch == "qwen2_moe" else [True, True]
-    )
-    results = run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS, stagger=lambda i: 3 * i)
-    for i, (res, ref_out) in enumerate(zip(results, tiny.hf_outputs)):
-        assert res.output_ids == ref_out, f"prompt {i}: {res.output_ids} != HF {ref_out}"
-    assert_memory_all_free(sched)
-    if gemvs == "triton" and tiny.arch != "qwen2_moe":
-        assert calls and max(calls) <= 8  # the router's GEMV wrote the rows at decode
 
 
 # ---- tp=2 and ep=2 on two gloo ranks -------------------------------------------------------
