@@ -135,18 +135,22 @@ for step in "${steps[@]}"; do
     fp8_quality)
       # benchmarks/fp8_quality.py on the default model (its GGUF parts as for default_model):
       # FP8 weights (prefill), then FP8 KV and both through teacher-forced decode steps
-      # (--decode-from 8), where an e4m3 pool on Hopper is read by XQA at pages of 16; the
-      # same FP8 KV with MINI_SGLANG_XQA_DECODE=0 (flashinfer's decode, pages of 1) beside it.
-      # Rows in $OUT/fp8_quality.jsonl.
+      # (--decode-from 8). The script decodes one request at a time, which the Triton
+      # split-KV kernel serves (MINI_SGLANG_TRITON_DECODE_MAX_BS, default 32); with that 0 an
+      # e4m3 pool on Hopper is read by XQA at pages of 16, and with MINI_SGLANG_XQA_DECODE=0
+      # too by flashinfer's decode at pages of 1. Rows in $OUT/fp8_quality.jsonl; the log
+      # line of each starts with its environment.
       pkg=$(default_gguf_pkg) || exit 1
       smol=$(PYTHONPATH="${PYTHONPATH:-}:$pkg" python -c "from mini_sglang.model_loader.default_model import resolve_default_model_path as r; print(r())")
+      kv="--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8"
       # An arm: "ENV ASSIGNMENTS|fp8_quality.py flags".
-      for arm in "|--quantization fp8" "|--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8" \
-          "|--quantization fp8 --kv-cache-dtype fp8_e4m3 --decode-from 8" \
-          "MINI_SGLANG_XQA_DECODE=0|--quantization none --kv-cache-dtype fp8_e4m3 --decode-from 8"; do
+      for arm in "|--quantization fp8" "|$kv" "MINI_SGLANG_TRITON_DECODE_MAX_BS=0|$kv" \
+          "MINI_SGLANG_TRITON_DECODE_MAX_BS=0|--quantization fp8 --kv-cache-dtype fp8_e4m3 --decode-from 8" \
+          "MINI_SGLANG_TRITON_DECODE_MAX_BS=0 MINI_SGLANG_XQA_DECODE=0|$kv"; do
         IFS='|' read -r arm_env arm_flags <<< "$arm"
         env $arm_env python benchmarks/fp8_quality.py "$smol" --device cuda $arm_flags \
-          --result-filename "$OUT/fp8_quality.jsonl" 2>&1 | tail -1 | tee -a "$OUT/fp8_quality.log"
+          --result-filename "$OUT/fp8_quality.jsonl" 2>&1 | tail -1 \
+          | sed "s|^|[${arm_env:-defaults}] |" | tee -a "$OUT/fp8_quality.log"
       done ;;
     compare)
       # Side by side with sgl-project/mini-sglang (staged by scripts/stage_minisgl.sh; put
