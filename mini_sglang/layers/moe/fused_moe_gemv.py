@@ -5,7 +5,11 @@ fused_moe_triton.fused_experts_triton does, up to summation order) in two launch
 
 1. gate/up: one program per (token-expert pair, block of BLOCK_N intermediate columns) reads
    the token's hidden row and its expert's BLOCK_N gate rows and BLOCK_N up rows of w13 in
-   BLOCK_K-wide tiles (fp32 accumulate), and writes silu(gate) * up -> act [pairs, I];
+   BLOCK_K-wide tiles (fp32 accumulate), and writes silu(gate) * up -> act [pairs, I]. With
+   a router.KernelRouting it first routes for itself: program (n, pair) ranks the token's
+   router logits (router.topk_ranks), takes the expert of rank pair % k, and the programs
+   of column block 0 write the pairs' ids and weights for kernel 2 (a decode step's top-k
+   kernel goes);
 2. down: one program per (token, block of BLOCK_N hidden columns) loads the token's k
    experts' w2 tiles together ([k, BLOCK_N, BLOCK_K] per K step, so k times a GEMV's bytes
    are in flight): act[pair] @ w2[expert][rows]^T, times the pair's routing weight, summed
@@ -41,8 +45,13 @@ import torch
 
 from mini_sglang.environ import envs
 
+# a global of this module because gate_up_kernel calls it: Triton's interpreter resolves a
+# kernel's names in its module, not in the function that defines the kernel
+from mini_sglang.layers.moe.router import topk_ranks
+
 if TYPE_CHECKING:
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
+    from mini_sglang.layers.moe.router import KernelRouting
 
 # Batches of at most this many tokens take this path in fused_experts_triton (0: never).
 # Read once at import; benchmarks set the attribute to compare both paths in one process.
@@ -115,8 +124,13 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         x_scale_ptr,
         w_scale_ptr,
         ids_ptr,
+        logits_ptr,
+        topk_weights_ptr,
         INTER,
         H,
+        num_experts,
+        first_expert,
+        num_local,
         stride_xm,
         stride_we,
         stride_wn,
@@ -124,26 +138,47 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_xsm,
         stride_wse,
         stride_wsn,
+        stride_lm,
         TOP_K: tl.constexpr,
         FP8: tl.constexpr,
         GROUP_N: tl.constexpr,
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        ROUTE: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+        BLOCK_E: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
         program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
-        e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
-        [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue).
-        PDL: launched as a programmatic dependent; every read here (the ids first, which
-        pick the weights) waits for the kernel before."""
+        e < 0. ROUTE: e is this program's own pick from logits [M, num_experts] (the
+        expert of rank pair % TOP_K, as a local id: e - first_expert, -1 outside
+        [0, num_local)), and column block 0 writes ids[pair] and topk_weights[pair] (the
+        probability, renormalised over the top k with RENORMALIZE). FP8: x and w hold FP8
+        values; x_scale [M, 1 or H / GROUP_K], w_scale [E, 2I / GROUP_N, 1 or H / GROUP_K]
+        (GROUP_K 0: per channel, in the epilogue). PDL: launched as a programmatic
+        dependent; every read here (the ids or logits first, which pick the weights) waits
+        for the kernel before."""
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         pid_n = tl.program_id(0)
         pair = tl.program_id(1)
-        expert = tl.load(ids_ptr + pair)
+        if ROUTE:
+            row = logits_ptr + (pair // TOP_K).to(tl.int64) * stride_lm
+            p, rank, offs = topk_ranks(row, num_experts, BLOCK_E)
+            mine = rank == pair % TOP_K
+            expert = tl.sum(tl.where(mine, offs, 0), axis=0) - first_expert
+            expert = tl.where((expert >= 0) & (expert < num_local), expert, -1)
+            if pid_n == 0:
+                weight = tl.sum(tl.where(mine, p, 0.0), axis=0)
+                if RENORMALIZE:
+                    weight = weight / tl.sum(tl.where(rank < TOP_K, p, 0.0), axis=0)
+                tl.store(ids_ptr + pair, expert)
+                tl.store(topk_weights_ptr + pair, weight)
+        else:
+            expert = tl.load(ids_ptr + pair)
         if expert < 0:
             return
         expert = expert.to(tl.int64)
@@ -292,13 +327,16 @@ def fused_experts_gemv(
     fp8: Fp8Experts | None = None,
     config: SmallMConfig | None = None,
     residual: torch.Tensor | None = None,
+    routing: KernelRouting | None = None,
 ) -> torch.Tensor:
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
     nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
     tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
-    sum is added into it in the down kernel's epilogue and residual is returned. Both
-    kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
+    sum is added into it in the down kernel's epilogue and residual is returned.
+    `routing`: the gate/up kernel routes for itself and writes topk_weights and topk_ids
+    (contiguous, from routing.buffers()) as select_experts and local_expert_ids would.
+    Both kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
     import triton
 
     from mini_sglang.layers.kernels import pdl_enabled
@@ -312,8 +350,14 @@ def fused_experts_gemv(
     config = config or default_config(tokens, fp8 is not None)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
+    if routing is not None:  # the buffers the kernel writes: views, not copies
+        assert topk_ids.is_contiguous() and topk_weights.is_contiguous()
+        assert topk_weights.dtype == torch.float32 and topk_ids.dtype == torch.int32
     ids = topk_ids.reshape(-1).contiguous()
     weights = topk_weights.reshape(-1).contiguous()
+    # unread without routing (and BLOCK_E 1 then, so that no batch size compiles its own)
+    logits = ids.view(1, -1) if routing is None else routing.logits.contiguous()
+    num_experts = 0 if routing is None else logits.shape[1]
     x = x.contiguous()
     group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
     group = group_k or None
@@ -330,8 +374,13 @@ def fused_experts_gemv(
         a_scale,
         w_scale,
         ids,
+        logits,
+        weights,
         inter,
         hidden,
+        num_experts,
+        0 if routing is None else routing.first_expert,
+        0 if routing is None else routing.local_count,
         a.stride(0),
         w13.stride(0),
         w13.stride(1),
@@ -339,12 +388,16 @@ def fused_experts_gemv(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
+        0 if routing is None else logits.stride(0),
         TOP_K=k,
         FP8=fp8 is not None,
         GROUP_N=group_n,
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        ROUTE=routing is not None,
+        RENORMALIZE=routing is not None and routing.renormalize,
+        BLOCK_E=max(1, triton.next_power_of_2(num_experts)),
         PDL=pdl,
         num_warps=config.gate_up.num_warps,
         launch_pdl=pdl,

@@ -5,13 +5,24 @@ the top-k probabilities, and with `renormalize` those k divided by their sum (Mi
 Qwen's `norm_topk_prob`). It returns (weights float32 [tokens, k], expert ids int32
 [tokens, k]). On CUDA one Triton program per token does all of it (a decode step would
 otherwise launch softmax, topk, sum and divide for every layer); elsewhere torch does.
+
+At decode the experts' first kernel can route for itself (`KernelRouting`, used by
+layers/moe/fused_moe_gemv.py): it runs the same device function (`topk_ranks`) on the
+token's logits row, and the top-k kernel's launch goes.
+
+The Triton top-k ranks every expert in one pass instead of k rounds of argmax: expert e's
+rank is the number of experts f ahead of it, p[f] > p[e] or p[f] == p[e] with f < e (the
+lower index wins a tie, as a stable descending sort orders them; torch.topk leaves the
+order of ties unspecified), and the experts of rank < k are the top k, in order. Example, p = [0.1, 0.4, 0.1, 0.4], k = 2: ranks [2, 0, 3, 1], so ids [1, 3].
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-_triton_kernel = None
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, triton
 
 
 def select_experts_torch(
@@ -25,65 +36,59 @@ def select_experts_torch(
     return weights, ids.to(torch.int32)
 
 
-def _kernel():
-    global _triton_kernel
-    if _triton_kernel is None:
-        import triton  # deferred: the CPU path never needs it
-        import triton.language as tl
+if triton is not None:
+    import triton.language as tl
 
-        from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
+    @triton.jit
+    def topk_ranks(row_ptr, num_experts, BLOCK_E: tl.constexpr):
+        """(p, rank, offs) for one row of router logits: p the softmax probabilities
+        [BLOCK_E] in float32 (0 past num_experts), rank each expert's place in the top-k
+        order (0 the most probable; see the module), offs the expert ids."""
+        offs = tl.arange(0, BLOCK_E)
+        valid = offs < num_experts
+        x = tl.load(row_ptr + offs, mask=valid, other=-float("inf")).to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        p = tl.where(valid, p, 0.0)
+        p = p / tl.sum(p, axis=0)
+        key = tl.where(valid, p, -1.0)  # padding ranks after every expert
+        ahead = (key[None, :] > key[:, None]) | (
+            (key[None, :] == key[:, None]) & (offs[None, :] < offs[:, None])
+        )
+        rank = tl.sum(ahead.to(tl.int32), axis=1)
+        return p, rank, offs
 
-        @triton.jit
-        def topk_softmax_kernel(
-            logits_ptr,
-            weights_ptr,
-            ids_ptr,
-            num_experts,
-            stride_row,
-            TOP_K: tl.constexpr,
-            RENORMALIZE: tl.constexpr,
-            BLOCK_E: tl.constexpr,
-            PDL: tl.constexpr,
-        ):
-            if PDL:  # the logits come from the kernel before
-                gdc_launch_dependents()
-                gdc_wait()
-            row = tl.program_id(0)
-            offs = tl.arange(0, BLOCK_E)
-            valid = offs < num_experts
-            x = tl.load(logits_ptr + row * stride_row + offs, mask=valid, other=-float("inf"))
-            x = x.to(tl.float32)
-            p = tl.exp(x - tl.max(x, axis=0))
-            p = tl.where(valid, p, 0.0)
-            p = p / tl.sum(p, axis=0)
-            remaining = tl.where(valid, p, -1.0)
-            ks = tl.arange(0, TOP_K)
-            top_w = tl.zeros((TOP_K,), dtype=tl.float32)
-            top_id = tl.zeros((TOP_K,), dtype=tl.int32)
-            # k rounds of argmax; the lowest index wins a tie, as torch.topk's CPU path does
-            for k in tl.static_range(TOP_K):
-                best = tl.max(remaining, axis=0)
-                idx = tl.min(tl.where(remaining == best, offs, BLOCK_E), axis=0)
-                top_w = tl.where(ks == k, best, top_w)
-                top_id = tl.where(ks == k, idx, top_id)
-                remaining = tl.where(offs == idx, -1.0, remaining)
-            if RENORMALIZE:
-                top_w = top_w / tl.sum(top_w, axis=0)
-            tl.store(weights_ptr + row * TOP_K + ks, top_w)
-            tl.store(ids_ptr + row * TOP_K + ks, top_id)
+    @triton.jit
+    def topk_softmax_kernel(
+        logits_ptr,
+        weights_ptr,
+        ids_ptr,
+        num_experts,
+        stride_row,
+        TOP_K: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        if PDL:  # the logits come from the kernel before
+            gdc_launch_dependents()
+            gdc_wait()
+        row = tl.program_id(0)
+        p, rank, offs = topk_ranks(logits_ptr + row * stride_row, num_experts, BLOCK_E)
+        top = rank < TOP_K
+        if RENORMALIZE:
+            p = p / tl.sum(tl.where(top, p, 0.0), axis=0)
+        tl.store(weights_ptr + row * TOP_K + rank, p, mask=top)
+        tl.store(ids_ptr + row * TOP_K + rank, offs, mask=top)
 
-        _triton_kernel = topk_softmax_kernel
-    return _triton_kernel
+else:  # CPU installs: torch routes
+    topk_ranks = topk_softmax_kernel = None
 
 
 def select_experts_triton(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """select_experts_torch in one Triton kernel; top_k must be a power of two (the k
-    results are one block of registers). It launches as a programmatic dependent where
-    kernels.pdl_enabled(router_logits) (a decode step's few tokens)."""
-    import triton
-
+    """select_experts_torch in one Triton kernel. It launches as a programmatic dependent
+    where kernels.pdl_enabled(router_logits) (a decode step's few tokens)."""
     from mini_sglang.layers.kernels import pdl_enabled
 
     tokens, num_experts = router_logits.shape
@@ -92,7 +97,7 @@ def select_experts_triton(
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=logits.device)
     if tokens:
         pdl = pdl_enabled(logits)
-        _kernel()[(tokens,)](
+        topk_softmax_kernel[(tokens,)](
             logits,
             weights,
             ids,
@@ -111,6 +116,46 @@ def select_experts(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights float32 [tokens, top_k], expert ids int32 [tokens, top_k]); see the module."""
-    if router_logits.is_cuda and top_k & (top_k - 1) == 0:
+    if router_logits.is_cuda and triton is not None:
         return select_experts_triton(router_logits, top_k, renormalize)
     return select_experts_torch(router_logits, top_k, renormalize)
+
+
+def local_expert_ids(ids: torch.Tensor, first_expert: int, num_local: int) -> torch.Tensor:
+    """ids as indices into this rank's experts [first_expert, first_expert + num_local);
+    -1 for another rank's expert (expert parallelism)."""
+    local = ids - first_expert
+    return torch.where((local >= 0) & (local < num_local), local, -1)
+
+
+@dataclass(frozen=True)
+class KernelRouting:
+    """select_experts left to the experts' first kernel (fused_moe_gemv's gate/up kernel):
+    from `logits` [tokens, E] it computes each token's top-k (topk_ranks, the top-k
+    kernel's function) and writes the weights and this rank's expert ids
+    (local_expert_ids) into the [tokens, k] buffers the experts are given, for the kernels
+    after it. `fill` writes the same values with select_experts, for a path that does not
+    route in its kernel."""
+
+    logits: torch.Tensor
+    top_k: int
+    renormalize: bool
+    first_expert: int = 0
+    num_local: int | None = None  # None: every expert is local
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unwritten (weights float32, ids int32) [tokens, k] for the kernel to fill."""
+        shape = (self.logits.shape[0], self.top_k)
+        return (
+            torch.empty(shape, dtype=torch.float32, device=self.logits.device),
+            torch.empty(shape, dtype=torch.int32, device=self.logits.device),
+        )
+
+    @property
+    def local_count(self) -> int:
+        return self.logits.shape[1] if self.num_local is None else self.num_local
+
+    def fill(self, weights: torch.Tensor, ids: torch.Tensor) -> None:
+        w, i = select_experts(self.logits, self.top_k, self.renormalize)
+        weights.copy_(w)
+        ids.copy_(local_expert_ids(i, self.first_expert, self.local_count))
