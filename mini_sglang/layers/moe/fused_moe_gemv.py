@@ -159,10 +159,14 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         values; x_scale [M, 1 or H / GROUP_K], w_scale [E, 2I / GROUP_N, 1 or H / GROUP_K]
         (GROUP_K 0: per channel, in the epilogue). PDL: launched as a programmatic
         dependent; every read here (the ids or logits first, which pick the weights) waits
-        for the kernel before."""
+        for the kernel before, and with ROUTE the down kernel may start only once the
+        logits are final (it routes before its wait)."""
         if PDL:
-            gdc_launch_dependents()
+            if not ROUTE:
+                gdc_launch_dependents()
             gdc_wait()
+            if ROUTE:  # the down kernel reads the logits before its own wait: after this one's
+                gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pair = tl.program_id(1)
         if ROUTE:
@@ -230,8 +234,12 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         w_scale_ptr,
         ids_ptr,
         topk_weights_ptr,
+        logits_ptr,
         H,
         INTER,
+        num_experts,
+        first_expert,
+        num_local,
         stride_am,
         stride_we,
         stride_wn,
@@ -239,6 +247,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_asm,
         stride_wse,
         stride_wsn,
+        stride_lm,
         TOP_K: tl.constexpr,
         TOP_K_POW2: tl.constexpr,
         FP8: tl.constexpr,
@@ -247,6 +256,9 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         ADD_OUT: tl.constexpr,
+        ROUTE: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+        BLOCK_E: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
@@ -256,17 +268,31 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         residual epilogue). All k experts' tiles are one [TOP_K_POW2, BLOCK_N, BLOCK_K]
         load per K step, so a program has k times a GEMV's bytes in flight. FP8: act and w
         hold FP8 values; act_scale [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N,
-        1 or INTER / GROUP_K]. PDL: as gate_up_kernel."""
+        1 or INTER / GROUP_K]. ROUTE: the pairs' experts and weights come from logits, as
+        gate_up_kernel routes. PDL: launched as a programmatic dependent; with ROUTE it
+        routes and loads its first w tiles before it waits for gate_up's act (the logits
+        are final by then, see gate_up_kernel), else it waits first (the ids are written
+        two kernels before)."""
         if PDL:
             gdc_launch_dependents()
-            gdc_wait()
+            if not ROUTE:
+                gdc_wait()
         pid_n = tl.program_id(0)
         token = tl.program_id(1).to(tl.int64)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < H
         rj = tl.arange(0, TOP_K_POW2)
         pairs = token * TOP_K + rj
-        expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
+        if ROUTE:  # slot j takes the expert of rank j; slots from TOP_K on are padding
+            p, rank, offs = topk_ranks(logits_ptr + token * stride_lm, num_experts, BLOCK_E)
+            sel = rank[None, :] == rj[:, None]
+            expert = tl.sum(tl.where(sel, offs[None, :], 0), axis=1) - first_expert
+            expert = tl.where((rj < TOP_K) & (expert >= 0) & (expert < num_local), expert, -1)
+            route = tl.sum(tl.where(sel, p[None, :], 0.0), axis=1)
+            if RENORMALIZE:
+                route = route / tl.sum(tl.where(rank < TOP_K, p, 0.0), axis=0)
+        else:
+            expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
         # A dropped pair (or a padding slot) reads nothing (its act row and scales were never
         # written) and adds 0; its expert id is clamped so that no pointer leaves the weights.
         kept = expert >= 0
@@ -280,13 +306,22 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             w_s = w_scale_ptr + expert[:, None] * stride_wse + (rn[None, :] // GROUP_N) * stride_wsn
             w_s_ok = kept[:, None] & n_ok[None, :]
             a_s_rows = act_scale_ptr + pairs * stride_asm
+        # w's K tiles are loaded one step ahead (the first one before a ROUTE launch's wait);
+        # the step after the last loads nothing (all masked)
+        rk = tl.arange(0, BLOCK_K)
+        w = tl.load(rows + rk[None, None, :], mask=rows_ok & (rk < INTER)[None, None, :], other=0.0)
+        if PDL and ROUTE:
+            gdc_wait()
         acc = tl.zeros((TOP_K_POW2, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < INTER
             a = tl.load(a_rows + rk[None, :], mask=kept[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(rows + rk[None, None, :], mask=rows_ok & k_ok[None, None, :], other=0.0)
             part = tl.sum(w.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+            nk = rk + BLOCK_K
+            w = tl.load(
+                rows + nk[None, None, :], mask=rows_ok & (nk < INTER)[None, None, :], other=0.0
+            )
             if FP8 and GROUP_K > 0:
                 grp = k0 // GROUP_K
                 a_s = tl.load(a_s_rows + grp, mask=kept, other=0.0)
@@ -295,7 +330,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         if FP8 and GROUP_K == 0:
             a_s = tl.load(a_s_rows, mask=kept, other=0.0)
             acc = acc * a_s[:, None] * tl.load(w_s, mask=w_s_ok, other=0.0)
-        route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
+        if not ROUTE:
+            route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
         out = tl.sum(acc * route[:, None], axis=0)
         out_row = out_ptr + token * stride_om + rn
         if ADD_OUT:  # this program alone reads and writes these columns of the row
@@ -355,9 +391,21 @@ def fused_experts_gemv(
         assert topk_weights.dtype == torch.float32 and topk_ids.dtype == torch.int32
     ids = topk_ids.reshape(-1).contiguous()
     weights = topk_weights.reshape(-1).contiguous()
-    # unread without routing (and BLOCK_E 1 then, so that no batch size compiles its own)
-    logits = ids.view(1, -1) if routing is None else routing.logits.contiguous()
+    # Both kernels' routing arguments; without routing they are unread constants (BLOCK_E 1,
+    # strides 0), so that no batch size compiles a kernel of its own.
+    logits = ids if routing is None else routing.logits.contiguous()
     num_experts = 0 if routing is None else logits.shape[1]
+    route_args = (
+        (num_experts, 0, 0)
+        if routing is None
+        else (num_experts, routing.first_expert, routing.local_count)
+    )
+    stride_lm = 0 if routing is None else logits.stride(0)
+    route_consts = dict(
+        ROUTE=routing is not None,
+        RENORMALIZE=routing is not None and routing.renormalize,
+        BLOCK_E=max(1, triton.next_power_of_2(num_experts)),
+    )
     x = x.contiguous()
     group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
     group = group_k or None
@@ -378,9 +426,7 @@ def fused_experts_gemv(
         weights,
         inter,
         hidden,
-        num_experts,
-        0 if routing is None else routing.first_expert,
-        0 if routing is None else routing.local_count,
+        *route_args,
         a.stride(0),
         w13.stride(0),
         w13.stride(1),
@@ -388,16 +434,14 @@ def fused_experts_gemv(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
-        0 if routing is None else logits.stride(0),
+        stride_lm,
         TOP_K=k,
         FP8=fp8 is not None,
         GROUP_N=group_n,
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
-        ROUTE=routing is not None,
-        RENORMALIZE=routing is not None and routing.renormalize,
-        BLOCK_E=max(1, triton.next_power_of_2(num_experts)),
+        **route_consts,
         PDL=pdl,
         num_warps=config.gate_up.num_warps,
         launch_pdl=pdl,
@@ -423,8 +467,10 @@ def fused_experts_gemv(
         w_scale,
         ids,
         weights,
+        logits,
         hidden,
         inter,
+        *route_args,
         a.stride(0),
         w2.stride(0),
         w2.stride(1),
@@ -432,6 +478,7 @@ def fused_experts_gemv(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
+        stride_lm,
         TOP_K=k,
         TOP_K_POW2=triton.next_power_of_2(k),
         FP8=fp8 is not None,
@@ -440,6 +487,7 @@ def fused_experts_gemv(
         BLOCK_N=bn,
         BLOCK_K=bk,
         ADD_OUT=residual is not None,
+        **route_consts,
         PDL=pdl,
         num_warps=config.down.num_warps,
         launch_pdl=pdl,
