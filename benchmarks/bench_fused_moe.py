@@ -64,9 +64,14 @@ DTYPES = {
 }
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 # --small-m-sweep: (BLOCK_N, BLOCK_K, num_warps) candidates for each GEMV kernel
+# (BLOCK_N, BLOCK_K, num_warps[, num_stages]). The last rows: whole-K tiles of kernel 1
+# (its hidden 2048 in one step, as the dense GEMV's best M=1 configs read a whole row) and
+# deeper K-loop pipelining of the short tiles.
 SWEEP = [
     (2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4),
     (2, 512, 8), (4, 256, 8), (8, 128, 8), (2, 256, 4),
+    (1, 2048, 4), (2, 2048, 8), (4, 2048, 8), (16, 256, 8),
+    (8, 128, 8, 3), (8, 256, 8, 3), (4, 512, 8, 3),
 ]  # fmt: skip
 
 

@@ -386,8 +386,9 @@ def test_fp8_layer_loads_each_format_and_splits(monkeypatch, fmt: str, tp: int, 
 
 # ---- the small-batch GEMV path -------------------------------------------------------------
 # Small tiles keep the interpreter's program count low; the 16-wide K tiles of kernel 1 run
-# several steps over hidden 40 (a short last one), kernel 2's one step covers inter 16..32.
-GEMV_TILES = SmallMConfig(GemvTiles(16, 16, 4), GemvTiles(16, 32, 4))
+# several steps over hidden 40 (a short last one), kernel 2's one step covers inter 16..32
+# (launched with an explicit num_stages).
+GEMV_TILES = SmallMConfig(GemvTiles(16, 16, 4), GemvTiles(16, 32, 4, 2))
 
 
 @pytest.mark.parametrize(

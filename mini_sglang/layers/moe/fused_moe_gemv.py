@@ -63,11 +63,18 @@ _kernels: tuple | None = None
 @dataclass(frozen=True)
 class GemvTiles:
     """One kernel's launch shape: BLOCK_N output columns per program, BLOCK_K-wide tiles of
-    the reduction dimension, num_warps."""
+    the reduction dimension, num_warps, and num_stages (None: Triton's default) for the
+    compiler's software pipelining of the K loop."""
 
     block_n: int
     block_k: int
     num_warps: int
+    num_stages: int | None = None
+
+    def launch_options(self) -> dict:
+        """The launch's num_warps / num_stages keyword arguments."""
+        stages = {} if self.num_stages is None else {"num_stages": self.num_stages}
+        return {"num_warps": self.num_warps, **stages}
 
 
 @dataclass(frozen=True)
@@ -443,7 +450,7 @@ def fused_experts_gemv(
         BLOCK_K=bk,
         **route_consts,
         PDL=pdl,
-        num_warps=config.gate_up.num_warps,
+        **config.gate_up.launch_options(),
         launch_pdl=pdl,
     )
     a, a_scale, w_scale = act, act, w2
@@ -489,7 +496,7 @@ def fused_experts_gemv(
         ADD_OUT=residual is not None,
         **route_consts,
         PDL=pdl,
-        num_warps=config.down.num_warps,
+        **config.down.launch_options(),
         launch_pdl=pdl,
     )
     return out
