@@ -6,8 +6,8 @@ Qwen's `norm_topk_prob`). It returns (weights float32 [tokens, k], expert ids in
 [tokens, k]). On CUDA one Triton program per token does all of it (a decode step would
 otherwise launch softmax, topk, sum and divide for every layer); elsewhere torch does.
 
-At decode the experts' first kernel can route for itself (`KernelRouting`, used by
-layers/moe/fused_moe_gemv.py): it runs the same device function (`topk_ranks`) on the
+At decode the expert kernels can route for themselves (`KernelRouting`, used by
+layers/moe/fused_moe_gemv.py): they run the same device function (`topk_ranks`) on the
 token's logits row, and the top-k kernel's launch goes.
 
 The Triton top-k ranks every expert in one pass instead of k rounds of argmax: expert e's
@@ -130,12 +130,11 @@ def local_expert_ids(ids: torch.Tensor, first_expert: int, num_local: int) -> to
 
 @dataclass(frozen=True)
 class KernelRouting:
-    """select_experts left to the experts' first kernel (fused_moe_gemv's gate/up kernel):
-    from `logits` [tokens, E] it computes each token's top-k (topk_ranks, the top-k
-    kernel's function) and writes the weights and this rank's expert ids
-    (local_expert_ids) into the [tokens, k] buffers the experts are given, for the kernels
-    after it. `fill` writes the same values with select_experts, for a path that does not
-    route in its kernel."""
+    """select_experts left to the expert kernels (fused_moe_gemv): from `logits` [tokens, E]
+    each computes the token's top-k itself (topk_ranks, the top-k kernel's function), and
+    the first writes the weights and this rank's expert ids (local_expert_ids) into the
+    [tokens, k] buffers the experts are given. `fill` writes the same values with
+    select_experts, for a path that does not route in its kernels."""
 
     logits: torch.Tensor
     top_k: int
