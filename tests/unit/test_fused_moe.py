@@ -76,14 +76,19 @@ def _ids(tokens: int, experts: int, k: int, gen: torch.Generator) -> torch.Tenso
     )
 
 
-def _tied_logits(gen: torch.Generator) -> torch.Tensor:
-    """Five rows of 12 experts' logits; row 1 ties experts 3 and 9 for first place and row 2
-    ties 2, 5 and 7 below it, so the lower index must win each tie."""
-    logits = torch.randn(5, 12, generator=gen)
-    logits[1, [3, 9]] = 5.0
+def _tied_logits(gen: torch.Generator, experts: int) -> torch.Tensor:
+    """Five rows of logits of 12 or more experts; row 1 ties the experts TIES[0] for first
+    place and row 2 ties TIES[1] below expert 0, so the lower index must win each tie
+    (from 40 experts on, across the ranking's 16-expert chunks)."""
+    first, second = TIES[experts]
+    logits = torch.randn(5, experts, generator=gen)
+    logits[1, first] = 5.0
     logits[2, 0] = 6.0
-    logits[2, [2, 5, 7]] = 4.0
+    logits[2, second] = 4.0
     return logits
+
+
+TIES = {12: ([3, 9], [2, 5, 7]), 40: ([9, 33], [2, 21, 37])}
 
 
 def _stable_topk(
@@ -98,16 +103,18 @@ def _stable_topk(
     return weights, ids
 
 
+@pytest.mark.parametrize("experts", [12, 40])
 @pytest.mark.parametrize("k", [3, 4])
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_router_triton_matches_torch(renormalize: bool, k: int) -> None:
-    """The one-pass ranking (any k, not only powers of two) picks torch.topk's experts in
-    its order, ties to the lower index."""
-    logits = _tied_logits(torch.Generator().manual_seed(0)).to(DEVICE)
+def test_router_triton_matches_torch(renormalize: bool, k: int, experts: int) -> None:
+    """The ranking (any k, not only powers of two; 40 experts: three chunks and padding to
+    64) picks torch.topk's experts in its order, ties to the lower index."""
+    logits = _tied_logits(torch.Generator().manual_seed(0), experts).to(DEVICE)
     ref_w, ref_ids = _stable_topk(logits, k, renormalize)
     w, ids = select_experts_triton(logits, k, renormalize)
     assert torch.equal(ids, ref_ids)
-    assert ids[1, :2].tolist() == [3, 9] and ids[2, 1:3].tolist() == [2, 5]
+    first, second = TIES[experts]
+    assert ids[1, :2].tolist() == first[:2] and ids[2, 1:3].tolist() == second[:2]
     torch.testing.assert_close(w, ref_w, atol=1e-6, rtol=1e-6)
     untied = [0, 3, 4]  # where torch.topk's order is defined, it is the same
     assert torch.equal(ids[untied], select_experts_torch(logits, k, renormalize)[1][untied])
@@ -420,18 +427,18 @@ def test_small_m_gemv_routes_in_its_first_kernel(renormalize: bool, ep: int) -> 
     """With a KernelRouting the gate/up kernel routes from the logits itself: the buffers it
     fills equal select_experts (ids as local ids, -1 for the other rank's experts under
     EP; ties to the lower index), and the output equals the reference on those. Top-3 of
-    12 experts (padded to 16 in the ranking), with the tied rows of the router test. The
+    40 experts (padded to 64 in the ranking), with the tied rows of the router test. The
     grouped path fills the buffers with select_experts first (KernelRouting.fill)."""
     from mini_sglang.layers.moe.router import KernelRouting, local_expert_ids, select_experts
 
     gen = torch.Generator().manual_seed(7)
-    tokens, experts, k, hidden, inter = 5, 12, 3, 32, 16
+    tokens, experts, k, hidden, inter = 5, 40, 3, 32, 16
     local = experts // ep
     first = local * (ep - 1)  # the last rank's experts
     x = torch.randn(tokens, hidden, generator=gen)
     w13 = torch.randn(local, 2 * inter, hidden, generator=gen) * 0.2
     w2 = torch.randn(local, hidden, inter, generator=gen) * 0.2
-    logits = _tied_logits(gen)
+    logits = _tied_logits(gen, experts)
     x, w13, w2, logits = (t.to(DEVICE) for t in (x, w13, w2, logits))
     ref_w, ref_ids = _stable_topk(logits, k, renormalize)
     ref_ids = local_expert_ids(ref_ids, first, local)

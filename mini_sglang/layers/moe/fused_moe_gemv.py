@@ -7,7 +7,7 @@ fused_moe_triton.fused_experts_triton does, up to summation order) in two launch
    the token's hidden row and its expert's BLOCK_N gate rows and BLOCK_N up rows of w13 in
    BLOCK_K-wide tiles (fp32 accumulate), and writes silu(gate) * up -> act [pairs, I]. With
    a router.KernelRouting it first routes for itself: program (n, pair) ranks the token's
-   router logits (router.topk_ranks), takes the expert of rank pair % k, and the programs
+   router logits (router.topk_slots), takes the expert of rank pair % k, and the programs
    of column block 0 write the pairs' ids and weights for kernel 2 (a decode step's top-k
    kernel goes);
 2. down: one program per (token, block of BLOCK_N hidden columns) loads the token's k
@@ -47,7 +47,7 @@ from mini_sglang.environ import envs
 
 # a global of this module because gate_up_kernel calls it: Triton's interpreter resolves a
 # kernel's names in its module, not in the function that defines the kernel
-from mini_sglang.layers.moe.router import topk_ranks
+from mini_sglang.layers.moe.router import topk_constants, topk_slots
 
 if TYPE_CHECKING:
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
@@ -154,7 +154,9 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_K: tl.constexpr,
         ROUTE: tl.constexpr,
         RENORMALIZE: tl.constexpr,
+        SLOTS: tl.constexpr,
         BLOCK_E: tl.constexpr,
+        CHUNK: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
@@ -178,16 +180,15 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         pair = tl.program_id(1)
         if ROUTE:
             row = logits_ptr + (pair // TOP_K).to(tl.int64) * stride_lm
-            p, rank, offs = topk_ranks(row, num_experts, BLOCK_E)
-            mine = rank == pair % TOP_K
-            expert = tl.sum(tl.where(mine, offs, 0), axis=0) - first_expert
+            top_ids, top_w = topk_slots(
+                row, num_experts, TOP_K, SLOTS, RENORMALIZE, BLOCK_E, CHUNK
+            )  # fmt: skip
+            mine = tl.arange(0, SLOTS) == pair % TOP_K
+            expert = tl.sum(tl.where(mine, top_ids, 0), axis=0) - first_expert
             expert = tl.where((expert >= 0) & (expert < num_local), expert, -1)
             if pid_n == 0:
-                weight = tl.sum(tl.where(mine, p, 0.0), axis=0)
-                if RENORMALIZE:
-                    weight = weight / tl.sum(tl.where(rank < TOP_K, p, 0.0), axis=0)
                 tl.store(ids_ptr + pair, expert)
-                tl.store(topk_weights_ptr + pair, weight)
+                tl.store(topk_weights_ptr + pair, tl.sum(tl.where(mine, top_w, 0.0), axis=0))
         else:
             expert = tl.load(ids_ptr + pair)
         if expert < 0:
@@ -266,6 +267,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         ROUTE: tl.constexpr,
         RENORMALIZE: tl.constexpr,
         BLOCK_E: tl.constexpr,
+        CHUNK: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
@@ -291,13 +293,12 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         rj = tl.arange(0, TOP_K_POW2)
         pairs = token * TOP_K + rj
         if ROUTE:  # slot j takes the expert of rank j; slots from TOP_K on are padding
-            p, rank, offs = topk_ranks(logits_ptr + token * stride_lm, num_experts, BLOCK_E)
-            sel = rank[None, :] == rj[:, None]
-            expert = tl.sum(tl.where(sel, offs[None, :], 0), axis=1) - first_expert
+            expert, route = topk_slots(
+                logits_ptr + token * stride_lm, num_experts, TOP_K, TOP_K_POW2, RENORMALIZE,
+                BLOCK_E, CHUNK,
+            )  # fmt: skip
+            expert = expert - first_expert
             expert = tl.where((rj < TOP_K) & (expert >= 0) & (expert < num_local), expert, -1)
-            route = tl.sum(tl.where(sel, p[None, :], 0.0), axis=1)
-            if RENORMALIZE:
-                route = route / tl.sum(tl.where(rank < TOP_K, p, 0.0), axis=0)
         else:
             expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
         # A dropped pair (or a padding slot) reads nothing (its act row and scales were never
@@ -411,7 +412,7 @@ def fused_experts_gemv(
     route_consts = dict(
         ROUTE=routing is not None,
         RENORMALIZE=routing is not None and routing.renormalize,
-        BLOCK_E=max(1, triton.next_power_of_2(num_experts)),
+        **(topk_constants(k, num_experts) if routing else {"SLOTS": 1, "BLOCK_E": 1, "CHUNK": 1}),
     )
     x = x.contiguous()
     group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
@@ -494,7 +495,7 @@ def fused_experts_gemv(
         BLOCK_N=bn,
         BLOCK_K=bk,
         ADD_OUT=residual is not None,
-        **route_consts,
+        **{name: v for name, v in route_consts.items() if name != "SLOTS"},
         PDL=pdl,
         **config.down.launch_options(),
         launch_pdl=pdl,

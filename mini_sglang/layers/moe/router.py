@@ -7,13 +7,14 @@ Qwen's `norm_topk_prob`). It returns (weights float32 [tokens, k], expert ids in
 otherwise launch softmax, topk, sum and divide for every layer); elsewhere torch does.
 
 At decode the expert kernels can route for themselves (`KernelRouting`, used by
-layers/moe/fused_moe_gemv.py): they run the same device function (`topk_ranks`) on the
+layers/moe/fused_moe_gemv.py): they run the same device function (`topk_slots`) on the
 token's logits row, and the top-k kernel's launch goes.
 
-The Triton top-k ranks every expert in one pass instead of k rounds of argmax: expert e's
-rank is the number of experts f ahead of it, p[f] > p[e] or p[f] == p[e] with f < e (the
-lower index wins a tie, as a stable descending sort orders them; torch.topk leaves the
-order of ties unspecified), and the experts of rank < k are the top k, in order. Example, p = [0.1, 0.4, 0.1, 0.4], k = 2: ranks [2, 0, 3, 1], so ids [1, 3].
+The Triton top-k ranks every expert instead of running k rounds of argmax: expert e's rank
+is the number of experts f ahead of it, p[f] > p[e] or p[f] == p[e] with f < e (the lower
+index wins a tie, as a stable descending sort orders them; torch.topk leaves the order of
+ties unspecified), and the experts of rank < k are the top k, in order. Example,
+p = [0.1, 0.4, 0.1, 0.4], k = 2: ranks [2, 0, 3, 1], so ids [1, 3].
 """
 
 from __future__ import annotations
@@ -40,22 +41,52 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def topk_ranks(row_ptr, num_experts, BLOCK_E: tl.constexpr):
-        """(p, rank, offs) for one row of router logits: p the softmax probabilities
-        [BLOCK_E] in float32 (0 past num_experts), rank each expert's place in the top-k
-        order (0 the most probable; see the module), offs the expert ids."""
+    def topk_slots(
+        row_ptr,
+        num_experts,
+        TOP_K: tl.constexpr,
+        SLOTS: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        CHUNK: tl.constexpr,
+    ):
+        """(ids int32 [SLOTS], weights float32 [SLOTS]) of one row of router logits: slot
+        j < TOP_K holds the expert of rank j (see the module) and its softmax probability,
+        renormalised over the top k with RENORMALIZE; slots from TOP_K on are padding.
+
+        The ranks are counted CHUNK experts at a time against all BLOCK_E ([CHUNK, BLOCK_E]
+        comparisons), each chunk's probabilities recomputed from its logits with the row's
+        max and sum (the same operations, so the same bits as the full row's): one
+        [BLOCK_E, BLOCK_E] comparison would hold ~100 more registers per thread, and a
+        kernel that routes in its prologue (fused_moe_gemv) would lose most of its
+        occupancy to them."""
         offs = tl.arange(0, BLOCK_E)
         valid = offs < num_experts
         x = tl.load(row_ptr + offs, mask=valid, other=-float("inf")).to(tl.float32)
-        p = tl.exp(x - tl.max(x, axis=0))
-        p = tl.where(valid, p, 0.0)
-        p = p / tl.sum(p, axis=0)
-        key = tl.where(valid, p, -1.0)  # padding ranks after every expert
-        ahead = (key[None, :] > key[:, None]) | (
-            (key[None, :] == key[:, None]) & (offs[None, :] < offs[:, None])
-        )
-        rank = tl.sum(ahead.to(tl.int32), axis=1)
-        return p, rank, offs
+        m = tl.max(x, axis=0)
+        s = tl.sum(tl.where(valid, tl.exp(x - m), 0.0), axis=0)
+        key = tl.where(valid, tl.exp(x - m) / s, -1.0)  # padding ranks after every expert
+        slots = tl.arange(0, SLOTS)
+        ids = tl.zeros((SLOTS,), dtype=tl.int32)
+        weights = tl.zeros((SLOTS,), dtype=tl.float32)
+        top_sum = 0.0
+        for c0 in tl.static_range(0, BLOCK_E, CHUNK):
+            oc = c0 + tl.arange(0, CHUNK)
+            vc = oc < num_experts
+            xc = tl.load(row_ptr + oc, mask=vc, other=-float("inf")).to(tl.float32)
+            kc = tl.where(vc, tl.exp(xc - m) / s, -1.0)
+            # expert e of this chunk: how many experts f are ahead of it
+            ahead = (key[None, :] > kc[:, None]) | (
+                (key[None, :] == kc[:, None]) & (offs[None, :] < oc[:, None])
+            )
+            rank = tl.sum(ahead.to(tl.int32), axis=1)
+            sel = rank[None, :] == slots[:, None]
+            ids += tl.sum(tl.where(sel, oc[None, :], 0), axis=1)
+            weights += tl.sum(tl.where(sel, kc[None, :], 0.0), axis=1)
+            top_sum += tl.sum(tl.where(rank < TOP_K, kc, 0.0), axis=0)
+        if RENORMALIZE:
+            weights = weights / top_sum
+        return ids, weights
 
     @triton.jit
     def topk_softmax_kernel(
@@ -65,23 +96,32 @@ if triton is not None:
         num_experts,
         stride_row,
         TOP_K: tl.constexpr,
+        SLOTS: tl.constexpr,
         RENORMALIZE: tl.constexpr,
         BLOCK_E: tl.constexpr,
+        CHUNK: tl.constexpr,
         PDL: tl.constexpr,
     ):
         if PDL:  # the logits come from the kernel before
             gdc_launch_dependents()
             gdc_wait()
         row = tl.program_id(0)
-        p, rank, offs = topk_ranks(logits_ptr + row * stride_row, num_experts, BLOCK_E)
-        top = rank < TOP_K
-        if RENORMALIZE:
-            p = p / tl.sum(tl.where(top, p, 0.0), axis=0)
-        tl.store(weights_ptr + row * TOP_K + rank, p, mask=top)
-        tl.store(ids_ptr + row * TOP_K + rank, offs, mask=top)
+        ids, weights = topk_slots(
+            logits_ptr + row * stride_row, num_experts, TOP_K, SLOTS, RENORMALIZE, BLOCK_E,
+            CHUNK,
+        )  # fmt: skip
+        slots = tl.arange(0, SLOTS)
+        tl.store(weights_ptr + row * TOP_K + slots, weights, mask=slots < TOP_K)
+        tl.store(ids_ptr + row * TOP_K + slots, ids, mask=slots < TOP_K)
 
 else:  # CPU installs: torch routes
-    topk_ranks = topk_softmax_kernel = None
+    topk_slots = topk_softmax_kernel = None
+
+
+def topk_constants(top_k: int, num_experts: int) -> dict:
+    """topk_slots' shape constants for k of num_experts: SLOTS, BLOCK_E, CHUNK."""
+    block_e = triton.next_power_of_2(num_experts)
+    return {"SLOTS": triton.next_power_of_2(top_k), "BLOCK_E": block_e, "CHUNK": min(16, block_e)}
 
 
 def select_experts_triton(
@@ -105,7 +145,7 @@ def select_experts_triton(
             logits.stride(0),
             TOP_K=top_k,
             RENORMALIZE=renormalize,
-            BLOCK_E=triton.next_power_of_2(num_experts),
+            **topk_constants(top_k, num_experts),
             PDL=pdl,
             launch_pdl=pdl,
         )
@@ -131,7 +171,7 @@ def local_expert_ids(ids: torch.Tensor, first_expert: int, num_local: int) -> to
 @dataclass(frozen=True)
 class KernelRouting:
     """select_experts left to the expert kernels (fused_moe_gemv): from `logits` [tokens, E]
-    each computes the token's top-k itself (topk_ranks, the top-k kernel's function), and
+    each computes the token's top-k itself (topk_slots, the top-k kernel's function), and
     the first writes the weights and this rank's expert ids (local_expert_ids) into the
     [tokens, k] buffers the experts are given. `fill` writes the same values with
     select_experts, for a path that does not route in its kernels."""

@@ -1,0 +1,139 @@
+"""Registers, spills and shared memory of the MoE decode kernels, compiled for a GPU target
+on any machine: Triton compiles a kernel to a cubin with its bundled ptxas and needs no GPU
+for that, so a tile config's occupancy is known before a GPU run.
+
+    python benchmarks/kernel_resources.py                      # TUNED / default tiles, sm90
+    python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
+
+Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down), each with and
+without routing in the kernel (router.KernelRouting), and the router's top-k kernel, at
+Qwen3-30B-A3B's shapes by default (E 128, top-8). `ctas_per_sm` is what registers and warps
+allow: 65,536 registers and 64 warps per SM (sm80-sm90); a kernel at 1 program per SM keeps
+few bytes in flight, which is what a decode GEMV's bandwidth depends on. Worked example: 202
+registers x 256 threads (8 warps) = 51,712 registers, so 65,536 // 51,712 = 1 program per
+SM, while 64 registers x 256 = 16,384 allow 4.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Compiling needs Triton's JIT functions, which its interpreter mode would replace; this must
+# be unset before mini_sglang's kernels are defined.
+os.environ.pop("TRITON_INTERPRET", None)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from mini_sglang.layers.moe import fused_moe_gemv, router  # noqa: E402
+
+REGS_PER_SM, WARPS_PER_SM = 65536, 64
+_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
+
+
+def resources(fn, args: dict, constants: dict, num_warps: int, arch: int) -> dict:
+    """Compile fn for sm<arch> with `args` (name -> Triton type, e.g. "*bf16", "i32") and
+    `constants` (constexpr values); {"regs", "stack", "shared", "ctas_per_sm"}."""
+    signature = {name: args.get(name, "constexpr") for name in fn.arg_names}
+    used = {name: v for name, v in constants.items() if name in fn.arg_names}
+    kernel = triton.compile(
+        ASTSource(fn, signature, used),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": num_warps},
+    )
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        dump = subprocess.run(
+            [str(cuobjdump), "--dump-resource-usage", f.name],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    regs, stack, shared = (int(v) for v in _USAGE.search(dump).groups())
+    threads = 32 * num_warps
+    ctas = min(REGS_PER_SM // max(1, regs * threads), WARPS_PER_SM // num_warps)
+    return {"regs": regs, "stack": stack, "shared": shared, "ctas_per_sm": ctas}
+
+
+def _arg_types(fn, fp8: bool) -> dict:
+    """Triton types of a fused_moe_gemv kernel's runtime arguments: pointers by name (FP8
+    weights and activations where `fp8`), integers elsewhere."""
+    special = {"ids_ptr": "*i32", "topk_weights_ptr": "*fp32", "weights_ptr": "*fp32"}
+    types = {}
+    for name in fn.arg_names:
+        if not name.endswith("_ptr"):
+            types[name] = "i32"
+        elif name in special:
+            types[name] = special[name]
+        elif fp8 and name in ("x_ptr", "w_ptr", "act_ptr"):
+            types[name] = "*fp8e4nv"
+        elif fp8 and "scale" in name:
+            types[name] = "*fp32"
+        else:
+            types[name] = "*bf16"
+    return types
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm90")
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument(
+        "--tiles", nargs="*", default=None,
+        help="BLOCK_N,BLOCK_K,num_warps of both expert kernels (default: TUNED's and the default)",
+    )  # fmt: skip
+    p.add_argument("--fp8", action="store_true", help="FP8 experts, block-wise [128, 128] scales")
+    p.add_argument("--out", default=None, help="append the rows to this JSONL file")
+    args = p.parse_args(argv)
+    if args.tiles:
+        tiles = [fused_moe_gemv.GemvTiles(*map(int, t.split(","))) for t in args.tiles]
+    else:
+        configs = [*fused_moe_gemv.TUNED.values(), fused_moe_gemv.DEFAULT_CONFIG]
+        tiles = list(dict.fromkeys(t for c in configs for t in (c.gate_up, c.down)))
+    gate_up, down = fused_moe_gemv._build_kernels()
+    k, e = args.top_k, args.experts
+    group = (128, 128) if args.fp8 else (1, 0)
+    rows = []
+    for route in (False, True):
+        consts = dict(
+            TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
+            GROUP_K=group[1], ADD_OUT=True, ROUTE=route, RENORMALIZE=True, PDL=True,
+            **(router.topk_constants(k, e) if route else {"SLOTS": 1, "BLOCK_E": 1, "CHUNK": 1}),
+        )  # fmt: skip
+        for t in tiles:
+            for name, fn in (("gate_up", gate_up), ("down", down)):
+                c = dict(consts, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+                res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch)
+                rows.append({"kernel": name, "route": route, "tiles": [t.block_n, t.block_k,
+                             t.num_warps], **res})  # fmt: skip
+    topk_args = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32",
+                 "num_experts": "i32", "stride_row": "i32"}  # fmt: skip
+    consts = dict(TOP_K=k, RENORMALIZE=True, PDL=True, **router.topk_constants(k, e))
+    res = resources(router.topk_softmax_kernel, topk_args, consts, 4, args.arch)
+    rows.append({"kernel": "topk_softmax", "route": None, "tiles": [None, None, 4], **res})
+    for r in rows:
+        print(
+            f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''} {r['kernel']:>12} "
+            f"route={str(r['route']):5} tiles={r['tiles']}: {r['regs']} registers, "
+            f"{r['stack']} B stack, {r['shared']} B shared, {r['ctas_per_sm']} per SM"
+        )
+    if args.out:
+        common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8}
+        with open(args.out, "a") as f:
+            f.writelines(json.dumps(common | r) + "\n" for r in rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

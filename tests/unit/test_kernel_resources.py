@@ -1,0 +1,40 @@
+"""benchmarks/kernel_resources.py compiles the MoE decode kernels for sm90 without a GPU and
+reports their registers and the programs per SM those allow (run in a subprocess: this test
+process runs Triton in interpreter mode, which the compile must not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+_SCRIPT = Path(__file__).parents[2] / "benchmarks" / "kernel_resources.py"
+
+
+def test_reports_registers_and_occupancy_of_each_kernel(tmp_path: Path) -> None:
+    nvidia = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    if not (nvidia / "ptxas").exists() or not (nvidia / "cuobjdump").exists():
+        pytest.skip("this Triton install has no bundled ptxas / cuobjdump")
+    out = tmp_path / "rows.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, str(_SCRIPT), "--tiles", "8,128,8", "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["kernel"], r["route"]) for r in rows] == [
+        ("gate_up", False), ("down", False), ("gate_up", True), ("down", True),
+        ("topk_softmax", None),
+    ]  # fmt: skip
+    for r in rows:
+        warps = r["tiles"][2]
+        assert 0 < r["regs"] <= 255 and r["arch"] == 90
+        assert r["ctas_per_sm"] == min(65536 // (r["regs"] * 32 * warps), 64 // warps)
+    assert len(run.stdout.strip().splitlines()) == len(rows)
