@@ -8,10 +8,13 @@ for that, so a tile config's occupancy is known before a GPU run.
 Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down), each with and
 without routing in the kernel (router.KernelRouting), and the router's top-k kernel, at
 Qwen3-30B-A3B's shapes by default (E 128, top-8). `ctas_per_sm` is what registers and warps
-allow: 65,536 registers and 64 warps per SM (sm80-sm90); a kernel at 1 program per SM keeps
-few bytes in flight, which is what a decode GEMV's bandwidth depends on. Worked example: 202
-registers x 256 threads (8 warps) = 51,712 registers, so 65,536 // 51,712 = 1 program per
-SM, while 64 registers x 256 = 16,384 allow 4.
+allow: 65,536 registers and 64 warps per SM (sm80-sm90); fewer programs per SM keep fewer
+bytes in flight, which is what a decode GEMV's bandwidth depends on. Worked example: 64
+registers x 256 threads (8 warps) = 16,384 registers, so 65,536 // 16,384 = 4 programs per
+SM, while at 32 registers the warps bound it: 64 // 8 = 8. Every runtime argument is
+compiled as 16-divisible (aligned pointers, sizes and strides), as the JIT specializes
+these models' shapes; without that hint no load is vectorized and the counts are far
+higher.
 """
 
 from __future__ import annotations
@@ -44,10 +47,17 @@ _USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
 def resources(fn, args: dict, constants: dict, num_warps: int, arch: int) -> dict:
     """Compile fn for sm<arch> with `args` (name -> Triton type, e.g. "*bf16", "i32") and
     `constants` (constexpr values); {"regs", "stack", "shared", "ctas_per_sm"}."""
-    signature = {name: args.get(name, "constexpr") for name in fn.arg_names}
     used = {name: v for name, v in constants.items() if name in fn.arg_names}
+    signature = {name: "constexpr" if name in used else args[name] for name in fn.arg_names}
+    # Every runtime argument 16-divisible (aligned pointers, sizes and strides), as the JIT
+    # specializes them for these models' shapes: without it no load is vectorized.
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if signature[name] != "constexpr"
+    }
     kernel = triton.compile(
-        ASTSource(fn, signature, used),
+        ASTSource(fn, signature, used, attrs),
         target=GPUTarget("cuda", arch, 32),
         options={"num_warps": num_warps},
     )

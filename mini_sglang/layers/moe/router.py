@@ -55,26 +55,27 @@ if triton is not None:
         renormalised over the top k with RENORMALIZE; slots from TOP_K on are padding.
 
         The ranks are counted CHUNK experts at a time against all BLOCK_E ([CHUNK, BLOCK_E]
-        comparisons), each chunk's probabilities recomputed from its logits with the row's
-        max and sum (the same operations, so the same bits as the full row's): one
-        [BLOCK_E, BLOCK_E] comparison would hold ~100 more registers per thread, and a
-        kernel that routes in its prologue (fused_moe_gemv) would lose most of its
-        occupancy to them."""
+        comparisons) in a loop the compiler does not unroll: one [BLOCK_E, BLOCK_E]
+        comparison, or an unrolled loop, holds more registers than a routing kernel's main
+        loop (fused_moe_gemv's gate_up kernel: 64 against 32 a thread, half its programs
+        per SM; benchmarks/kernel_resources.py). A chunk's probabilities are taken from the
+        row's registers (a masked sum over the rows of its [BLOCK_E / CHUNK, CHUNK] view:
+        the same bits), not reloaded."""
         offs = tl.arange(0, BLOCK_E)
         valid = offs < num_experts
         x = tl.load(row_ptr + offs, mask=valid, other=-float("inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        s = tl.sum(tl.where(valid, tl.exp(x - m), 0.0), axis=0)
-        key = tl.where(valid, tl.exp(x - m) / s, -1.0)  # padding ranks after every expert
+        p = tl.exp(x - tl.max(x, axis=0))
+        p = tl.where(valid, p, 0.0)
+        key = tl.where(valid, p / tl.sum(p, axis=0), -1.0)  # padding ranks after every expert
+        key_chunks = tl.reshape(key, (BLOCK_E // CHUNK, CHUNK))
+        chunk_ids = tl.arange(0, BLOCK_E // CHUNK)
         slots = tl.arange(0, SLOTS)
         ids = tl.zeros((SLOTS,), dtype=tl.int32)
         weights = tl.zeros((SLOTS,), dtype=tl.float32)
-        top_sum = 0.0
-        for c0 in tl.static_range(0, BLOCK_E, CHUNK):
-            oc = c0 + tl.arange(0, CHUNK)
-            vc = oc < num_experts
-            xc = tl.load(row_ptr + oc, mask=vc, other=-float("inf")).to(tl.float32)
-            kc = tl.where(vc, tl.exp(xc - m) / s, -1.0)
+        top = tl.zeros((CHUNK,), dtype=tl.float32)
+        for c in range(0, BLOCK_E // CHUNK):
+            kc = tl.sum(tl.where(chunk_ids[:, None] == c, key_chunks, 0.0), axis=0)
+            oc = c * CHUNK + tl.arange(0, CHUNK)
             # expert e of this chunk: how many experts f are ahead of it
             ahead = (key[None, :] > kc[:, None]) | (
                 (key[None, :] == kc[:, None]) & (offs[None, :] < oc[:, None])
@@ -83,7 +84,8 @@ if triton is not None:
             sel = rank[None, :] == slots[:, None]
             ids += tl.sum(tl.where(sel, oc[None, :], 0), axis=1)
             weights += tl.sum(tl.where(sel, kc[None, :], 0.0), axis=1)
-            top_sum += tl.sum(tl.where(rank < TOP_K, kc, 0.0), axis=0)
+            top += tl.where(rank < TOP_K, kc, 0.0)
+        top_sum = tl.sum(top, axis=0)
         if RENORMALIZE:
             weights = weights / top_sum
         return ids, weights
@@ -121,7 +123,7 @@ else:  # CPU installs: torch routes
 def topk_constants(top_k: int, num_experts: int) -> dict:
     """topk_slots' shape constants for k of num_experts: SLOTS, BLOCK_E, CHUNK."""
     block_e = triton.next_power_of_2(num_experts)
-    return {"SLOTS": triton.next_power_of_2(top_k), "BLOCK_E": block_e, "CHUNK": min(16, block_e)}
+    return {"SLOTS": triton.next_power_of_2(top_k), "BLOCK_E": block_e, "CHUNK": min(8, block_e)}
 
 
 def select_experts_triton(
