@@ -63,11 +63,11 @@ DTYPES = {
     "fp8-block": QuantSpec("fp8", checkpoint_fp8=True, weight_block_size=(128, 128)),
 }
 BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-# --small-m-sweep: (BLOCK_N, BLOCK_K, num_warps) candidates for each GEMV kernel
+# --small-m-sweep: candidates for each GEMV kernel,
 # (BLOCK_N, BLOCK_K, num_warps[, num_stages]). The last rows: whole-K tiles of kernel 1
 # (its hidden 2048 in one step, as the dense GEMV's best M=1 configs read a whole row),
 # deeper K-loop pipelining of the short tiles, and 16-warp tiles of kernel 2 (at
-# (8, 128, 8) it needs ~62 registers a thread: 4 programs, 32 warps per SM;
+# (8, 128, 8) it needs 66 registers a thread: 3 programs, 24 warps per SM;
 # benchmarks/kernel_resources.py).
 SWEEP = [
     (2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4),

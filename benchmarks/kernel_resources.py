@@ -1,17 +1,19 @@
-"""Registers, spills and shared memory of the MoE decode kernels, compiled for a GPU target
-on any machine: Triton compiles a kernel to a cubin with its bundled ptxas and needs no GPU
-for that, so a tile config's occupancy is known before a GPU run.
+"""Registers, spills, shared memory and barriers of the MoE decode kernels, compiled for a
+GPU target on any machine: Triton compiles a kernel to a cubin with its bundled ptxas and
+needs no GPU for that, so a tile config's occupancy is known before a GPU run.
 
     python benchmarks/kernel_resources.py                      # TUNED / default tiles, sm90
     python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
 
-Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down), each with and
-without routing in the kernel (router.KernelRouting), and the router's top-k kernel, at
-Qwen3-30B-A3B's shapes by default (E 128, top-8). `ctas_per_sm` is what registers and warps
-allow: 65,536 registers and 64 warps per SM (sm80-sm90); fewer programs per SM keep fewer
-bytes in flight, which is what a decode GEMV's bandwidth depends on. Worked example: 64
-registers x 256 threads (8 warps) = 16,384 registers, so 65,536 // 16,384 = 4 programs per
-SM, while at 32 registers the warps bound it: 64 // 8 = 8. Every runtime argument is
+Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down) per tile config,
+and the router's top-k kernel at its launch's warps and at 4, at Qwen3-30B-A3B's shapes by
+default (E 128, top-8). `barriers` counts bar.sync in the PTX (a reduction across warps
+needs one; within a warp it is register shuffles). `ctas_per_sm` is what registers and warps
+allow: 65,536 registers, 64 warps and 32 programs per SM (sm80-sm90), registers allocated
+in units of 8 a thread; fewer programs per SM keep fewer bytes in flight, which is what a
+decode GEMV's bandwidth depends on. Worked example: 66 registers are allocated as 72, x 256
+threads (8 warps) = 18,432, so 65,536 // 18,432 = 3 programs per SM; at 64 it would be 4,
+and at 32 the warps bound it: 64 // 8 = 8. Every runtime argument is
 compiled as 16-divisible (aligned pointers, sizes and strides), as the JIT specializes
 these models' shapes; without that hint no load is vectorized and the counts are far
 higher.
@@ -40,7 +42,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from mini_sglang.layers.moe import fused_moe_gemv, router  # noqa: E402
 
-REGS_PER_SM, WARPS_PER_SM = 65536, 64
+# per SM on sm80-sm90; registers are allocated to a thread in units of 8
+REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM, REG_UNIT = 65536, 64, 32, 8
 _USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
 
 
@@ -71,8 +74,11 @@ def resources(fn, args: dict, constants: dict, num_warps: int, arch: int) -> dic
         ).stdout  # fmt: skip
     regs, stack, shared = (int(v) for v in _USAGE.search(dump).groups())
     threads = 32 * num_warps
-    ctas = min(REGS_PER_SM // max(1, regs * threads), WARPS_PER_SM // num_warps)
-    return {"regs": regs, "stack": stack, "shared": shared, "ctas_per_sm": ctas}
+    allocated = -(-max(regs, 1) // REG_UNIT) * REG_UNIT
+    ctas = min(REGS_PER_SM // (allocated * threads), WARPS_PER_SM // num_warps, CTAS_PER_SM)
+    barriers = kernel.asm["ptx"].count("bar.sync")
+    return {"regs": regs, "stack": stack, "shared": shared, "barriers": barriers,
+            "ctas_per_sm": ctas}  # fmt: skip
 
 
 def _arg_types(fn, fp8: bool) -> dict:
@@ -114,29 +120,28 @@ def main(argv: list[str] | None = None) -> list[dict]:
     gate_up, down = fused_moe_gemv._build_kernels()
     k, e = args.top_k, args.experts
     group = (128, 128) if args.fp8 else (1, 0)
+    consts = dict(
+        TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
+        GROUP_K=group[1], ADD_OUT=True, PDL=True,
+    )  # fmt: skip
     rows = []
-    for route in (False, True):
-        consts = dict(
-            TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
-            GROUP_K=group[1], ADD_OUT=True, ROUTE=route, RENORMALIZE=True, PDL=True,
-            **(router.topk_constants(k, e) if route else {"SLOTS": 1, "BLOCK_E": 1, "CHUNK": 1}),
-        )  # fmt: skip
-        for t in tiles:
-            for name, fn in (("gate_up", gate_up), ("down", down)):
-                c = dict(consts, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
-                res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch)
-                rows.append({"kernel": name, "route": route, "tiles": [t.block_n, t.block_k,
-                             t.num_warps], **res})  # fmt: skip
+    for t in tiles:
+        for name, fn in (("gate_up", gate_up), ("down", down)):
+            c = dict(consts, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+            res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch)
+            rows.append({"kernel": name, "warps": t.num_warps,
+                         "tiles": [t.block_n, t.block_k], **res})  # fmt: skip
     topk_args = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32",
                  "num_experts": "i32", "stride_row": "i32"}  # fmt: skip
     consts = dict(TOP_K=k, RENORMALIZE=True, PDL=True, **router.topk_constants(k, e))
-    res = resources(router.topk_softmax_kernel, topk_args, consts, 4, args.arch)
-    rows.append({"kernel": "topk_softmax", "route": None, "tiles": [None, None, 4], **res})
+    for warps in dict.fromkeys((router.TOPK_NUM_WARPS, 4)):
+        res = resources(router.topk_softmax_kernel, topk_args, consts, warps, args.arch)
+        rows.append({"kernel": "topk_softmax", "warps": warps, "tiles": None, **res})
     for r in rows:
         print(
             f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''} {r['kernel']:>12} "
-            f"route={str(r['route']):5} tiles={r['tiles']}: {r['regs']} registers, "
-            f"{r['stack']} B stack, {r['shared']} B shared, {r['ctas_per_sm']} per SM"
+            f"tiles={r['tiles']} warps={r['warps']}: {r['regs']} registers, {r['stack']} B "
+            f"stack, {r['shared']} B shared, {r['barriers']} barriers, {r['ctas_per_sm']} per SM"
         )
     if args.out:
         common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8}

@@ -77,9 +77,8 @@ def _ids(tokens: int, experts: int, k: int, gen: torch.Generator) -> torch.Tenso
 
 
 def _tied_logits(gen: torch.Generator, experts: int) -> torch.Tensor:
-    """Five rows of logits of 12 or more experts; row 1 ties the experts TIES[0] for first
-    place and row 2 ties TIES[1] below expert 0, so the lower index must win each tie
-    (from 40 experts on, across the ranking's 16-expert chunks)."""
+    """Five rows of logits of 12 or 40 experts; row 1 ties the experts TIES[e][0] for first
+    place and row 2 ties TIES[e][1] below expert 0, so the lower index must win each tie."""
     first, second = TIES[experts]
     logits = torch.randn(5, experts, generator=gen)
     logits[1, first] = 5.0
@@ -107,8 +106,8 @@ def _stable_topk(
 @pytest.mark.parametrize("k", [3, 4])
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_router_triton_matches_torch(renormalize: bool, k: int, experts: int) -> None:
-    """The ranking (any k, not only powers of two; 40 experts: three chunks and padding to
-    64) picks torch.topk's experts in its order, ties to the lower index."""
+    """The one-warp argmax rounds (any k, not only powers of two; 40 experts padded to 64)
+    pick torch.topk's experts in its order, ties to the lower index."""
     logits = _tied_logits(torch.Generator().manual_seed(0), experts).to(DEVICE)
     ref_w, ref_ids = _stable_topk(logits, k, renormalize)
     w, ids = select_experts_triton(logits, k, renormalize)
@@ -419,47 +418,6 @@ def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> No
         ref = fused_experts_torch(x, w13, w2, weights, case)
         out = fused_experts_gemv(x, w13, w2, weights, case, config=GEMV_TILES)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("renormalize", [True, False])
-@pytest.mark.parametrize("ep", [1, 2], ids=["all_local", "ep2_rank1"])
-def test_small_m_gemv_routes_in_its_first_kernel(renormalize: bool, ep: int) -> None:
-    """With a KernelRouting the gate/up kernel routes from the logits itself: the buffers it
-    fills equal select_experts (ids as local ids, -1 for the other rank's experts under
-    EP; ties to the lower index), and the output equals the reference on those. Top-3 of
-    40 experts (padded to 64 in the ranking), with the tied rows of the router test. The
-    grouped path fills the buffers with select_experts first (KernelRouting.fill)."""
-    from mini_sglang.layers.moe.router import KernelRouting, local_expert_ids, select_experts
-
-    gen = torch.Generator().manual_seed(7)
-    tokens, experts, k, hidden, inter = 5, 40, 3, 32, 16
-    local = experts // ep
-    first = local * (ep - 1)  # the last rank's experts
-    x = torch.randn(tokens, hidden, generator=gen)
-    w13 = torch.randn(local, 2 * inter, hidden, generator=gen) * 0.2
-    w2 = torch.randn(local, hidden, inter, generator=gen) * 0.2
-    logits = _tied_logits(gen, experts)
-    x, w13, w2, logits = (t.to(DEVICE) for t in (x, w13, w2, logits))
-    ref_w, ref_ids = _stable_topk(logits, k, renormalize)
-    ref_ids = local_expert_ids(ref_ids, first, local)
-    ref = fused_experts_torch(x, w13, w2, ref_w, ref_ids)
-    routing = KernelRouting(logits, k, renormalize, first, local)
-    weights, ids = routing.buffers()
-    out = fused_experts_gemv(x, w13, w2, weights, ids, config=GEMV_TILES, routing=routing)
-    assert torch.equal(ids, ref_ids)
-    assert (ids < 0).any() == (ep > 1)
-    torch.testing.assert_close(weights, ref_w, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    # the grouped path: select_experts (torch on CPU, whose ties may come in another order)
-    fill_w, fill_ids = select_experts(logits, k, renormalize)
-    fill_ids = local_expert_ids(fill_ids, first, local)
-    weights, ids = routing.buffers()
-    grouped = fused_experts_triton(
-        x, w13, w2, weights, ids, dropped_pairs=True, config=TILES, routing=routing
-    )
-    assert torch.equal(ids, fill_ids) and torch.equal(weights, fill_w)
-    want = fused_experts_torch(x, w13, w2, fill_w, fill_ids)
-    torch.testing.assert_close(grouped, want, atol=1e-5, rtol=1e-5)
 
 
 def test_experts_add_into_the_residual() -> None:

@@ -5,15 +5,14 @@ fused_moe_triton.fused_experts_triton does, up to summation order) in two launch
 
 1. gate/up: one program per (token-expert pair, block of BLOCK_N intermediate columns) reads
    the token's hidden row and its expert's BLOCK_N gate rows and BLOCK_N up rows of w13 in
-   BLOCK_K-wide tiles (fp32 accumulate), and writes silu(gate) * up -> act [pairs, I]. With
-   a router.KernelRouting it first routes for itself: program (n, pair) ranks the token's
-   router logits (router.topk_slots), takes the expert of rank pair % k, and the programs
-   of column block 0 write the pairs' ids and weights for kernel 2 (a decode step's top-k
-   kernel goes);
+   BLOCK_K-wide tiles (fp32 accumulate), and writes silu(gate) * up -> act [pairs, I];
 2. down: one program per (token, block of BLOCK_N hidden columns) loads the token's k
    experts' w2 tiles together ([k, BLOCK_N, BLOCK_K] per K step, so k times a GEMV's bytes
    are in flight): act[pair] @ w2[expert][rows]^T, times the pair's routing weight, summed
-   over the k pairs in registers (no atomics, no per-pair output, no separate sum).
+   over the k pairs in registers (no atomics, no per-pair output, no separate sum). Under
+   PDL it reads the ids and loads its first w2 tiles before it waits for kernel 1's act:
+   kernel 1 lets it launch only after its own wait on the kernel before it (the top-k
+   kernel, which wrote the ids), so the ids are final when it starts.
 
 A decode step of the grouped-GEMM path runs the alignment (sorting pairs into 16-row blocks
 of which one row is used at batch 1), both GEMMs and the sum; here each weight row a token
@@ -45,13 +44,8 @@ import torch
 
 from mini_sglang.environ import envs
 
-# a global of this module because gate_up_kernel calls it: Triton's interpreter resolves a
-# kernel's names in its module, not in the function that defines the kernel
-from mini_sglang.layers.moe.router import topk_constants, topk_slots
-
 if TYPE_CHECKING:
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
-    from mini_sglang.layers.moe.router import KernelRouting
 
 # Batches of at most this many tokens take this path in fused_experts_triton (0: never).
 # Read once at import; benchmarks set the attribute to compare both paths in one process.
@@ -131,13 +125,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         x_scale_ptr,
         w_scale_ptr,
         ids_ptr,
-        logits_ptr,
-        topk_weights_ptr,
         INTER,
         H,
-        num_experts,
-        first_expert,
-        num_local,
         stride_xm,
         stride_we,
         stride_wn,
@@ -145,52 +134,27 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_xsm,
         stride_wse,
         stride_wsn,
-        stride_lm,
         TOP_K: tl.constexpr,
         FP8: tl.constexpr,
         GROUP_N: tl.constexpr,
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        ROUTE: tl.constexpr,
-        RENORMALIZE: tl.constexpr,
-        SLOTS: tl.constexpr,
-        BLOCK_E: tl.constexpr,
-        CHUNK: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
         program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
-        e < 0. ROUTE: e is this program's own pick from logits [M, num_experts] (the
-        expert of rank pair % TOP_K, as a local id: e - first_expert, -1 outside
-        [0, num_local)), and column block 0 writes ids[pair] and topk_weights[pair] (the
-        probability, renormalised over the top k with RENORMALIZE). FP8: x and w hold FP8
-        values; x_scale [M, 1 or H / GROUP_K], w_scale [E, 2I / GROUP_N, 1 or H / GROUP_K]
-        (GROUP_K 0: per channel, in the epilogue). PDL: launched as a programmatic
-        dependent; every read here (the ids or logits first, which pick the weights) waits
-        for the kernel before, and with ROUTE the down kernel may start only once the
-        logits are final (it routes before its wait)."""
+        e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
+        [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue).
+        PDL: launched as a programmatic dependent; every read here (the ids first, which
+        pick the weights) waits for the kernel before, and so does the launch of the down
+        kernel, which reads the ids before its own wait."""
         if PDL:
-            if not ROUTE:
-                gdc_launch_dependents()
             gdc_wait()
-            if ROUTE:  # the down kernel reads the logits before its own wait: after this one's
-                gdc_launch_dependents()
+            gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pair = tl.program_id(1)
-        if ROUTE:
-            row = logits_ptr + (pair // TOP_K).to(tl.int64) * stride_lm
-            top_ids, top_w = topk_slots(
-                row, num_experts, TOP_K, SLOTS, RENORMALIZE, BLOCK_E, CHUNK
-            )  # fmt: skip
-            mine = tl.arange(0, SLOTS) == pair % TOP_K
-            expert = tl.sum(tl.where(mine, top_ids, 0), axis=0) - first_expert
-            expert = tl.where((expert >= 0) & (expert < num_local), expert, -1)
-            if pid_n == 0:
-                tl.store(ids_ptr + pair, expert)
-                tl.store(topk_weights_ptr + pair, tl.sum(tl.where(mine, top_w, 0.0), axis=0))
-        else:
-            expert = tl.load(ids_ptr + pair)
+        expert = tl.load(ids_ptr + pair)
         if expert < 0:
             return
         expert = expert.to(tl.int64)
@@ -242,12 +206,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         w_scale_ptr,
         ids_ptr,
         topk_weights_ptr,
-        logits_ptr,
         H,
         INTER,
-        num_experts,
-        first_expert,
-        num_local,
         stride_am,
         stride_we,
         stride_wn,
@@ -255,7 +215,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_asm,
         stride_wse,
         stride_wsn,
-        stride_lm,
         TOP_K: tl.constexpr,
         TOP_K_POW2: tl.constexpr,
         FP8: tl.constexpr,
@@ -264,10 +223,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         ADD_OUT: tl.constexpr,
-        ROUTE: tl.constexpr,
-        RENORMALIZE: tl.constexpr,
-        BLOCK_E: tl.constexpr,
-        CHUNK: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
@@ -277,30 +232,18 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         residual epilogue). All k experts' tiles are one [TOP_K_POW2, BLOCK_N, BLOCK_K]
         load per K step, so a program has k times a GEMV's bytes in flight. FP8: act and w
         hold FP8 values; act_scale [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N,
-        1 or INTER / GROUP_K]. ROUTE: the pairs' experts and weights come from logits, as
-        gate_up_kernel routes. PDL: launched as a programmatic dependent; with ROUTE it
-        routes and loads its first w tiles before it waits for gate_up's act (the logits
-        are final by then, see gate_up_kernel), else it waits first (the ids are written
-        two kernels before)."""
+        1 or INTER / GROUP_K]. PDL: launched as a programmatic dependent of gate_up_kernel,
+        once the ids are final (see there): the ids, routing weights and first w tiles load
+        before the wait for act."""
         if PDL:
             gdc_launch_dependents()
-            if not ROUTE:
-                gdc_wait()
         pid_n = tl.program_id(0)
         token = tl.program_id(1).to(tl.int64)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < H
         rj = tl.arange(0, TOP_K_POW2)
         pairs = token * TOP_K + rj
-        if ROUTE:  # slot j takes the expert of rank j; slots from TOP_K on are padding
-            expert, route = topk_slots(
-                logits_ptr + token * stride_lm, num_experts, TOP_K, TOP_K_POW2, RENORMALIZE,
-                BLOCK_E, CHUNK,
-            )  # fmt: skip
-            expert = expert - first_expert
-            expert = tl.where((rj < TOP_K) & (expert >= 0) & (expert < num_local), expert, -1)
-        else:
-            expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
+        expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
         # A dropped pair (or a padding slot) reads nothing (its act row and scales were never
         # written) and adds 0; its expert id is clamped so that no pointer leaves the weights.
         kept = expert >= 0
@@ -314,11 +257,12 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             w_s = w_scale_ptr + expert[:, None] * stride_wse + (rn[None, :] // GROUP_N) * stride_wsn
             w_s_ok = kept[:, None] & n_ok[None, :]
             a_s_rows = act_scale_ptr + pairs * stride_asm
-        # w's K tiles are loaded one step ahead (the first one before a ROUTE launch's wait);
-        # the step after the last loads nothing (all masked)
+        route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
+        # w's K tiles are loaded one step ahead (the first one before the wait); the step
+        # after the last loads nothing (all masked)
         rk = tl.arange(0, BLOCK_K)
         w = tl.load(rows + rk[None, None, :], mask=rows_ok & (rk < INTER)[None, None, :], other=0.0)
-        if PDL and ROUTE:
+        if PDL:
             gdc_wait()
         acc = tl.zeros((TOP_K_POW2, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
@@ -338,8 +282,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         if FP8 and GROUP_K == 0:
             a_s = tl.load(a_s_rows, mask=kept, other=0.0)
             acc = acc * a_s[:, None] * tl.load(w_s, mask=w_s_ok, other=0.0)
-        if not ROUTE:
-            route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
         out = tl.sum(acc * route[:, None], axis=0)
         out_row = out_ptr + token * stride_om + rn
         if ADD_OUT:  # this program alone reads and writes these columns of the row
@@ -371,16 +313,13 @@ def fused_experts_gemv(
     fp8: Fp8Experts | None = None,
     config: SmallMConfig | None = None,
     residual: torch.Tensor | None = None,
-    routing: KernelRouting | None = None,
 ) -> torch.Tensor:
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
     nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
     tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
-    sum is added into it in the down kernel's epilogue and residual is returned.
-    `routing`: the gate/up kernel routes for itself and writes topk_weights and topk_ids
-    (contiguous, from routing.buffers()) as select_experts and local_expert_ids would.
-    Both kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
+    sum is added into it in the down kernel's epilogue and residual is returned. Both
+    kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
     import triton
 
     from mini_sglang.layers.kernels import pdl_enabled
@@ -394,26 +333,8 @@ def fused_experts_gemv(
     config = config or default_config(tokens, fp8 is not None)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
-    if routing is not None:  # the buffers the kernel writes: views, not copies
-        assert topk_ids.is_contiguous() and topk_weights.is_contiguous()
-        assert topk_weights.dtype == torch.float32 and topk_ids.dtype == torch.int32
     ids = topk_ids.reshape(-1).contiguous()
     weights = topk_weights.reshape(-1).contiguous()
-    # Both kernels' routing arguments; without routing they are unread constants (BLOCK_E 1,
-    # strides 0), so that no batch size compiles a kernel of its own.
-    logits = ids if routing is None else routing.logits.contiguous()
-    num_experts = 0 if routing is None else logits.shape[1]
-    route_args = (
-        (num_experts, 0, 0)
-        if routing is None
-        else (num_experts, routing.first_expert, routing.local_count)
-    )
-    stride_lm = 0 if routing is None else logits.stride(0)
-    route_consts = dict(
-        ROUTE=routing is not None,
-        RENORMALIZE=routing is not None and routing.renormalize,
-        **(topk_constants(k, num_experts) if routing else {"SLOTS": 1, "BLOCK_E": 1, "CHUNK": 1}),
-    )
     x = x.contiguous()
     group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
     group = group_k or None
@@ -430,11 +351,8 @@ def fused_experts_gemv(
         a_scale,
         w_scale,
         ids,
-        logits,
-        weights,
         inter,
         hidden,
-        *route_args,
         a.stride(0),
         w13.stride(0),
         w13.stride(1),
@@ -442,14 +360,12 @@ def fused_experts_gemv(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
-        stride_lm,
         TOP_K=k,
         FP8=fp8 is not None,
         GROUP_N=group_n,
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
-        **route_consts,
         PDL=pdl,
         **config.gate_up.launch_options(),
         launch_pdl=pdl,
@@ -475,10 +391,8 @@ def fused_experts_gemv(
         w_scale,
         ids,
         weights,
-        logits,
         hidden,
         inter,
-        *route_args,
         a.stride(0),
         w2.stride(0),
         w2.stride(1),
@@ -486,7 +400,6 @@ def fused_experts_gemv(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
-        stride_lm,
         TOP_K=k,
         TOP_K_POW2=triton.next_power_of_2(k),
         FP8=fp8 is not None,
@@ -495,7 +408,6 @@ def fused_experts_gemv(
         BLOCK_N=bn,
         BLOCK_K=bk,
         ADD_OUT=residual is not None,
-        **{name: v for name, v in route_consts.items() if name != "SLOTS"},
         PDL=pdl,
         **config.down.launch_options(),
         launch_pdl=pdl,

@@ -37,10 +37,8 @@ from mini_sglang.distributed.parallel_state import (
     get_tp_size,
     tensor_model_parallel_all_reduce,
 )
-from mini_sglang.layers.kernels import triton
-from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMoEMethod
-from mini_sglang.layers.moe.router import KernelRouting, local_expert_ids, select_experts
+from mini_sglang.layers.moe.router import select_experts
 
 if TYPE_CHECKING:
     from mini_sglang.layers.quantization.base import QuantizationConfig
@@ -178,6 +176,12 @@ class FusedMoE(nn.Module):
             self.weight_loader(param, gate, "w1", expert_id)
             self.weight_loader(param, up, "w3", expert_id)
 
+    def _local_ids(self, topk_ids: torch.Tensor) -> torch.Tensor:
+        if self.ep_size == 1:
+            return topk_ids
+        local = topk_ids - self.first_expert
+        return torch.where((local >= 0) & (local < self.num_local_experts), local, -1)
+
     def forward(
         self,
         hidden: torch.Tensor,
@@ -187,23 +191,9 @@ class FusedMoE(nn.Module):
         """The experts' output for hidden [tokens, H] routed by router_logits [tokens, E]
         (all-reduced where reduce_results at tp > 1); with `residual` it is added into
         residual in place (in the last expert kernel where no all-reduce comes between) and
-        residual is returned. Where the experts' GEMV path serves (CUDA, a decode step's few
-        tokens), its first kernel routes for itself (router.KernelRouting): no top-k
-        kernel runs."""
-        routing = None
-        if hidden.is_cuda and triton is not None and fused_moe_gemv.use_small_m(len(hidden)):
-            routing = KernelRouting(
-                router_logits,
-                self.top_k,
-                self.renormalize,
-                self.first_expert,
-                self.num_local_experts,
-            )
-            topk_weights, topk_ids = routing.buffers()
-        else:
-            topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
-            if self.ep_size > 1:
-                topk_ids = local_expert_ids(topk_ids, self.first_expert, self.num_local_experts)
+        residual is returned."""
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        topk_ids = self._local_ids(topk_ids)
         all_reduce = self.reduce_results and get_tp_size() > 1
         out = self.quant_method.apply(
             self,
@@ -212,7 +202,6 @@ class FusedMoE(nn.Module):
             topk_ids,
             dropped_pairs=self.ep_size > 1,
             residual=None if all_reduce else residual,
-            routing=routing,
         )
         if all_reduce:
             out = tensor_model_parallel_all_reduce(out)

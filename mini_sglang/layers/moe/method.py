@@ -15,12 +15,9 @@ the layer as parameters. Contract:
   another dtype is quantized while it loads (online quantization, and weight updates from
   unquantized tensors). Such a scale parameter is marked `filled_by_weight`. Because
   quantization happens in the loader, no pass over the weights after loading is needed.
-- `apply(layer, x, topk_weights, topk_ids, dropped_pairs, residual, routing)` returns, for
-  every token, the routing-weighted sum of its experts' outputs (experts_torch.py states
-  it exactly), in x's dtype. topk_ids are local expert ids; negative ids (`dropped_pairs`)
-  add nothing. With a `routing` (router.KernelRouting; only where fused_experts_triton
-  serves) topk_weights and topk_ids are unwritten buffers that the experts' first kernel
-  fills as it routes.
+- `apply(layer, x, topk_weights, topk_ids, dropped_pairs)` returns, for every token, the
+  routing-weighted sum of its experts' outputs (experts_torch.py states it exactly), in
+  x's dtype. topk_ids are local expert ids; negative ids (`dropped_pairs`) add nothing.
 - `dequantized_weights(layer)` returns (w13, w2) as the float values the layer multiplies
   by (the reference of the tests and of weight read-back).
 
@@ -37,7 +34,6 @@ from torch import nn
 from mini_sglang.layers.kernels import triton
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
-from mini_sglang.layers.moe.router import KernelRouting
 
 
 def make_expert_param(
@@ -76,12 +72,10 @@ class FusedMoEMethodBase:
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
-        routing: KernelRouting | None = None,
     ) -> torch.Tensor:
         """The routing-weighted sum of each token's experts, [tokens, H] in x's dtype; with
         `residual` ([tokens, H], x's dtype) it is added into residual in place (fused into
-        the last kernel where the kernels can) and residual is returned. `routing`: see the
-        module."""
+        the last kernel where the kernels can) and residual is returned."""
         raise NotImplementedError
 
     def dequantized_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,7 +109,6 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
-        routing: KernelRouting | None = None,
     ) -> torch.Tensor:
         if x.is_cuda and triton is not None:
             return fused_experts_triton(
@@ -126,7 +119,6 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
                 topk_ids,
                 dropped_pairs=dropped_pairs,
                 residual=residual,
-                routing=routing,
             )
         out = fused_experts_torch(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
         return out if residual is None else residual.add_(out)

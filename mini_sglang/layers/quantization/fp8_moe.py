@@ -32,7 +32,6 @@ from mini_sglang.layers.kernels import triton
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton
 from mini_sglang.layers.moe.method import FusedMoEMethodBase, make_expert_param
-from mini_sglang.layers.moe.router import KernelRouting
 from mini_sglang.layers.quantization.fp8_kernels import (
     FP8_DTYPE,
     dequantize_blocks,
@@ -162,7 +161,6 @@ class Fp8MoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
-        routing: KernelRouting | None = None,
     ) -> torch.Tensor:
         if x.is_cuda and triton is not None:
             w13_scale, w2_scale = self._scales(layer)
@@ -180,7 +178,6 @@ class Fp8MoEMethod(FusedMoEMethodBase):
                 dropped_pairs=dropped_pairs,
                 fp8=fp8,
                 residual=residual,
-                routing=routing,
             )
         w13, w2 = self.dequantized_weights(layer)
         group = self.block[1] if self.block is not None else None
