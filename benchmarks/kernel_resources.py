@@ -49,7 +49,7 @@ _USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
 
 def resources(fn, args: dict, constants: dict, num_warps: int, arch: int) -> dict:
     """Compile fn for sm<arch> with `args` (name -> Triton type, e.g. "*bf16", "i32") and
-    `constants` (constexpr values); {"regs", "stack", "shared", "ctas_per_sm"}."""
+    `constants` (constexpr values); {"regs", "stack", "shared", "barriers", "ctas_per_sm"}."""
     used = {name: v for name, v in constants.items() if name in fn.arg_names}
     signature = {name: "constexpr" if name in used else args[name] for name in fn.arg_names}
     # Every runtime argument 16-divisible (aligned pointers, sizes and strides), as the JIT
@@ -82,8 +82,9 @@ def resources(fn, args: dict, constants: dict, num_warps: int, arch: int) -> dic
 
 
 def _arg_types(fn, fp8: bool) -> dict:
-    """Triton types of a fused_moe_gemv kernel's runtime arguments: pointers by name (FP8
-    weights and activations where `fp8`), integers elsewhere."""
+    """Triton types of an MoE kernel's arguments (resources() takes the constexpr ones from
+    its constants): pointers by name (FP8 weights and activations where `fp8`), integers
+    elsewhere."""
     special = {"ids_ptr": "*i32", "topk_weights_ptr": "*fp32", "weights_ptr": "*fp32"}
     types = {}
     for name in fn.arg_names:
@@ -131,11 +132,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch)
             rows.append({"kernel": name, "warps": t.num_warps,
                          "tiles": [t.block_n, t.block_k], **res})  # fmt: skip
-    topk_args = {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32",
-                 "num_experts": "i32", "stride_row": "i32"}  # fmt: skip
+    topk = router.topk_softmax_kernel
     consts = dict(TOP_K=k, RENORMALIZE=True, PDL=True, **router.topk_constants(k, e))
     for warps in dict.fromkeys((router.TOPK_NUM_WARPS, 4)):
-        res = resources(router.topk_softmax_kernel, topk_args, consts, warps, args.arch)
+        res = resources(topk, _arg_types(topk, False), consts, warps, args.arch)
         rows.append({"kernel": "topk_softmax", "warps": warps, "tiles": None, **res})
     for r in rows:
         print(

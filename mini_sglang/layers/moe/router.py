@@ -6,9 +6,9 @@ Qwen's `norm_topk_prob`). It returns (weights float32 [tokens, k], expert ids in
 [tokens, k]). On CUDA one Triton program per token does all of it (a decode step would
 otherwise launch softmax, topk, sum and divide for every layer); elsewhere torch does.
 
-The Triton program is one warp running k rounds of argmax over the token's row: the lower
-index wins a tie (as a stable descending sort orders them; torch.topk leaves the order of
-ties unspecified). One warp because at decode this kernel is latency between the router's
+Both paths order ties by expert index (the lower first), where torch.topk leaves the order
+of ties unspecified. The Triton program is one warp running k rounds of argmax over the
+token's row. One warp because at decode this kernel is latency between the router's
 GEMV and the experts: a warp's reductions are register shuffles, where four warps add a
 shared-memory exchange and a barrier to each of the 2k + 2 reductions (35 barriers at
 k = 8 in the compiled kernel; benchmarks/kernel_resources.py counts them).
@@ -24,9 +24,11 @@ from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, triton
 def select_experts_torch(
     router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference router (transformers' order of operations)."""
+    """The reference router: transformers' order of operations, with torch.topk as a stable
+    descending sort (ties to the lower index, as the Triton kernel breaks them)."""
     probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
+    weights, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, ids = weights[:, :top_k], ids[:, :top_k]
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)
