@@ -16,7 +16,6 @@ cd "$(git rev-parse --show-toplevel)"
 mirror=${1:?usage: bash scripts/stage_minisgl.sh MINISGL_GIT_DIR}
 stager=${WHEEL_STAGER:-../shared/device/stage.sh}
 [ -f "$stager" ] || { echo "stage_minisgl.sh: no wheel stager at $stager (set WHEEL_STAGER)" >&2; exit 1; }
-grep -qxF '/.minisgl/' .git/info/exclude 2>/dev/null || echo '/.minisgl/' >> .git/info/exclude
 rm -rf .minisgl && mkdir .minisgl
 git --git-dir "$mirror" archive HEAD python/minisgl | tar x -C .minisgl --strip-components=1
 git --git-dir "$mirror" log -1 --format='minisgl commit %H' | tee .minisgl/COMMIT
