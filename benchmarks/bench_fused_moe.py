@@ -78,6 +78,11 @@ SWEEP = [
 ]  # fmt: skip
 
 
+def quant_name(args) -> str | None:
+    """--dtype as fused_moe_gemv.default_config names the experts' format."""
+    return None if args.dtype == "bf16" else args.dtype
+
+
 def card_peaks(fp8: bool) -> tuple[float, float] | None:
     """(bytes/s, FLOP/s) of this card for the GEMMs' dtype, or None if unknown."""
     name = torch.cuda.get_device_name()
@@ -100,7 +105,7 @@ def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int, gemv: b
 
 
 def sweep_gemv(
-    layer: FusedMoE, x: torch.Tensor, logits: torch.Tensor, iters: int, fp8: bool
+    layer: FusedMoE, x: torch.Tensor, logits: torch.Tensor, iters: int, quant: str | None
 ) -> tuple:
     """(fastest SmallMConfig, its ms) for the layer on the GEMV path at this batch: kernel 1's
     SWEEP candidates with kernel 2's default tiles, then kernel 2's with kernel 1's best
@@ -109,7 +114,7 @@ def sweep_gemv(
     default = fused_moe_gemv.default_config
 
     def time_config(config: SmallMConfig) -> float:
-        fused_moe_gemv.default_config = lambda tokens, fp8: config
+        fused_moe_gemv.default_config = lambda tokens, quant: config
         try:
             return cuda_time_ms(lambda: layer(x, logits), iters, graph=True)
         except Exception:  # tiles the compiler rejects on this card
@@ -117,7 +122,7 @@ def sweep_gemv(
         finally:
             fused_moe_gemv.default_config = default
 
-    start = default(x.shape[0], fp8)
+    start = default(x.shape[0], quant)
     best = (start, time_config(start))
     for which in ("gate_up", "down"):
         for cand in SWEEP:
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append(report(args, layer, spec, peaks, m, ids, ms, small_m, path))
         if args.small_m_sweep and m <= max(args.small_m):
             fused_moe_gemv.MAX_TOKENS = m
-            config, ms = sweep_gemv(layer, x, logits, args.iters, spec is not None)
+            config, ms = sweep_gemv(layer, x, logits, args.iters, quant_name(args))
             rows.append(report(args, layer, spec, peaks, m, ids, ms, m, "gemv-sweep", config))
             print(f"{'':>13} best tiles {rows[-1]['config']}")
     if args.result_filename:
@@ -202,7 +207,7 @@ def report(
     tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
     tflops = tflops / (ms / 1e3) / 1e12
     if gemv:
-        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, spec is not None))
+        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, quant_name(args)))
     else:
         gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
         block = None if spec is None else spec.weight_block_size

@@ -448,17 +448,21 @@ def test_experts_add_into_the_residual() -> None:
 def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
     """Batches of up to 4 tokens by default; with a threshold, fused_experts_triton (no
     config) returns exactly the GEMV path's result for batches up to it, launched with the
-    tiles tuned for the batch's bucket (bf16/fp16 experts) or the default tiles (FP8)."""
+    tiles tuned for the batch's bucket (bf16/fp16 and block-wise FP8 experts) or the default
+    tiles (per-channel FP8)."""
     assert envs.MINI_SGLANG_MOE_SMALL_M.default == 4
-    tuned = fused_moe_gemv.TUNED
-    assert [fused_moe_gemv.default_config(m, False) for m in (1, 2, 3, 4)] == [
-        tuned[1],
-        tuned[2],
-        tuned[4],
-        tuned[4],
-    ]
-    assert fused_moe_gemv.default_config(8, False) == fused_moe_gemv.DEFAULT_CONFIG
-    assert fused_moe_gemv.default_config(1, True) == fused_moe_gemv.DEFAULT_CONFIG
+    for quant, tuned in (
+        (None, fused_moe_gemv.TUNED),
+        ("fp8-block", fused_moe_gemv.TUNED_FP8_BLOCK),
+    ):
+        assert [fused_moe_gemv.default_config(m, quant) for m in (1, 2, 3, 4)] == [
+            tuned[1],
+            tuned[2],
+            tuned[4],
+            tuned[4],
+        ]
+        assert fused_moe_gemv.default_config(8, quant) == fused_moe_gemv.DEFAULT_CONFIG
+    assert fused_moe_gemv.default_config(1, "fp8") == fused_moe_gemv.DEFAULT_CONFIG
     monkeypatch.setattr(fused_moe_gemv, "MAX_TOKENS", 2)
     assert [fused_moe_gemv.use_small_m(m) for m in (0, 1, 2, 3)] == [False, True, True, False]
     gen = torch.Generator().manual_seed(1)
@@ -478,8 +482,10 @@ def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
 def test_small_m_gemv_fp8_matches_dequantized_reference(block) -> None:
     """FP8 experts on the GEMV path: the w8a8 function of the grouped path (per-channel
     scales in the epilogue, block-wise ones per 16-column K step), two tokens' top-4 of 16
-    experts, all pairs and then some dropped."""
+    experts, all pairs and then some dropped; with fixed tiles and with the tuned ones
+    (config None: default_config's, whose BLOCK_K exceeds a block's columns)."""
     x, w13q, w2q, weights, ids, fp8, reference = _fp8_problem(2, block, experts=16, k=4)
-    for case in (ids, torch.where(ids % 2 == 1, -1, ids)):
-        out = fused_experts_gemv(x, w13q, w2q, weights, case, fp8=fp8, config=GEMV_TILES)
-        torch.testing.assert_close(out.cpu(), reference(case.cpu()), atol=1e-4, rtol=1e-4)
+    for config in (GEMV_TILES, None):
+        for case in (ids, torch.where(ids % 2 == 1, -1, ids)):
+            out = fused_experts_gemv(x, w13q, w2q, weights, case, fp8=fp8, config=config)
+            torch.testing.assert_close(out.cpu(), reference(case.cpu()), atol=1e-4, rtol=1e-4)

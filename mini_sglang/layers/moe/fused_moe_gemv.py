@@ -84,26 +84,45 @@ class SmallMConfig:
 # decode GEMV's best configs; kernel 2 loads k such tiles at once, hence more warps.
 # bench_fused_moe.py --small-m-sweep times alternatives.
 DEFAULT_CONFIG = SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(4, 256, 8))
-# Tiles of bf16/fp16 experts by batch bucket (tokens rounded up to a power of two), from
-# bench_fused_moe.py --small-m-sweep on an H200 with Qwen3-30B-A3B's shapes (E 128, top-8,
-# H 2048, I 768), per layer call against DEFAULT_CONFIG: M=1 28.8 vs 33.2 us, M=2 42.8 vs
-# 52.2 us, M=4 78.9 vs 88.2 us (docs/results/fused_moe_small_m_h200.log). At M=8 the
-# grouped GEMM was faster than either (139.4 us), hence MINI_SGLANG_MOE_SMALL_M's default 4.
-# FP8 experts, not swept, keep DEFAULT_CONFIG.
+# Tiles by batch bucket (tokens rounded up to a power of two), from bench_fused_moe.py
+# --small-m-sweep on an H200 with Qwen3-30B-A3B's shapes (E 128, top-8, H 2048, I 768;
+# docs/results/fused_moe_small_m_bf16_fp8_block_h200.log), per layer call against the
+# tiles before: bf16 M=1 23.1 vs 29.5 us, M=2 39.9 vs 40.1, M=4 75.8 vs 77.5. At batch 1
+# kernel 1 reads each w13 row whole (one K step over H 2048), as the dense decode GEMV's
+# best M=1 configs do. At M=8 the grouped GEMM was faster than either (139.4 against 147.9
+# us, fused_moe_small_m_h200.log), hence MINI_SGLANG_MOE_SMALL_M's default 4.
 TUNED: dict[int, SmallMConfig] = {
-    1: SmallMConfig(GemvTiles(8, 128, 8), GemvTiles(8, 128, 8)),
-    2: SmallMConfig(GemvTiles(2, 1024, 4), GemvTiles(8, 128, 8)),
-    4: SmallMConfig(GemvTiles(2, 1024, 4), GemvTiles(8, 128, 8)),
+    1: SmallMConfig(GemvTiles(1, 2048, 4), GemvTiles(8, 256, 8, 3)),
+    2: SmallMConfig(GemvTiles(2, 1024, 4), GemvTiles(16, 128, 4)),
+    4: SmallMConfig(GemvTiles(1, 2048, 4), GemvTiles(4, 256, 8)),
 }
+# FP8 experts with 128 x 128 block scales (Qwen3-30B-A3B-FP8's checkpoint format): BLOCK_K
+# is one scale group, 128 (see _tiles), so a program covers more rows instead. Same sweep,
+# against DEFAULT_CONFIG and the grouped GEMM: M=1 24.2 vs 30.1 and 28.0 us, M=2 33.1 vs
+# 50.0 and 37.7, M=4 52.6 vs 81.9 and 55.1. Per-channel FP8 experts, not swept, keep
+# DEFAULT_CONFIG.
+TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
+    1: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(4, 128, 4)),
+    2: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(8, 128, 4)),
+    4: SmallMConfig(GemvTiles(16, 128, 4), GemvTiles(8, 128, 4)),
+}
+_TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
 
-def default_config(tokens: int, fp8: bool) -> SmallMConfig:
-    """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
-    config is given: TUNED's entry for the batch's power-of-two bucket for bf16/fp16
-    experts, else DEFAULT_CONFIG."""
-    if fp8:
-        return DEFAULT_CONFIG
-    return TUNED.get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
+def quant_kind(fp8: Fp8Experts | None) -> str | None:
+    """The experts' weight format as default_config names it: None (bf16/fp16), "fp8"
+    (per-channel scales) or "fp8-block" (block-wise scales)."""
+    if fp8 is None:
+        return None
+    return "fp8" if fp8.block is None else "fp8-block"
+
+
+def default_config(tokens: int, quant: str | None) -> SmallMConfig:
+    """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) of experts
+    in format `quant` (see quant_kind) when no config is given: the tuned entry for the
+    batch's power-of-two bucket, else DEFAULT_CONFIG."""
+    tuned = _TUNED_BY_QUANT.get(quant, {})
+    return tuned.get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
 
 
 def use_small_m(tokens: int) -> bool:
@@ -330,7 +349,7 @@ def fused_experts_gemv(
     if tokens == 0:
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
-    config = config or default_config(tokens, fp8 is not None)
+    config = config or default_config(tokens, quant_kind(fp8))
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
