@@ -36,6 +36,7 @@ except ImportError:  # CPU installs
     triton = None
 
 from mini_sglang.layers.kernels import (
+    SMALL_M_MAX_ROWS,
     gdc_launch_dependents,
     gdc_wait,
     kv_to_pool_units,
@@ -43,22 +44,22 @@ from mini_sglang.layers.kernels import (
     silu_mul,
 )
 from mini_sglang.layers.kv_quant import fp8_max
-from mini_sglang.layers.small_m_gemm import MAX_M
 
-# Heads per qk_norm_rope_store program above MAX_M tokens. One head per program made
-# Llama-3.1-8B's batch-256 decode launch 10,240 programs of 128 values each, bound by how
-# fast programs retire (each waits on positions, then cos/sin, then qkv). Blocks of 8 heads,
-# Llama-3.1-8B's layout on an H100 (benchmarks/bench_rope_store.py): 256 tokens 7.5 -> 2.6 us,
-# an 8192-token prefill chunk 209 -> 75 us per layer; 16 was no better. Up to MAX_M tokens
-# (the PDL-chained small batches) one head per program stays: 1.57 us at 1 token, 1.75 with 8.
+# Heads per qk_norm_rope_store program above SMALL_M_MAX_ROWS tokens. One head per program
+# made Llama-3.1-8B's batch-256 decode launch 10,240 programs of 128 values each, bound by
+# how fast programs retire (each waits on positions, then cos/sin, then qkv). Blocks of 8
+# heads, Llama-3.1-8B's layout on an H100 (benchmarks/bench_rope_store.py): 256 tokens 7.5
+# -> 2.6 us, an 8192-token prefill chunk 209 -> 75 us per layer; 16 was no better. Up to
+# SMALL_M_MAX_ROWS tokens (the PDL-chained small batches) one head per program stays: 1.57
+# us at 1 token, 1.75 with 8.
 ROPE_STORE_HEADS_PER_PROGRAM = 8
 
 
 def small_batch_pdl_ops(x: torch.Tensor) -> bool:
     """Whether rmsnorm and silu_and_mul below take over from flashinfer's kernels for x: a
-    2-D row-major batch of at most small_m_gemm.MAX_M rows (where the GEMVs around them are
+    2-D row-major batch of at most SMALL_M_MAX_ROWS rows (where the GEMVs around them are
     our PDL-launched Triton ones) on a GPU with PDL."""
-    return x.dim() == 2 and x.shape[0] <= MAX_M and x.stride(1) == 1 and pdl_enabled(x)
+    return x.dim() == 2 and x.shape[0] <= SMALL_M_MAX_ROWS and x.stride(1) == 1 and pdl_enabled(x)
 
 
 def fused_ops_available(x: torch.Tensor, head_dim: int) -> bool:
@@ -322,15 +323,15 @@ def qk_norm_rope_store(
     (quantized with k_scale / v_scale when the pool is FP8; ignored otherwise).
 
     Each program handles `heads_per_program` heads (a power of two) of one token; by
-    default 1 for batches of up to MAX_M tokens, ROPE_STORE_HEADS_PER_PROGRAM above that
-    (see there)."""
+    default 1 for batches of up to SMALL_M_MAX_ROWS tokens, ROPE_STORE_HEADS_PER_PROGRAM
+    above that (see there)."""
     t = qkv.shape[0]
     q = torch.empty((t, num_q_heads * head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q
     has_norm = q_norm_weight is not None
     dummy = q if not has_norm else None
-    heads = heads_per_program or (1 if t <= MAX_M else ROPE_STORE_HEADS_PER_PROGRAM)
+    heads = heads_per_program or (1 if t <= SMALL_M_MAX_ROWS else ROPE_STORE_HEADS_PER_PROGRAM)
     _qk_norm_rope_store_kernel[(t, triton.cdiv(num_q_heads + num_kv_heads, heads))](
         qkv,
         q,

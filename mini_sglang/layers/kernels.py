@@ -246,6 +246,9 @@ def _pdl_on_device(index: int) -> bool:
 # has nothing to hide, and with it on at every size a set of nano-vllm runs on an H100
 # came out ~1% lower (docs/performance/decode-gemv.md).
 PDL_MAX_ROWS = 32
+# The largest batch (rows) the small-batch kernels serve: small_m_gemm's Triton GEMV and the
+# norm and SiLU-mul kernels that fused_kernels runs between such GEMVs.
+SMALL_M_MAX_ROWS = 8
 
 
 def pdl_enabled(x: torch.Tensor) -> bool:

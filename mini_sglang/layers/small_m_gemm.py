@@ -24,7 +24,13 @@ import torch.nn.functional as F
 
 from mini_sglang.environ import envs
 from mini_sglang.layers import kernel_choices
-from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, pdl_enabled, silu_mul
+from mini_sglang.layers.kernels import (
+    SMALL_M_MAX_ROWS,
+    gdc_launch_dependents,
+    gdc_wait,
+    pdl_enabled,
+    silu_mul,
+)
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
 try:
@@ -35,7 +41,7 @@ except ImportError:
 
 logger = logging.getLogger(__name__)
 
-MAX_M = 8
+MAX_M = SMALL_M_MAX_ROWS
 _ENABLED = not envs.MINI_SGLANG_DISABLE_SMALL_M_GEMM.get()
 _FUSE_SILU_MUL = not envs.MINI_SGLANG_DISABLE_GEMV_SILU_FUSION.get()
 FUSE_NORM = not envs.MINI_SGLANG_DISABLE_GEMV_NORM_FUSION.get()
@@ -335,12 +341,20 @@ def time_candidates(
     """Milliseconds per x @ w^T, weight cold in L2, for cuBLAS (key None) and each Triton
     config the compiler accepts on this card, the Triton kernel as the given fused variant
     (see _variant_kwargs): a prologue or epilogue can change which config is fastest. An
-    FP8 weight ("fp8" variant) has no cuBLAS GEMV: cuBLAS is timed as never faster."""
+    FP8 weight ("fp8" variant) has no cuBLAS GEMV: cuBLAS is timed as never faster. For the
+    "norm" variant cuBLAS is timed with the RMSNorm kernel the layer runs before it when it
+    does not fold the norm: the fold saves that kernel, so leaving it out of cuBLAS's side
+    would compare the fold against a path that does not exist."""
+    kwargs = _variant_kwargs(x, w, variant)
     if "fp8" in variant:
         times: dict[tuple | None, float] = {None: float("inf")}
+    elif "norm" in variant:
+        from mini_sglang.layers.layernorm import RMSNorm  # deferred: it imports this module
+
+        norm = RMSNorm(x.shape[1], kwargs["eps"]).to(device=x.device, dtype=x.dtype)
+        times = {None: cuda_time_ms(lambda: F.linear(norm(x), w), cold_l2=True)}
     else:
         times = {None: cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)}
-    kwargs = _variant_kwargs(x, w, variant)
     for cfg in candidates(variant):
         try:
             times[cfg] = cuda_time_ms(lambda cfg=cfg: gemv(x, w, cfg, **kwargs), cold_l2=True)
