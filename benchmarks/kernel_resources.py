@@ -1,6 +1,7 @@
-"""Registers, spills, shared memory and barriers of the MoE decode kernels, compiled for a
-GPU target on any machine: Triton compiles a kernel to a cubin with its bundled ptxas and
-needs no GPU for that, so a tile config's occupancy is known before a GPU run.
+"""Registers, spills, shared memory, barriers and pre-wait loads of the MoE decode kernels,
+compiled for a GPU target on any machine: Triton compiles a kernel to a cubin with its
+bundled ptxas and needs no GPU for that, so a tile config's occupancy is known before a GPU
+run.
 
     python benchmarks/kernel_resources.py                      # TUNED / default tiles, sm90
     python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
@@ -13,10 +14,12 @@ allow: 65,536 registers, 64 warps and 32 programs per SM (sm80-sm90), registers 
 in units of 8 a thread; fewer programs per SM keep fewer bytes in flight, which is what a
 decode GEMV's bandwidth depends on. Worked example: 66 registers are allocated as 72, x 256
 threads (8 warps) = 18,432, so 65,536 // 18,432 = 3 programs per SM; at 64 it would be 4,
-and at 32 the warps bound it: 64 // 8 = 8. Every runtime argument is
-compiled as 16-divisible (aligned pointers, sizes and strides), as the JIT specializes
-these models' shapes; without that hint no load is vectorized and the counts are far
-higher.
+and at 32 the warps bound it: 64 // 8 = 8. `loads_before_wait` / `loads_after_wait` count
+the global loads (SASS LDG) on either side of the PDL wait (ACQBULK): what a kernel has in
+flight while the one before it drains, as the compiler actually placed it. Every runtime
+argument is compiled as 16-divisible (aligned pointers, sizes and strides), as the JIT
+specializes these models' shapes; without that hint no load is vectorized and the counts
+are far higher.
 """
 
 from __future__ import annotations
@@ -47,9 +50,14 @@ REGS_PER_SM, WARPS_PER_SM, CTAS_PER_SM, REG_UNIT = 65536, 64, 32, 8
 _USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)")
 
 
-def resources(fn, args: dict, constants: dict, num_warps: int, arch: int) -> dict:
+def resources(
+    fn, args: dict, constants: dict, num_warps: int, arch: int, num_stages: int | None = None
+) -> dict:
     """Compile fn for sm<arch> with `args` (name -> Triton type, e.g. "*bf16", "i32") and
-    `constants` (constexpr values); {"regs", "stack", "shared", "barriers", "ctas_per_sm"}."""
+    `constants` (constexpr values); {"regs", "stack", "shared", "barriers", "ctas_per_sm",
+    "loads_before_wait", "loads_after_wait"}: the last two count the global loads (SASS
+    LDG) before and after the PDL wait (ACQBULK, from gdc_wait), the loads a programmatic
+    dependent has in flight while the kernel before it drains (None without a wait)."""
     used = {name: v for name, v in constants.items() if name in fn.arg_names}
     signature = {name: "constexpr" if name in used else args[name] for name in fn.arg_names}
     # Every runtime argument 16-divisible (aligned pointers, sizes and strides), as the JIT
@@ -62,23 +70,31 @@ def resources(fn, args: dict, constants: dict, num_warps: int, arch: int) -> dic
     kernel = triton.compile(
         ASTSource(fn, signature, used, attrs),
         target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": num_warps},
+        options={
+            "num_warps": num_warps,
+            **({} if num_stages is None else {"num_stages": num_stages}),
+        },
     )
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        dump = subprocess.run(
-            [str(cuobjdump), "--dump-resource-usage", f.name],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+        dump, sass = (
+            subprocess.run(
+                [str(cuobjdump), flag, f.name], capture_output=True, text=True, check=True
+            ).stdout
+            for flag in ("--dump-resource-usage", "--dump-sass")
+        )
     regs, stack, shared = (int(v) for v in _USAGE.search(dump).groups())
+    before, wait, after = sass.partition("ACQBULK")
+    loads = (before.count("LDG"), after.count("LDG")) if wait else (None, None)
     threads = 32 * num_warps
     allocated = -(-max(regs, 1) // REG_UNIT) * REG_UNIT
     ctas = min(REGS_PER_SM // (allocated * threads), WARPS_PER_SM // num_warps, CTAS_PER_SM)
     barriers = kernel.asm["ptx"].count("bar.sync")
     return {"regs": regs, "stack": stack, "shared": shared, "barriers": barriers,
-            "ctas_per_sm": ctas}  # fmt: skip
+            "ctas_per_sm": ctas, "loads_before_wait": loads[0],
+            "loads_after_wait": loads[1]}  # fmt: skip
 
 
 def _arg_types(fn, fp8: bool) -> dict:
@@ -108,7 +124,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument(
         "--tiles", nargs="*", default=None,
-        help="BLOCK_N,BLOCK_K,num_warps of both expert kernels (default: TUNED's and the default)",
+        help="BLOCK_N,BLOCK_K,num_warps[,num_stages] of both expert kernels (default: TUNED's and the default)",
     )  # fmt: skip
     p.add_argument("--fp8", action="store_true", help="FP8 experts, block-wise [128, 128] scales")
     p.add_argument("--out", default=None, help="append the rows to this JSONL file")
@@ -129,19 +145,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for t in tiles:
         for name, fn in (("gate_up", gate_up), ("down", down)):
             c = dict(consts, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
-            res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch)
-            rows.append({"kernel": name, "warps": t.num_warps,
+            res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch, t.num_stages)
+            rows.append({"kernel": name, "warps": t.num_warps, "stages": t.num_stages,
                          "tiles": [t.block_n, t.block_k], **res})  # fmt: skip
     topk = router.topk_softmax_kernel
     consts = dict(TOP_K=k, RENORMALIZE=True, PDL=True, **router.topk_constants(k, e))
     for warps in dict.fromkeys((router.TOPK_NUM_WARPS, 4)):
         res = resources(topk, _arg_types(topk, False), consts, warps, args.arch)
-        rows.append({"kernel": "topk_softmax", "warps": warps, "tiles": None, **res})
+        rows.append(
+            {"kernel": "topk_softmax", "warps": warps, "stages": None, "tiles": None, **res}
+        )
     for r in rows:
         print(
             f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''} {r['kernel']:>12} "
-            f"tiles={r['tiles']} warps={r['warps']}: {r['regs']} registers, {r['stack']} B "
-            f"stack, {r['shared']} B shared, {r['barriers']} barriers, {r['ctas_per_sm']} per SM"
+            f"tiles={r['tiles']} warps={r['warps']} stages={r['stages']}: {r['regs']} registers, "
+            f"{r['stack']} B stack, {r['shared']} B shared, {r['barriers']} barriers, "
+            f"{r['ctas_per_sm']} per SM, global loads {r['loads_before_wait']} before / "
+            f"{r['loads_after_wait']} after the PDL wait"
         )
     if args.out:
         common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8}

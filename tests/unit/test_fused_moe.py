@@ -485,6 +485,7 @@ def test_small_m_gemv_fp8_matches_dequantized_reference(block) -> None:
     experts, all pairs and then some dropped; with fixed tiles and with the tuned ones
     (config None: default_config's, whose BLOCK_K exceeds a block's columns)."""
     x, w13q, w2q, weights, ids, fp8, reference = _fp8_problem(2, block, experts=16, k=4)
+    assert fp8.kind == ("fp8" if block is None else "fp8-block")  # which tuned tiles it gets
     for config in (GEMV_TILES, None):
         for case in (ids, torch.where(ids % 2 == 1, -1, ids)):
             out = fused_experts_gemv(x, w13q, w2q, weights, case, fp8=fp8, config=config)

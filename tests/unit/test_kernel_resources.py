@@ -1,6 +1,7 @@
 """benchmarks/kernel_resources.py compiles the MoE decode kernels for sm90 without a GPU and
-reports their registers and the programs per SM those allow (run in a subprocess: this test
-process runs Triton in interpreter mode, which the compile must not)."""
+reports their registers, the programs per SM those allow and the loads issued before the
+PDL wait (run in a subprocess: this test process runs Triton in interpreter mode, which the
+compile must not)."""
 
 from __future__ import annotations
 
@@ -38,4 +39,8 @@ def test_reports_registers_and_occupancy_of_each_kernel(tmp_path: Path) -> None:
         assert r["ctas_per_sm"] == min(65536 // (allocated * 32 * warps), 64 // warps, 32)
     # the one-warp top-k kernel reduces with shuffles only; four warps need barriers
     assert rows[2]["barriers"] == 0 < rows[3]["barriers"]
+    # each kernel waits on the one before it (PDL); down issues its ids, routing weights and
+    # first w2 tiles before that wait, and the compiled code keeps them there
+    assert all(r["loads_after_wait"] > 0 for r in rows)
+    assert rows[1]["loads_before_wait"] > 0
     assert len(run.stdout.strip().splitlines()) == len(rows)

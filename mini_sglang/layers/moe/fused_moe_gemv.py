@@ -109,18 +109,10 @@ TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
 _TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
 
-def quant_kind(fp8: Fp8Experts | None) -> str | None:
-    """The experts' weight format as default_config names it: None (bf16/fp16), "fp8"
-    (per-channel scales) or "fp8-block" (block-wise scales)."""
-    if fp8 is None:
-        return None
-    return "fp8" if fp8.block is None else "fp8-block"
-
-
 def default_config(tokens: int, quant: str | None) -> SmallMConfig:
-    """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) of experts
-    in format `quant` (see quant_kind) when no config is given: the tuned entry for the
-    batch's power-of-two bucket, else DEFAULT_CONFIG."""
+    """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
+    config is given: for experts in format `quant` (None: bf16/fp16; else Fp8Experts.kind)
+    the tuned entry for the batch's power-of-two bucket, else DEFAULT_CONFIG."""
     tuned = _TUNED_BY_QUANT.get(quant, {})
     return tuned.get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
 
@@ -349,7 +341,7 @@ def fused_experts_gemv(
     if tokens == 0:
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
-    config = config or default_config(tokens, quant_kind(fp8))
+    config = config or default_config(tokens, fp8.kind if fp8 is not None else None)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()

@@ -189,6 +189,12 @@ class Fp8Experts:
     block: tuple[int, int] | None
     quantize: Callable[[torch.Tensor, int | None], tuple[torch.Tensor, torch.Tensor]]
 
+    @property
+    def kind(self) -> str:
+        """The experts' format as fused_moe_gemv.default_config names it: "fp8" for
+        per-channel scales, "fp8-block" for block-wise ones."""
+        return "fp8" if self.block is None else "fp8-block"
+
 
 def _grouped_gemm(
     a: torch.Tensor,
