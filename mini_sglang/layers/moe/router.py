@@ -8,9 +8,11 @@ otherwise launch softmax, topk, sum and divide for every layer); elsewhere torch
 
 Both paths order ties by expert index (the lower first), where torch.topk leaves the order
 of ties unspecified. The Triton program is one warp running k rounds of argmax over the
-token's row. One warp because at decode this kernel is latency between the router's
-GEMV and the experts: a warp's reductions are register shuffles, where four warps add a
-shared-memory exchange and a barrier to each of the 2k + 2 reductions (35 barriers at
+token's row, each round one max over 64-bit (probability, index) keys. One warp because at
+decode this kernel is latency between the router's GEMV and the experts: within a warp a
+reduction is register shuffles or, for integers, one warp-reduce instruction (sm80+: the
+keys take two a round, where a float max and an index min took two shuffle trees), while
+four warps add a shared-memory exchange and a barrier to each reduction (19 barriers at
 k = 8 in the compiled kernel; benchmarks/kernel_resources.py counts them).
 """
 
@@ -63,17 +65,22 @@ if triton is not None:
         p = tl.exp(x - tl.max(x, axis=0))
         p = tl.where(valid, p, 0.0)
         p = p / tl.sum(p, axis=0)
-        remaining = tl.where(valid, p, -1.0)
+        # k rounds of argmax, each one max over a 64-bit key: p's bits above (a float >= 0
+        # orders as its bits do) and BLOCK_E - 1 - index below, so equal probabilities
+        # rank the lowest index first. One reduction a round where value and index took
+        # two; taken keys and padding lanes hold -1. E.g. BLOCK_E 128, p[5] = p[9] = 0.25:
+        # keys (bits(0.25) << 32) | 122 and | 118, so expert 5 comes first.
+        bits = p.to(tl.int32, bitcast=True).to(tl.int64)
+        keys = tl.where(valid, (bits << 32) | (BLOCK_E - 1 - offs).to(tl.int64), -1)
         slots = tl.arange(0, SLOTS)
-        top_w = tl.zeros((SLOTS,), dtype=tl.float32)
-        top_id = tl.zeros((SLOTS,), dtype=tl.int32)
-        # k rounds of argmax; the lowest index wins a tie
+        top = tl.zeros((SLOTS,), dtype=tl.int64)
         for k in tl.static_range(TOP_K):
-            best = tl.max(remaining, axis=0)
-            idx = tl.min(tl.where(remaining == best, offs, BLOCK_E), axis=0)
-            top_w = tl.where(slots == k, best, top_w)
-            top_id = tl.where(slots == k, idx, top_id)
-            remaining = tl.where(offs == idx, -1.0, remaining)
+            best = tl.max(keys, axis=0)
+            top = tl.where(slots == k, best, top)
+            keys = tl.where(keys == best, -1, keys)
+        top_id = (BLOCK_E - 1 - (top & 0xFFFFFFFF)).to(tl.int32)
+        top_w = (top >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        top_w = tl.where(slots < TOP_K, top_w, 0.0)
         if RENORMALIZE:
             top_w = top_w / tl.sum(top_w, axis=0)  # the padding slots hold 0
         tl.store(weights_ptr + row * TOP_K + slots, top_w, mask=slots < TOP_K)
