@@ -40,28 +40,22 @@ if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def topk_softmax_kernel(
-        logits_ptr,
-        weights_ptr,
-        ids_ptr,
+    def topk_route(
+        logits_row,
         num_experts,
-        stride_row,
         TOP_K: tl.constexpr,
         SLOTS: tl.constexpr,
         RENORMALIZE: tl.constexpr,
         BLOCK_E: tl.constexpr,
-        PDL: tl.constexpr,
     ):
-        """Row program_id(0)'s TOP_K (weights, ids) into [rows, TOP_K]; SLOTS is TOP_K
-        rounded up to a power of two (the register block of the results)."""
-        if PDL:  # the logits come from the kernel before
-            gdc_launch_dependents()
-            gdc_wait()
-        row = tl.program_id(0)
+        """(weights float32 [SLOTS], ids int32 [SLOTS]) of the row at logits_row: its
+        TOP_K experts in select_experts_torch's order and weights; SLOTS is TOP_K rounded
+        up to a power of two (the register block of the results), the padding slots hold
+        weight 0. Used by topk_softmax_kernel and by the expert kernels that route for
+        themselves (fused_moe_gemv)."""
         offs = tl.arange(0, BLOCK_E)
         valid = offs < num_experts
-        x = tl.load(logits_ptr + row * stride_row + offs, mask=valid, other=-float("inf"))
-        x = x.to(tl.float32)
+        x = tl.load(logits_row + offs, mask=valid, other=-float("inf")).to(tl.float32)
         p = tl.exp(x - tl.max(x, axis=0))
         p = tl.where(valid, p, 0.0)
         p = p / tl.sum(p, axis=0)
@@ -83,11 +77,35 @@ if triton is not None:
         top_w = tl.where(slots < TOP_K, top_w, 0.0)
         if RENORMALIZE:
             top_w = top_w / tl.sum(top_w, axis=0)  # the padding slots hold 0
+        return top_w, top_id
+
+    @triton.jit
+    def topk_softmax_kernel(
+        logits_ptr,
+        weights_ptr,
+        ids_ptr,
+        num_experts,
+        stride_row,
+        TOP_K: tl.constexpr,
+        SLOTS: tl.constexpr,
+        RENORMALIZE: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        """Row program_id(0)'s TOP_K (weights, ids) (topk_route) into [rows, TOP_K]."""
+        if PDL:  # the logits come from the kernel before
+            gdc_launch_dependents()
+            gdc_wait()
+        row = tl.program_id(0)
+        top_w, top_id = topk_route(
+            logits_ptr + row * stride_row, num_experts, TOP_K, SLOTS, RENORMALIZE, BLOCK_E
+        )
+        slots = tl.arange(0, SLOTS)
         tl.store(weights_ptr + row * TOP_K + slots, top_w, mask=slots < TOP_K)
         tl.store(ids_ptr + row * TOP_K + slots, top_id, mask=slots < TOP_K)
 
 else:  # CPU installs: torch routes
-    topk_softmax_kernel = None
+    topk_route = topk_softmax_kernel = None
 
 # the top-k kernel's launch: one warp (see the module)
 TOPK_NUM_WARPS = 1
