@@ -66,15 +66,17 @@ BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 # --small-m-sweep: candidates for each GEMV kernel,
 # (BLOCK_N, BLOCK_K, num_warps[, num_stages]). The last rows: whole-K tiles of kernel 1
 # (its hidden 2048 in one step, as the dense GEMV's best M=1 configs read a whole row),
-# deeper K-loop pipelining of the short tiles, and 16-warp tiles of kernel 2 (at
+# deeper K-loop pipelining of the short tiles, 16-warp tiles of kernel 2 (at
 # (8, 128, 8) it needs 66 registers a thread: 3 programs, 24 warps per SM;
-# benchmarks/kernel_resources.py).
+# benchmarks/kernel_resources.py), and one-warp tiles of kernel 1, whose reductions over
+# the router's logits are then barrier-free (MINI_SGLANG_MOE_ROUTE_IN_KERNELS=1).
 SWEEP = [
     (2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4),
     (2, 512, 8), (4, 256, 8), (8, 128, 8), (2, 256, 4),
     (1, 2048, 4), (2, 2048, 8), (4, 2048, 8), (16, 256, 8),
     (8, 128, 8, 3), (8, 256, 8, 3), (4, 512, 8, 3),
     (8, 128, 16), (4, 256, 16), (16, 128, 16),
+    (1, 2048, 1), (2, 1024, 1), (4, 512, 1), (2, 2048, 1),
 ]  # fmt: skip
 
 
