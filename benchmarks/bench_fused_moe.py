@@ -67,7 +67,9 @@ BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 # (BLOCK_N, BLOCK_K, num_warps[, num_stages]). The last rows: whole-K tiles of kernel 1
 # (its hidden 2048 in one step, as the dense GEMV's best M=1 configs read a whole row),
 # deeper K-loop pipelining of the short tiles, 16-warp tiles of kernel 2 (at
-# (8, 128, 8) it needs 66 registers a thread: 3 programs, 24 warps per SM;
+# (8, 128, 8) it needs 66 registers a thread: 3 programs, 24 warps per SM; at (16, 256,
+# 16) 88, one program per SM, and its 128 programs at one token are one wave on 132 SMs
+# where the shipped (8, 256, 8, 3) makes 256 programs of one per SM, two waves;
 # benchmarks/kernel_resources.py), and one-warp tiles of kernel 1, whose reductions over
 # the router's logits are then barrier-free (MINI_SGLANG_MOE_ROUTE_IN_KERNELS=1).
 SWEEP = [
@@ -75,7 +77,7 @@ SWEEP = [
     (2, 512, 8), (4, 256, 8), (8, 128, 8), (2, 256, 4),
     (1, 2048, 4), (2, 2048, 8), (4, 2048, 8), (16, 256, 8),
     (8, 128, 8, 3), (8, 256, 8, 3), (4, 512, 8, 3),
-    (8, 128, 16), (4, 256, 16), (16, 128, 16),
+    (8, 128, 16), (4, 256, 16), (16, 128, 16), (16, 256, 16), (8, 512, 16),
     (1, 2048, 1), (2, 1024, 1), (4, 512, 1), (2, 2048, 1),
 ]  # fmt: skip
 
