@@ -6,8 +6,9 @@ merge of the splits) is shared with that file. At batch 1 a decode step's attent
 latency, not bandwidth (Llama-3.1-8B, H100: ~10 us per layer for ~2.6 MB of keys), so the
 point is what happens before the wait on the previous kernel (PDL, see fused_kernels.py):
 
-    before gdc_wait: the request's length and slots and the first key block of the split,
-                     which only earlier steps wrote (a step writes just its new token's K/V)
+    before gdc_wait: the request's length, slots and position and the first key block of
+                     the split, which only earlier steps wrote (a step writes just its new
+                     token's K/V)
     after gdc_wait:  the query heads and the new token's k and v, read from qkv, normalised
                      (Qwen3) and rotated in registers; the new token joins the softmax from
                      registers and the split that holds it writes it into the pool.
@@ -50,38 +51,30 @@ from mini_sglang.layers.kv_quant import fp8_max
 
 
 @triton.jit
-def _rope_operands(pos, cos_sin, norm_w, offs_d, D: tl.constexpr, HAS_NORM: tl.constexpr):
-    """What _norm_rope needs besides the heads, none of it written during a step (so loaded
-    before the PDL wait): cos and sin [1, D] of each column's frequency at position pos, the
-    column permutation to each column's rotation partner, and the norm weight g [1, D] at
-    the columns and gp [1, D] at their partners (ones without HAS_NORM)."""
-    half: tl.constexpr = D // 2
-    partner = (offs_d + half) % D
-    freq = offs_d % half
+def _rope_table(pos, cos_sin, offs_d, D: tl.constexpr):
+    """cos and sin [1, D] of each column's frequency at position pos (neox: column i and its
+    partner share frequency i mod D/2), loaded once for the query and key heads alike."""
+    freq = offs_d % (D // 2)
     cos = tl.load(cos_sin + pos * D + freq)[None, :]
-    sin = tl.load(cos_sin + pos * D + half + freq)[None, :]
-    if HAS_NORM:
-        g = tl.load(norm_w + offs_d).to(tl.float32)[None, :]
-        gp = tl.load(norm_w + partner).to(tl.float32)[None, :]
-    else:
-        g = tl.full([1, D], 1.0, tl.float32)
-        gp = g
-    return cos, sin, partner, g, gp
+    sin = tl.load(cos_sin + pos * D + D // 2 + freq)[None, :]
+    return cos, sin
 
 
 @triton.jit
-def _norm_rope(row, heads, mask_h, offs_d, rope, eps, D: tl.constexpr, HAS_NORM: tl.constexpr):
-    """Heads `heads` [R] of one token's qkv row, RMS-normalised (weight from `rope`, the
-    tuple of _rope_operands) when HAS_NORM, rotated (neox, module docstring); float32 [R, D]."""
-    cos, sin, partner, g, gp = rope
+def _norm_rope(row, heads, mask_h, offs_d, cos, sin, norm_w, eps, D: tl.constexpr,
+               HAS_NORM: tl.constexpr):  # fmt: skip
+    """Heads `heads` [R] of one token's qkv row, RMS-normalised with norm_w when HAS_NORM,
+    rotated by the table cos / sin (_rope_table; neox, module docstring); float32 [R, D]."""
+    half: tl.constexpr = D // 2
+    partner = (offs_d + half) % D
     cols = heads[:, None] * D
     x = tl.load(row + cols + offs_d[None, :], mask=mask_h[:, None], other=0.0).to(tl.float32)
     xp = tl.load(row + cols + partner[None, :], mask=mask_h[:, None], other=0.0).to(tl.float32)
     if HAS_NORM:
         r = 1.0 / tl.sqrt(tl.sum(x * x, 1) / D + eps)
-        x = x * r[:, None] * g
-        xp = xp * r[:, None] * gp
-    return tl.where(offs_d[None, :] < D // 2, x * cos - xp * sin, x * cos + xp * sin)
+        x = x * r[:, None] * tl.load(norm_w + offs_d).to(tl.float32)[None, :]
+        xp = xp * r[:, None] * tl.load(norm_w + partner).to(tl.float32)[None, :]
+    return tl.where(offs_d[None, :] < half, x * cos - xp * sin, x * cos + xp * sin)
 
 
 @triton.jit
@@ -124,20 +117,22 @@ def _decode_from_qkv_stage1(
     Vh = V + kv_head * stride_vh
     offs_n = start + tl.arange(0, BLOCK_N)
     k, v = _load_kv_block(slots, offs_n, offs_n < end_pool, Kh, Vh, stride_kn, stride_vn, offs_d)
-    # The position (set before the step), its cos/sin and the norm weights: also not written
-    # by the kernel being waited on, so their dependent loads leave the path after the wait.
+    # The position is set before the step too: loaded here, the cos/sin loads that depend
+    # on it issue right after the wait beside the qkv row's, one load deep instead of two.
+    # (cos/sin themselves before the wait cost 5-6 registers, and Qwen3's 8-KV-head
+    # programs their third slot per SM: 170 registers against 165, sm90.)
     pos = tl.load(positions + b)
-    q_rope = _rope_operands(pos, cos_sin, q_w, offs_d, D, HAS_NORM)
-    k_rope = _rope_operands(pos, cos_sin, k_w, offs_d, D, HAS_NORM)
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
+    cos, sin = _rope_table(pos, cos_sin, offs_d, D)
 
     row = QKV + b * stride_qkv
-    q = _norm_rope(row, heads, mask_h, offs_d, q_rope, eps, D, HAS_NORM)
+    q = _norm_rope(row, heads, mask_h, offs_d, cos, sin, q_w, eps, D, HAS_NORM)
     q = q.to(QKV.dtype.element_ty)  # rounded as the query the unfused path stores
     one = tl.arange(0, 1)
-    k_new = _norm_rope(row, NUM_Q + kv_head + one, one < 1, offs_d, k_rope, eps, D, HAS_NORM)
+    k_new = _norm_rope(row, NUM_Q + kv_head + one, one < 1, offs_d, cos, sin, k_w, eps, D,
+                       HAS_NORM)  # fmt: skip
     k_new = kv_to_pool_units(k_new, inv_k_scale, FP8_MAX).to(K.dtype.element_ty)
     v_new = tl.load(row + (NUM_Q + NUM_KV + kv_head) * D + one[:, None] * D + offs_d[None, :])
     v_new = kv_to_pool_units(v_new, inv_v_scale, FP8_MAX).to(V.dtype.element_ty)
