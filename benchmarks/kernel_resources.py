@@ -3,7 +3,7 @@ compiled for a GPU target on any machine: Triton compiles a kernel to a cubin wi
 bundled ptxas and needs no GPU for that, so a tile config's occupancy is known before a GPU
 run.
 
-    python benchmarks/kernel_resources.py                      # TUNED / default tiles, sm90
+    python benchmarks/kernel_resources.py                      # tuned / default tiles, sm90
     python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
 
 Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down) per tile config,
@@ -133,10 +133,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )  # fmt: skip
     p.add_argument("--out", default=None, help="append the rows to this JSONL file")
     args = p.parse_args(argv)
+    if args.route and args.fp8:
+        p.error("--route: the expert kernels route themselves for bf16/fp16 experts only")
     if args.tiles:
         tiles = [fused_moe_gemv.GemvTiles(*map(int, t.split(","))) for t in args.tiles]
     else:
-        configs = [*fused_moe_gemv.TUNED.values(), fused_moe_gemv.DEFAULT_CONFIG]
+        tuned = fused_moe_gemv.TUNED_FP8_BLOCK if args.fp8 else fused_moe_gemv.TUNED
+        configs = [*tuned.values(), fused_moe_gemv.DEFAULT_CONFIG]
         tiles = list(dict.fromkeys(t for c in configs for t in (c.gate_up, c.down)))
     gate_up, down = fused_moe_gemv._build_kernels()
     k, e = args.top_k, args.experts
@@ -149,10 +152,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for t in tiles:
         for name, fn in (("gate_up", gate_up), ("down", down)):
-            c = dict(consts, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+            # as launched: block-wise scales cap BLOCK_K at a scale group
+            bn, bk = fused_moe_gemv._tiles(t, group[1])
+            c = dict(consts, BLOCK_N=bn, BLOCK_K=bk)
             res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch, t.num_stages)
             rows.append({"kernel": name, "warps": t.num_warps, "stages": t.num_stages,
-                         "tiles": [t.block_n, t.block_k], **res})  # fmt: skip
+                         "tiles": [bn, bk], **res})  # fmt: skip
     topk = router.topk_softmax_kernel
     consts = dict(TOP_K=k, RENORMALIZE=True, PDL=True, **router.topk_constants(k, e))
     for warps in dict.fromkeys((router.TOPK_NUM_WARPS, 4)):
