@@ -415,9 +415,9 @@ def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> No
 def test_small_m_gemv_routing_in_the_kernels(experts: int, k: int, renormalize: bool) -> None:
     """fused_experts_gemv_routed, where both kernels route each token from its logits
     (router.topk_route; no top-k kernel), equals the GEMV path fed select_experts' ids and
-    weights: rows 1 and 2 tie experts (the lower index must win, or another expert's
-    weights would enter), k is not a power of two or the expert count either (padded
-    slots and lanes), and a residual takes the sum in place."""
+    weights: row 2 ties three experts below expert 0, so at k = 3 the lower index must win
+    or another expert's weights would enter; k and the expert count are not powers of two
+    (padded slots and lanes); and a residual takes the sum in place."""
     gen = torch.Generator().manual_seed(experts + k)
     logits = _tied_logits(gen, experts)
     tokens, hidden, inter = logits.shape[0], 40, 16
