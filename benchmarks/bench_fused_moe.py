@@ -70,8 +70,7 @@ BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 # (8, 128, 8) it needs 66 registers a thread: 3 programs, 24 warps per SM; at (16, 256,
 # 16) 88, one program per SM, and its 128 programs at one token are one wave on 132 SMs
 # where the shipped (8, 256, 8, 3) makes 256 programs of one per SM, two waves;
-# benchmarks/kernel_resources.py), and one-warp tiles of kernel 1, whose reductions over
-# the router's logits are then barrier-free (MINI_SGLANG_MOE_ROUTE_IN_KERNELS=1).
+# benchmarks/kernel_resources.py), and one-warp tiles of kernel 1.
 SWEEP = [
     (2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4),
     (2, 512, 8), (4, 256, 8), (8, 128, 8), (2, 256, 4),

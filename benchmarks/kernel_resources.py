@@ -127,14 +127,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="BLOCK_N,BLOCK_K,num_warps[,num_stages] of both expert kernels (default: TUNED's and the default)",
     )  # fmt: skip
     p.add_argument("--fp8", action="store_true", help="FP8 experts, block-wise [128, 128] scales")
-    p.add_argument(
-        "--route", action="store_true",
-        help="the expert kernels route each token themselves (MINI_SGLANG_MOE_ROUTE_IN_KERNELS)",
-    )  # fmt: skip
     p.add_argument("--out", default=None, help="append the rows to this JSONL file")
     args = p.parse_args(argv)
-    if args.route and args.fp8:
-        p.error("--route: the expert kernels route themselves for bf16/fp16 experts only")
     if args.tiles:
         tiles = [fused_moe_gemv.GemvTiles(*map(int, t.split(","))) for t in args.tiles]
     else:
@@ -146,8 +140,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     group = (128, 128) if args.fp8 else (1, 0)
     consts = dict(
         TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
-        GROUP_K=group[1], ADD_OUT=True, PDL=True, ROUTE=args.route, RENORMALIZE=True,
-        **router.topk_constants(k, e),
+        GROUP_K=group[1], ADD_OUT=True, PDL=True,
     )  # fmt: skip
     rows = []
     for t in tiles:
@@ -167,15 +160,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     for r in rows:
         print(
-            f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''}"
-            f"{' routing' if args.route else ''} {r['kernel']:>12} "
+            f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''} {r['kernel']:>12} "
             f"tiles={r['tiles']} warps={r['warps']} stages={r['stages']}: {r['regs']} registers, "
             f"{r['stack']} B stack, {r['shared']} B shared, {r['barriers']} barriers, "
             f"{r['ctas_per_sm']} per SM, global loads {r['loads_before_wait']} before / "
             f"{r['loads_after_wait']} after the PDL wait"
         )
     if args.out:
-        common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8, "route": args.route}
+        common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8}
         with open(args.out, "a") as f:
             f.writelines(json.dumps(common | r) + "\n" for r in rows)
     return rows

@@ -192,10 +192,6 @@ class Envs:
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
-    MINI_SGLANG_MOE_ROUTE_IN_KERNELS = _flag(
-        "On the expert GEMV path (bf16/fp16 experts, no expert parallelism) the expert kernels "
-        "route each token themselves from the router's logits instead of a top-k kernel."
-    )
     # Multimodal inputs (TokenizerManager)
     SGLANG_IO_WORKERS = EnvInt(4, "Threads that load and preprocess images of requests.")
     MINI_SGLANG_MAX_IMAGE_BYTES = EnvInt(

@@ -44,7 +44,6 @@ from mini_sglang.layers.moe.fused_moe_gemv import (  # noqa: E402
     GemvTiles,
     SmallMConfig,
     fused_experts_gemv,
-    fused_experts_gemv_routed,
 )
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton  # noqa: E402
 from mini_sglang.layers.moe.layer import FusedMoE  # noqa: E402
@@ -408,34 +407,6 @@ def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> No
         ref = fused_experts_torch(x, w13, w2, weights, case)
         out = fused_experts_gemv(x, w13, w2, weights, case, config=GEMV_TILES)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("experts,k", [(12, 3), (40, 4)])
-@pytest.mark.parametrize("renormalize", [True, False])
-def test_small_m_gemv_routing_in_the_kernels(experts: int, k: int, renormalize: bool) -> None:
-    """fused_experts_gemv_routed, where both kernels route each token from its logits
-    (router.topk_route; no top-k kernel), equals the GEMV path fed select_experts' ids and
-    weights: row 2 ties three experts below expert 0, so at k = 3 the lower index must win
-    or another expert's weights would enter; k and the expert count are not powers of two
-    (padded slots and lanes); and a residual takes the sum in place."""
-    gen = torch.Generator().manual_seed(experts + k)
-    logits = _tied_logits(gen, experts)
-    tokens, hidden, inter = logits.shape[0], 40, 16
-    x = torch.randn(tokens, hidden, generator=gen)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
-    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.2
-    residual = torch.randn(tokens, hidden, generator=gen)
-    logits, x, w13, w2, residual = (t.to(DEVICE) for t in (logits, x, w13, w2, residual))
-    weights, ids = select_experts_torch(logits, k, renormalize)
-    ref = fused_experts_gemv(x, w13, w2, weights, ids, config=GEMV_TILES)
-    out = fused_experts_gemv_routed(x, w13, w2, logits, k, renormalize, config=GEMV_TILES)
-    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
-    summed = residual.clone()
-    got = fused_experts_gemv_routed(
-        x, w13, w2, logits, k, renormalize, config=GEMV_TILES, residual=summed
-    )
-    assert got is summed
-    torch.testing.assert_close(summed, residual + ref, atol=1e-5, rtol=1e-5)
 
 
 def test_experts_add_into_the_residual() -> None:

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from mini_sglang.environ import envs
-from mini_sglang.layers.moe.router import topk_constants, topk_route
 
 if TYPE_CHECKING:
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
@@ -51,9 +50,6 @@ if TYPE_CHECKING:
 # Batches of at most this many tokens take this path in fused_experts_triton (0: never).
 # Read once at import; benchmarks set the attribute to compare both paths in one process.
 MAX_TOKENS = envs.MINI_SGLANG_MOE_SMALL_M.get()
-# The kernels route each token themselves (fused_experts_gemv_routed; FusedMoE.forward
-# takes that path where this is set and the batch, experts and parallelism allow it).
-ROUTE_IN_KERNELS = envs.MINI_SGLANG_MOE_ROUTE_IN_KERNELS.get()
 
 _kernels: tuple | None = None
 
@@ -140,10 +136,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         x_scale_ptr,
         w_scale_ptr,
         ids_ptr,
-        logits_ptr,
         INTER,
         H,
-        num_experts,
         stride_xm,
         stride_we,
         stride_wn,
@@ -151,43 +145,31 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_xsm,
         stride_wse,
         stride_wsn,
-        stride_lm,
         TOP_K: tl.constexpr,
         FP8: tl.constexpr,
         GROUP_N: tl.constexpr,
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        ROUTE: tl.constexpr,
-        SLOTS: tl.constexpr,
-        BLOCK_E: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
         program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
         e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
         [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue).
-        ROUTE: e is the token's (pair % TOP_K)-th expert by router.topk_route over its
-        logits row (logits [M, num_experts]; SLOTS, BLOCK_E: topk_route's), not ids.
-        PDL: launched as a programmatic dependent; every read here (the ids or logits
-        first, which pick the weights) waits for the kernel before, and so does the launch
-        of the down kernel, which reads them before its own wait."""
+        PDL: launched as a programmatic dependent; every read here (the ids first, which
+        pick the weights) waits for the kernel before, and so does the launch of the down
+        kernel, which reads the ids before its own wait."""
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
         pid_n = tl.program_id(0)
         pair = tl.program_id(1)
-        token = (pair // TOP_K).to(tl.int64)
-        if ROUTE:
-            _, top_id = topk_route(
-                logits_ptr + token * stride_lm, num_experts, TOP_K, SLOTS, False, BLOCK_E
-            )
-            expert = tl.sum(tl.where(tl.arange(0, SLOTS) == pair % TOP_K, top_id, 0))
-        else:
-            expert = tl.load(ids_ptr + pair)
+        expert = tl.load(ids_ptr + pair)
         if expert < 0:
             return
         expert = expert.to(tl.int64)
+        token = (pair // TOP_K).to(tl.int64)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < INTER
         gate_rows = w_ptr + expert * stride_we + rn[:, None].to(tl.int64) * stride_wn
@@ -235,10 +217,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         w_scale_ptr,
         ids_ptr,
         topk_weights_ptr,
-        logits_ptr,
         H,
         INTER,
-        num_experts,
         stride_am,
         stride_we,
         stride_wn,
@@ -246,7 +226,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_asm,
         stride_wse,
         stride_wsn,
-        stride_lm,
         TOP_K: tl.constexpr,
         TOP_K_POW2: tl.constexpr,
         FP8: tl.constexpr,
@@ -255,9 +234,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         ADD_OUT: tl.constexpr,
-        ROUTE: tl.constexpr,
-        RENORMALIZE: tl.constexpr,
-        BLOCK_E: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
@@ -269,8 +245,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         hold FP8 values; act_scale [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N,
         1 or INTER / GROUP_K]. PDL: launched as a programmatic dependent of gate_up_kernel,
         once the ids are final (see there): the ids, routing weights and first w tiles load
-        before the wait for act. ROUTE: the ids and routing weights are router.topk_route's
-        over the token's logits row (with RENORMALIZE), computed before that wait."""
+        before the wait for act."""
         if PDL:
             gdc_launch_dependents()
         pid_n = tl.program_id(0)
@@ -279,14 +254,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         n_ok = rn < H
         rj = tl.arange(0, TOP_K_POW2)
         pairs = token * TOP_K + rj
-        if ROUTE:
-            route, expert = topk_route(
-                logits_ptr + token * stride_lm, num_experts, TOP_K, TOP_K_POW2, RENORMALIZE,
-                BLOCK_E,
-            )  # fmt: skip
-            expert = tl.where(rj < TOP_K, expert, -1)
-        else:
-            expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
+        expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
         # A dropped pair (or a padding slot) reads nothing (its act row and scales were never
         # written) and adds 0; its expert id is clamped so that no pointer leaves the weights.
         kept = expert >= 0
@@ -300,8 +268,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             w_s = w_scale_ptr + expert[:, None] * stride_wse + (rn[None, :] // GROUP_N) * stride_wsn
             w_s_ok = kept[:, None] & n_ok[None, :]
             a_s_rows = act_scale_ptr + pairs * stride_asm
-        if not ROUTE:
-            route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
+        route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
         # w's K tiles are loaded one step ahead (the first one before the wait); the step
         # after the last loads nothing (all masked)
         rk = tl.arange(0, BLOCK_K)
@@ -364,58 +331,11 @@ def fused_experts_gemv(
     tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
     sum is added into it in the down kernel's epilogue and residual is returned. Both
     kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
-    tokens, k = topk_ids.shape
-    ids = topk_ids.reshape(-1).contiguous()
-    weights = topk_weights.reshape(-1).contiguous()
-    return _launch(x, w13, w2, tokens, k, fp8, config, residual, ids=ids, weights=weights)
-
-
-def fused_experts_gemv_routed(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    router_logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    config: SmallMConfig | None = None,
-    residual: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """fused_experts_gemv(x, w13, w2, *router.select_experts(router_logits, top_k,
-    renormalize)) with no top-k kernel: each expert kernel routes the token itself
-    (router.topk_route over its row of router_logits [M, E]; the same experts, order and
-    weights). Every expert is local (no expert parallelism) and the experts are bf16/fp16:
-    FP8 experts quantize the activations in a kernel between the two, which would then be
-    the down kernel's predecessor, and the down kernel reads the logits before its wait on
-    the assumption that the kernel it waits for is gate_up, launched after the router."""
-    assert router_logits.shape == (x.shape[0], w13.shape[0]), router_logits.shape
-    logits = router_logits.contiguous()
-    return _launch(
-        x, w13, w2, x.shape[0], top_k, None, config, residual, logits=logits,
-        renormalize=renormalize,
-    )  # fmt: skip
-
-
-def _launch(
-    x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    tokens: int,
-    k: int,
-    fp8: Fp8Experts | None,
-    config: SmallMConfig | None,
-    residual: torch.Tensor | None,
-    ids: torch.Tensor | None = None,
-    weights: torch.Tensor | None = None,
-    logits: torch.Tensor | None = None,
-    renormalize: bool = False,
-) -> torch.Tensor:
-    """Both kernels for `tokens` tokens of k pairs each, routed by ids [M*k] (int32) and
-    weights [M*k] (float32) chosen before, or by the kernels themselves from logits
-    [M, E] (ROUTE)."""
     import triton
 
     from mini_sglang.layers.kernels import pdl_enabled
 
+    tokens, k = topk_ids.shape
     _, two_i, hidden = w13.shape
     inter = two_i // 2
     if tokens == 0:
@@ -424,13 +344,8 @@ def _launch(
     config = config or default_config(tokens, fp8.kind if fp8 is not None else None)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
-    route = logits is not None
-    if route:
-        ids = weights = logits  # unread placeholders
-        route_consts = topk_constants(k, logits.shape[1])
-    else:
-        logits = ids  # an unread placeholder
-        route_consts = {"SLOTS": 1, "BLOCK_E": 1}
+    ids = topk_ids.reshape(-1).contiguous()
+    weights = topk_weights.reshape(-1).contiguous()
     x = x.contiguous()
     group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
     group = group_k or None
@@ -447,10 +362,8 @@ def _launch(
         a_scale,
         w_scale,
         ids,
-        logits,
         inter,
         hidden,
-        logits.shape[-1],
         a.stride(0),
         w13.stride(0),
         w13.stride(1),
@@ -458,15 +371,12 @@ def _launch(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
-        logits.stride(0),
         TOP_K=k,
         FP8=fp8 is not None,
         GROUP_N=group_n,
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
-        ROUTE=route,
-        **route_consts,
         PDL=pdl,
         **config.gate_up.launch_options(),
         launch_pdl=pdl,
@@ -492,10 +402,8 @@ def _launch(
         w_scale,
         ids,
         weights,
-        logits,
         hidden,
         inter,
-        logits.shape[-1],
         a.stride(0),
         w2.stride(0),
         w2.stride(1),
@@ -503,7 +411,6 @@ def _launch(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
-        logits.stride(0),
         TOP_K=k,
         TOP_K_POW2=triton.next_power_of_2(k),
         FP8=fp8 is not None,
@@ -512,9 +419,6 @@ def _launch(
         BLOCK_N=bn,
         BLOCK_K=bk,
         ADD_OUT=residual is not None,
-        ROUTE=route,
-        RENORMALIZE=renormalize,
-        BLOCK_E=route_consts["BLOCK_E"],
         PDL=pdl,
         **config.down.launch_options(),
         launch_pdl=pdl,

@@ -37,7 +37,6 @@ from mini_sglang.distributed.parallel_state import (
     get_tp_size,
     tensor_model_parallel_all_reduce,
 )
-from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMoEMethod
 from mini_sglang.layers.moe.router import select_experts
 
@@ -193,20 +192,17 @@ class FusedMoE(nn.Module):
         (all-reduced where reduce_results at tp > 1); with `residual` it is added into
         residual in place (in the last expert kernel where no all-reduce comes between) and
         residual is returned."""
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        topk_ids = self._local_ids(topk_ids)
         all_reduce = self.reduce_results and get_tp_size() > 1
-        into = None if all_reduce else residual
-        out = None
-        if fused_moe_gemv.ROUTE_IN_KERNELS and self.ep_size == 1:
-            out = self.quant_method.apply_routed(
-                self, hidden, router_logits, self.top_k, self.renormalize, residual=into
-            )
-        if out is None:
-            topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
-            topk_ids = self._local_ids(topk_ids)
-            out = self.quant_method.apply(
-                self, hidden, topk_weights, topk_ids, dropped_pairs=self.ep_size > 1,
-                residual=into,
-            )  # fmt: skip
+        out = self.quant_method.apply(
+            self,
+            hidden,
+            topk_weights,
+            topk_ids,
+            dropped_pairs=self.ep_size > 1,
+            residual=None if all_reduce else residual,
+        )
         if all_reduce:
             out = tensor_model_parallel_all_reduce(out)
             return out if residual is None else residual.add_(out)

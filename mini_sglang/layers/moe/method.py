@@ -18,10 +18,6 @@ the layer as parameters. Contract:
 - `apply(layer, x, topk_weights, topk_ids, dropped_pairs)` returns, for every token, the
   routing-weighted sum of its experts' outputs (experts_torch.py states it exactly), in
   x's dtype. topk_ids are local expert ids; negative ids (`dropped_pairs`) add nothing.
-- `apply_routed(layer, x, router_logits, top_k, renormalize)` is apply with the routing
-  (router.select_experts) left to the expert kernels, where the method's kernels do that
-  for this batch (fused_moe_gemv.fused_experts_gemv_routed); None, computing nothing,
-  where they do not: the caller then routes and calls apply.
 - `dequantized_weights(layer)` returns (w13, w2) as the float values the layer multiplies
   by (the reference of the tests and of weight read-back).
 
@@ -36,7 +32,6 @@ import torch
 from torch import nn
 
 from mini_sglang.layers.kernels import triton
-from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
 
@@ -58,9 +53,6 @@ def make_expert_param(
 
 class FusedMoEMethodBase:
     """How one kind of MoE layer stores and applies its experts (see the module doc)."""
-
-    # apply_routed may run fused_experts_gemv_routed on w13_weight / w2_weight as stored
-    routes_in_kernels = False
 
     def create_weights(
         self,
@@ -86,39 +78,12 @@ class FusedMoEMethodBase:
         the last kernel where the kernels can) and residual is returned."""
         raise NotImplementedError
 
-    def apply_routed(
-        self,
-        layer: nn.Module,
-        x: torch.Tensor,
-        router_logits: torch.Tensor,
-        top_k: int,
-        renormalize: bool,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
-        """apply for the experts select_experts(router_logits, top_k, renormalize) picks,
-        routed inside the expert kernels, or None (see the module doc): on CUDA, for the
-        batches the expert GEMV path serves, for methods whose experts it reads as stored
-        (`routes_in_kernels`)."""
-        if not (
-            self.routes_in_kernels
-            and x.is_cuda
-            and triton is not None
-            and fused_moe_gemv.use_small_m(x.shape[0])
-        ):
-            return None
-        return fused_moe_gemv.fused_experts_gemv_routed(
-            x, layer.w13_weight, layer.w2_weight, router_logits, top_k, renormalize,
-            residual=residual,
-        )  # fmt: skip
-
     def dequantized_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         return layer.w13_weight.data, layer.w2_weight.data
 
 
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
     """w13 / w2 in params_dtype; fused_experts_triton on CUDA, fused_experts_torch else."""
-
-    routes_in_kernels = True
 
     def create_weights(
         self,
