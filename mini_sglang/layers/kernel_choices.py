@@ -101,8 +101,13 @@ def record(table: str, device: str, key: str, value: Any) -> None:
     with _lock:
         data, path = _table(table, device)
         data[key] = value
-        on_disk = _read(path) if not envs.MINI_SGLANG_KERNEL_RETUNE.get() else {}
-        on_disk[key] = value
+        if envs.MINI_SGLANG_KERNEL_RETUNE.get():
+            # the table holds only this process's picks (_table read nothing): the cache
+            # becomes exactly those, each new pick added to the ones before it
+            on_disk = dict(data)
+        else:
+            on_disk = _read(path)
+            on_disk[key] = value
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")

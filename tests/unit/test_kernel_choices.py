@@ -54,6 +54,8 @@ def test_cached_pick_wins_over_shipped_and_retune_ignores_both(fresh, monkeypatc
     kc.record("gemv", "Card_X", "a", [4])  # a retune rewrites the cache from scratch
     cached = fresh / "cache" / "kernel_choices" / "gemv_Card_X.json"
     assert json.loads(cached.read_text()) == {"a": [4]}
+    kc.record("gemv", "Card_X", "c", [6])  # ... and keeps every pick it makes
+    assert json.loads(cached.read_text()) == {"a": [4], "c": [6]}
 
 
 def test_unreadable_cache_is_ignored_and_rewritten(fresh, monkeypatch):
