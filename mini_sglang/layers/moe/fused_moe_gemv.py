@@ -87,14 +87,16 @@ DEFAULT_CONFIG = SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(4, 256, 8))
 # Tiles by batch bucket (tokens rounded up to a power of two), from bench_fused_moe.py
 # --small-m-sweep on an H200 with Qwen3-30B-A3B's shapes (E 128, top-8, H 2048, I 768;
 # docs/results/fused_moe_small_m_bf16_fp8_block_h200.log), per layer call against the
-# tiles before: bf16 M=1 23.1 vs 29.5 us, M=2 39.9 vs 40.1, M=4 75.8 vs 77.5. At batch 1
-# kernel 1 reads each w13 row whole (one K step over H 2048), as the dense decode GEMV's
-# best M=1 configs do. At M=8 the grouped GEMM was faster than either (139.4 against 147.9
+# tiles before them: bf16 M=1 22.6 vs 23.4 us, M=2 39.2 vs 40.2, M=4 75.2 vs 76.6. Kernel 1
+# runs one warp a program: a program's 2-4 rows of gate and up (8-16 KB) are too few for
+# more warps to add loads in flight, and 6144 one-warp programs at one token spread
+# evenly. Qwen3-30B-A3B batch 1 on the H200: 2.538 / 2.588 ms/token against 2.571 / 2.602
+# (moe_decode_ab_qwen3_30b_a3b_h200.log). At M=8 the grouped GEMM was faster than either (139.4 against 147.9
 # us, fused_moe_small_m_h200.log), hence MINI_SGLANG_MOE_SMALL_M's default 4.
 TUNED: dict[int, SmallMConfig] = {
-    1: SmallMConfig(GemvTiles(1, 2048, 4), GemvTiles(8, 256, 8, 3)),
-    2: SmallMConfig(GemvTiles(2, 1024, 4), GemvTiles(16, 128, 4)),
-    4: SmallMConfig(GemvTiles(1, 2048, 4), GemvTiles(4, 256, 8)),
+    1: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(4, 256, 8)),
+    2: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(4, 256, 8)),
+    4: SmallMConfig(GemvTiles(4, 512, 1), GemvTiles(4, 256, 8)),
 }
 # FP8 experts with 128 x 128 block scales (Qwen3-30B-A3B-FP8's checkpoint format): BLOCK_K
 # is one scale group, 128 (see _tiles), so a program covers more rows instead. Same sweep,
