@@ -143,6 +143,9 @@ class Envs:
         32,
         "Decode batches up to this size use the Triton split-KV kernel over flashinfer (0: off).",
     )
+    MINI_SGLANG_TRITON_DECODE_KV_SPLITS = EnvInt(
+        16, "Key splits a request of those small decode batches is cut into (>= 1)."
+    )
     MINI_SGLANG_XQA_DECODE = EnvBool(
         True,
         "0: flashinfer decode over an FP8 e4m3 pool with pages of 16-128 runs its BatchDecode "

@@ -51,8 +51,9 @@ GiB = 1 << 30
 # vs Triton: Llama-3.1-8B 7.27/7.51/8.31/10.75 vs 6.28/6.92/7.89/9.73, Qwen3-0.6B
 # 1.98/2.10/2.71/3.49 vs 1.43/1.77/2.50/3.53; flashinfer's own kernel is ahead at batch 64+
 # (benchmarks/bench_decode_attention.py). 16 splits beat 8 and 32 at batch 1 (Llama-3.1-8B,
-# scheduler mode: 6.21 / 6.14 / 6.16 ms/token).
-SMALL_DECODE_KV_SPLITS = 16
+# scheduler mode: 6.21 / 6.14 / 6.16 ms/token). MINI_SGLANG_TRITON_DECODE_KV_SPLITS sets it
+# (a model with fewer KV heads, e.g. Qwen3-30B-A3B's 4, runs half the programs per split).
+SMALL_DECODE_KV_SPLITS = max(1, envs.MINI_SGLANG_TRITON_DECODE_KV_SPLITS.get())
 
 
 def gpu_memory_gib(device: torch.device) -> tuple[float, float]:
