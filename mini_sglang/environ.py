@@ -143,6 +143,9 @@ class Envs:
         32,
         "Decode batches up to this size use the Triton split-KV kernel over flashinfer (0: off).",
     )
+    MINI_SGLANG_PREFETCH_O_PROJ = _flag(
+        "1: the fused decode attention kernel asks L2 for o_proj's weight while it runs (sm90+)."
+    )
     MINI_SGLANG_TRITON_DECODE_KV_SPLITS = EnvInt(
         16, "Key splits a request of those small decode batches is cut into (>= 1)."
     )

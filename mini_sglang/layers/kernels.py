@@ -32,7 +32,7 @@ try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU installs
-    triton = silu_mul = kv_to_pool_units = None
+    triton = silu_mul = kv_to_pool_units = l2_prefetch = None
 
 if triton is not None:
 
@@ -43,6 +43,35 @@ if triton is not None:
         for fused_kernels.silu_and_mul and the GEMV epilogue (small_m_gemm), which must agree
         bit for bit."""
         return (g / (1.0 + tl.exp(-g))).to(u.dtype) * u
+
+    @triton.jit
+    def l2_prefetch(base, nbytes, NPROG, CHUNK: tl.constexpr, LANES: tl.constexpr):
+        """Ask L2 for bytes [0, nbytes) of `base` (a uint8 pointer, 16-byte aligned; nbytes
+        a multiple of 16), this program's share of the NPROG programs that call it with
+        the same arguments: one sm90 bulk prefetch (cp.async.bulk.prefetch.L2) of up to
+        CHUNK bytes per lane, lanes past the end predicated off. A hint: nothing waits for
+        it and nothing is written. LANES should equal the program's threads (32 *
+        num_warps), one lane a thread. The instruction takes warp-uniform operands, so a
+        warp issues its lanes' prefetches one after another: lane j (thread j % 32 of warp
+        j // 32) takes the program's chunk number (j % 32) * WARPS + j // 32, spreading a
+        program's first chunks over its warps. Chunk i of program p is p + i * NPROG.
+        Example: nbytes 1 MiB, CHUNK 16 KiB, NPROG 16, 4 warps: 64 chunks, program 3
+        prefetches chunks 3, 19, 35, 51, one in each warp (lanes 0, 32, 64, 96)."""
+        p = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
+        p += tl.program_id(2)
+        j = tl.arange(0, LANES)
+        i = (j % 32) * (LANES // 32) + j // 32
+        start = (p + i.to(tl.int64) * NPROG) * CHUNK
+        size = tl.minimum(tl.maximum(nbytes - start, 0), CHUNK).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r",
+            [base + tl.where(size > 0, start, 0), size],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
     @triton.jit
     def kv_to_pool_units(x, inv_scale, FP8_MAX: tl.constexpr):

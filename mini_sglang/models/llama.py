@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from mini_sglang.layers.quantization.base import QuantizationConfig
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
+# o_proj's weight goes to the decode attention kernel as an L2 prefetch (opt-in for A/B runs)
+_PREFETCH_O_PROJ = envs.MINI_SGLANG_PREFETCH_O_PROJ.get()
+
 
 def norms_in_gemvs(x: torch.Tensor) -> bool:
     """Whether the decoder runs LlamaDecoderLayer.forward_norms_in_gemvs for the embeddings x
@@ -173,8 +176,9 @@ class LlamaAttention(nn.Module):
         pool_ok = fb.token_to_kv_pool.triton_ok  # the fused kernels store into the pool
         if self.use_fused and pool_ok and fused_ops_available(qkv, self.head_dim):
             if fb.forward_mode.is_decode():
+                prefetch = self.o_proj.weight if _PREFETCH_O_PROJ else None
                 out = fb.attn_backend.forward_decode_from_qkv(
-                    qkv, positions, self._qk_norm_rope(), self.attn, fb
+                    qkv, positions, self._qk_norm_rope(), self.attn, fb, prefetch
                 )
                 if out is not None:
                     return out

@@ -1,6 +1,6 @@
-"""benchmarks/kernel_resources.py compiles the MoE decode kernels for sm90 without a GPU and
-reports their registers, the programs per SM those allow and the loads issued before the
-PDL wait (run in a subprocess: this test process runs Triton in interpreter mode, which the
+"""benchmarks/kernel_resources.py compiles the MoE decode kernels (and the decode attention
+kernel) for sm90 without a GPU and reports their registers, the programs per SM those allow
+and the loads issued before the PDL wait (run in a subprocess: this test process runs Triton in interpreter mode, which the
 compile must not)."""
 
 from __future__ import annotations
@@ -18,18 +18,24 @@ triton = pytest.importorskip("triton")
 _SCRIPT = Path(__file__).parents[2] / "benchmarks" / "kernel_resources.py"
 
 
-def test_reports_registers_and_occupancy_of_each_kernel(tmp_path: Path) -> None:
+def _rows(tmp_path: Path, *args: str) -> tuple[list[dict], str]:
+    """kernel_resources.py's JSONL rows for these arguments, compiled in a subprocess, and
+    what it printed."""
     nvidia = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     if not (nvidia / "ptxas").exists() or not (nvidia / "cuobjdump").exists():
         pytest.skip("this Triton install has no bundled ptxas / cuobjdump")
     out = tmp_path / "rows.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
-        [sys.executable, str(_SCRIPT), "--tiles", "8,128,8", "--out", str(out)],
+        [sys.executable, str(_SCRIPT), *args, "--out", str(out)],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return [json.loads(line) for line in out.read_text().splitlines()], run.stdout
+
+
+def test_reports_registers_and_occupancy_of_each_kernel(tmp_path: Path) -> None:
+    rows, stdout = _rows(tmp_path, "--tiles", "8,128,8")
     assert [(r["kernel"], r["warps"]) for r in rows] == [
         ("gate_up", 8), ("down", 8), ("topk_softmax", 1), ("topk_softmax", 4),
     ]  # fmt: skip
@@ -43,4 +49,16 @@ def test_reports_registers_and_occupancy_of_each_kernel(tmp_path: Path) -> None:
     # first w2 tiles before that wait, and the compiled code keeps them there
     assert all(r["loads_after_wait"] > 0 for r in rows)
     assert rows[1]["loads_before_wait"] > 0
-    assert len(run.stdout.strip().splitlines()) == len(rows)
+    assert len(stdout.strip().splitlines()) == len(rows)
+
+
+def test_attention_kernel_prefetches_before_its_wait(tmp_path: Path) -> None:
+    """--attention: the fused decode attention kernel with MINI_SGLANG_PREFETCH_O_PROJ's L2
+    prefetch issues it before the PDL wait (while the qkv GEMV before it still runs), and
+    the prefetch costs it no program per SM."""
+    (plain, prefetch), _ = _rows(tmp_path, "--attention")
+    assert (plain["kernel"], prefetch["kernel"]) == ("decode_from_qkv", "decode_from_qkv+prefetch")
+    assert plain["prefetches_before_wait"] == 0
+    assert prefetch["prefetches_before_wait"] >= 1
+    assert prefetch["loads_before_wait"] == plain["loads_before_wait"] > 0
+    assert prefetch["ctas_per_sm"] == plain["ctas_per_sm"]

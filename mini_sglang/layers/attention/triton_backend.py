@@ -165,6 +165,7 @@ class TritonAttnBackend(AttentionBackend):
         rope: QKNormRope,
         layer: RadixAttention,
         fb: ForwardBatch,
+        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         d = layer.head_dim
         if not _DECODE_FROM_QKV or d & (d - 1) or qkv.stride(-1) != 1:
@@ -188,6 +189,7 @@ class TritonAttnBackend(AttentionBackend):
             layer.scaling,
             pdl=pdl_enabled(qkv),
             **read_scales(layer, k_buf.dtype),
+            prefetch=prefetch,
         )
         return o.view(bs, -1)
 

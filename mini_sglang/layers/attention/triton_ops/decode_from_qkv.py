@@ -33,6 +33,8 @@ pool: k_scale folded into the score scale, v_scale applied by the merge (decode_
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -46,8 +48,41 @@ from mini_sglang.layers.attention.triton_ops.decode_attention import (
     merge_splits,
     pool_and_scratch_strides,
 )
-from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, kv_to_pool_units
+from mini_sglang.layers.kernels import (
+    gdc_launch_dependents,
+    gdc_wait,
+    kv_to_pool_units,
+    l2_prefetch,
+)
 from mini_sglang.layers.kv_quant import fp8_max
+
+_NUM_WARPS = 4
+# smallest bulk prefetch a lane issues (bytes): a 16 MiB weight over 64 programs is 512
+# of them, 8 a program, 2 a warp (a warp issues its lanes' prefetches in turn)
+_PF_MIN_CHUNK = 32768
+
+
+@functools.cache
+def _bulk_prefetch_ok(device: torch.device) -> bool:
+    """cp.async.bulk.prefetch needs sm90+ (on CPU, Triton's interpreter runs no PTX)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _prefetch_args(
+    w: torch.Tensor | None, grid: tuple[int, int, int], device: torch.device
+) -> tuple[torch.Tensor, int, int, int] | None:
+    """(w as bytes, its size, the programs that share it, bytes per lane) for l2_prefetch,
+    or None where no prefetch is possible (no w, not sm90+, w strided or not 16-byte sized).
+    Example: w 2048 x 4096 bf16 (16 MiB) over grid (1, 4, 16): 64 programs, lanes of
+    max(32 KiB, 16 MiB / (64 * 128)) = 32 KiB, so 512 prefetches, 8 a program."""
+    if w is None or not _bulk_prefetch_ok(device) or not w.is_contiguous():
+        return None
+    nbytes = w.numel() * w.element_size()
+    if nbytes % 16 or w.data_ptr() % 16:
+        return None
+    nprog = grid[0] * grid[1] * grid[2]
+    chunk = max(_PF_MIN_CHUNK, -(-nbytes // (nprog * _NUM_WARPS * 32 * 16)) * 16)
+    return w.view(-1).view(torch.uint8), nbytes, nprog, chunk
 
 
 @triton.jit
@@ -91,10 +126,11 @@ def _decode_from_qkv_stage1(
     QKV, positions, cos_sin, q_w, k_w, eps, loc, K, V, req_to_token, req_pool_indices, seq_lens,
     Mid_O, Mid_Lse, qk_scale, inv_k_scale, inv_v_scale, stride_qkv, stride_kn, stride_kh,
     stride_vn, stride_vh, stride_r2t, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
+    PF, pf_bytes, pf_nprog,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     MIN_KV: tl.constexpr, HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr, IEEE: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr, PF_LANES: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
@@ -117,6 +153,8 @@ def _decode_from_qkv_stage1(
     Vh = V + kv_head * stride_vh
     offs_n = start + tl.arange(0, BLOCK_N)
     k, v = _load_kv_block(slots, offs_n, offs_n < end_pool, Kh, Vh, stride_kn, stride_vn, offs_d)
+    if PREFETCH:  # the next kernel's weight, into L2 while this latency-bound kernel runs
+        l2_prefetch(PF, pf_bytes, pf_nprog, PF_CHUNK, PF_LANES)
     # The position is set before the step too: loaded here, the cos/sin loads that depend
     # on it issue right after the wait beside the qkv row's, one load deep instead of two.
     # (cos/sin themselves before the wait cost 5-6 registers, and Qwen3's 8-KV-head
@@ -189,6 +227,7 @@ def decode_from_qkv_fwd(
     pdl: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    prefetch: torch.Tensor | None = None,
 ) -> None:
     """Decode attention for `bs` requests from their qkv rows, written into `o`.
 
@@ -199,6 +238,11 @@ def decode_from_qkv_fwd(
     The new token's K/V are written into the pool at out_cache_loc, as qk_norm_rope_store
     would (quantized with k_scale / v_scale into an FP8 pool; the read side applies the same
     scales); its key slot in req_to_token is not read.
+
+    prefetch: a contiguous tensor the next kernel reads (o_proj's weight), which the kernel's
+    programs ask L2 for before their wait on qkv (sm90+ only; elsewhere ignored), so its
+    first reads hit L2: the attention half of a small decode step leaves the memory bus
+    idle for microseconds.
     """
     bs, q_heads, head_dim = o.shape
     if bs == 0:
@@ -210,7 +254,9 @@ def decode_from_qkv_fwd(
     head_blocks = triton.cdiv(group, BLOCK_H)
     has_norm = rope.q_norm_weight is not None
     cos_sin = rope.cos_sin_cache
-    _decode_from_qkv_stage1[(bs, kv_heads * head_blocks, num_splits)](
+    grid = (bs, kv_heads * head_blocks, num_splits)
+    pf = _prefetch_args(prefetch, grid, qkv.device)
+    _decode_from_qkv_stage1[grid](
         qkv,
         positions,
         cos_sin,
@@ -230,6 +276,9 @@ def decode_from_qkv_fwd(
         1.0 / v_scale,
         qkv.stride(0),
         *pool_and_scratch_strides(k_buffer, v_buffer, req_to_token, mid_o, mid_lse),
+        pf[0] if pf else qkv,  # unread without PREFETCH
+        pf[1] if pf else 0,
+        pf[2] if pf else 1,
         NUM_Q=q_heads,
         NUM_KV=kv_heads,
         GROUP=group,
@@ -243,7 +292,10 @@ def decode_from_qkv_fwd(
         FP8_MAX=fp8_max(k_buffer.dtype),
         IEEE=qkv.dtype == torch.float32,
         PDL=pdl,
-        num_warps=4,
+        PREFETCH=bool(pf),
+        PF_CHUNK=pf[3] if pf else 16,
+        PF_LANES=_NUM_WARPS * 32,
+        num_warps=_NUM_WARPS,
         num_stages=1,  # the next key block is loaded by hand, one iteration ahead
         launch_pdl=pdl,
     )
