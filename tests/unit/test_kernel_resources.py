@@ -1,7 +1,7 @@
 """benchmarks/kernel_resources.py compiles the MoE decode kernels (and the decode attention
 kernel) for sm90 without a GPU and reports their registers, the programs per SM those allow
-and the loads issued before the PDL wait (run in a subprocess: this test process runs Triton in interpreter mode, which the
-compile must not)."""
+and the loads issued before the PDL wait (run in a subprocess: this test process runs
+Triton in interpreter mode, which the compile must not)."""
 
 from __future__ import annotations
 
