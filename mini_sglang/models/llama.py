@@ -176,7 +176,7 @@ class LlamaAttention(nn.Module):
         pool_ok = fb.token_to_kv_pool.triton_ok  # the fused kernels store into the pool
         if self.use_fused and pool_ok and fused_ops_available(qkv, self.head_dim):
             if fb.forward_mode.is_decode():
-                prefetch = self.o_proj.weight if _PREFETCH_O_PROJ else None
+                prefetch = getattr(self.o_proj, "weight", None) if _PREFETCH_O_PROJ else None
                 out = fb.attn_backend.forward_decode_from_qkv(
                     qkv, positions, self._qk_norm_rope(), self.attn, fb, prefetch
                 )
