@@ -143,6 +143,9 @@ class Envs:
         32,
         "Decode batches up to this size use the Triton split-KV kernel over flashinfer (0: off).",
     )
+    MINI_SGLANG_MOE_FUSED_ROUTER = _flag(
+        "1: a decode step's MoE router runs its GEMV and top-k in one kernel (router_topk)."
+    )
     MINI_SGLANG_PREFETCH_O_PROJ = _flag(
         "1: the fused decode attention kernel asks L2 for o_proj's weight while it runs (sm90+)."
     )

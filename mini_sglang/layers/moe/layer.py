@@ -193,6 +193,17 @@ class FusedMoE(nn.Module):
         residual in place (in the last expert kernel where no all-reduce comes between) and
         residual is returned."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        return self.forward_topk(hidden, topk_weights, topk_ids, residual)
+
+    def forward_topk(
+        self,
+        hidden: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """forward() for tokens already routed: topk_weights float32 and topk_ids int32
+        [tokens, top_k] (global expert ids), as select_experts returns them."""
         topk_ids = self._local_ids(topk_ids)
         all_reduce = self.reduce_results and get_tp_size() > 1
         out = self.quant_method.apply(
