@@ -124,6 +124,7 @@ def _attention_rows(arch: int) -> list[dict]:
     """The fused decode attention kernel (decode_from_qkv's stage 1) at Qwen3-30B-A3B's heads
     (32 query, 4 KV, head_dim 128, q/k norm; 16 splits), without and with the L2 prefetch
     of the next kernel's weight (MINI_SGLANG_PREFETCH_O_PROJ)."""
+    from mini_sglang.layers import kernels
     from mini_sglang.layers.attention.triton_ops import decode_from_qkv as m
 
     fn = m._decode_from_qkv_stage1
@@ -138,7 +139,7 @@ def _attention_rows(arch: int) -> list[dict]:
     consts = dict(
         NUM_Q=32, NUM_KV=4, GROUP=8, HEAD_BLOCKS=1, NUM_SPLITS=16, D=128, BLOCK_H=m.BLOCK_H,
         BLOCK_N=64, MIN_KV=m.MIN_BLOCK_KV, HAS_NORM=True, FP8_MAX=0, IEEE=False, PDL=True,
-        PF_CHUNK=m._PF_MIN_CHUNK, PF_LANES=m._NUM_WARPS * 32,
+        PF_CHUNK=kernels.L2_PREFETCH_MIN_CHUNK, PF_LANES=m._NUM_WARPS * 32,
     )  # fmt: skip
     rows = []
     for prefetch in (False, True):
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     group = (128, 128) if args.fp8 else (1, 0)
     consts = dict(
         TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
-        GROUP_K=group[1], ADD_OUT=True, PDL=True,
+        GROUP_K=group[1], ADD_OUT=True, PDL=True, PREFETCH=False, PF_CHUNK=16, PF_LANES=32,
     )  # fmt: skip
     rows = []
     for t in tiles:

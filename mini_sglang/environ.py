@@ -146,6 +146,9 @@ class Envs:
     MINI_SGLANG_MOE_FUSED_ROUTER = _flag(
         "1: a decode step's MoE router runs its GEMV and top-k in one kernel (router_topk)."
     )
+    MINI_SGLANG_MOE_PREFETCH_NEXT_QKV = _flag(
+        "1: at decode an MoE layer's down kernel asks L2 for the next layer's qkv weight (sm90+)."
+    )
     MINI_SGLANG_PREFETCH_O_PROJ = _flag(
         "1: the fused decode attention kernel asks L2 for o_proj's weight while it runs (sm90+)."
     )

@@ -84,6 +84,35 @@ if triton is not None:
         return x
 
 
+# smallest bulk prefetch a lane of l2_prefetch issues (bytes): a 16 MiB weight over 64
+# programs is 512 of them, 8 a program, 2 a warp (a warp issues its lanes' prefetches in turn)
+L2_PREFETCH_MIN_CHUNK = 32768
+
+
+@functools.cache
+def bulk_prefetch_ok(device: torch.device) -> bool:
+    """cp.async.bulk.prefetch (l2_prefetch) needs sm90+; on CPU, Triton's interpreter runs no
+    PTX."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def l2_prefetch_args(
+    w: torch.Tensor | None, nprog: int, lanes: int, device: torch.device
+) -> tuple[torch.Tensor, int, int, int] | None:
+    """(w as bytes, its size, nprog, bytes per lane) for l2_prefetch in a kernel of nprog
+    programs of `lanes` threads, or None where no prefetch is possible (no w, not sm90+, w
+    strided or not 16-byte sized or aligned). Example: w 2048 x 4096 bf16 (16 MiB), 64
+    programs of 128 threads: lanes of max(32 KiB, 16 MiB / (64 * 128)) = 32 KiB, so 512
+    prefetches, 8 a program."""
+    if w is None or not bulk_prefetch_ok(device) or not w.is_contiguous():
+        return None
+    nbytes = w.numel() * w.element_size()
+    if nbytes % 16 or w.data_ptr() % 16:
+        return None
+    chunk = max(L2_PREFETCH_MIN_CHUNK, -(-nbytes // (nprog * lanes * 16)) * 16)
+    return w.view(-1).view(torch.uint8), nbytes, nprog, chunk
+
+
 @functools.cache
 def _flashinfer() -> ModuleType | None:
     if envs.MINI_SGLANG_DISABLE_FLASHINFER_OPS.get():

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 # router GEMV + top-k in one kernel at decode (opt-in for A/B runs; router.router_topk)
 _FUSED_ROUTER = envs.MINI_SGLANG_MOE_FUSED_ROUTER.get()
+# each MoE layer's down kernel asks L2 for the next layer's qkv weight (opt-in for A/B runs)
+_PREFETCH_NEXT_QKV = envs.MINI_SGLANG_MOE_PREFETCH_NEXT_QKV.get()
 
 
 def moe_settings(config) -> dict:
@@ -160,6 +162,12 @@ class MoeForCausalLM(LlamaForCausalLM):
         )
         # checkpoint fragment -> (parameter fragment, expert id, shard id)
         self.expert_params_mapping = {ckpt: (param, e, shard) for param, ckpt, e, shard in mapping}
+        if _PREFETCH_NEXT_QKV:
+            layers = self.model.layers
+            for layer, nxt in zip(layers, layers[1:]):
+                qkv = getattr(getattr(nxt, "self_attn", None), "qkv_proj", None)
+                if isinstance(getattr(layer, "mlp", None), SparseMoeBlock) and qkv is not None:
+                    layer.mlp.experts.set_l2_prefetch(getattr(qkv, "weight", None))
 
     def checkpoint_name(self, name: str) -> str:
         """The model's name for a checkpoint tensor's name (a family's renames go here)."""

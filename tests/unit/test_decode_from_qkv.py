@@ -123,30 +123,32 @@ def test_decode_from_qkv_with_pdl_equals_without():
 
 
 def test_prefetch_splits_the_weight_over_the_programs(monkeypatch):
-    """The L2 prefetch arguments (where the GPU is sm90+): the docstring's example (o_proj of
-    Qwen3-30B-A3B, 2048 x 4096 bf16, over 64 programs: 32 KiB a lane), a weight large enough
-    for bigger lanes (every program's 128 lanes then cover it), and no prefetch for a
-    weight whose size is not a multiple of 16 bytes or that is not contiguous."""
-    from mini_sglang.layers.attention.triton_ops import decode_from_qkv as m
+    """The L2 prefetch arguments (kernels.l2_prefetch_args, where the GPU is sm90+): the
+    docstring's example (o_proj of Qwen3-30B-A3B, 2048 x 4096 bf16, over 64 programs of 128
+    threads: 32 KiB a lane), a weight large enough for bigger lanes (every program's 128
+    lanes then cover it), and no prefetch for a weight whose size is not a multiple of 16
+    bytes or that is not contiguous."""
+    from mini_sglang.layers import kernels
 
-    monkeypatch.setattr(m, "_bulk_prefetch_ok", lambda device: True)
+    monkeypatch.setattr(kernels, "bulk_prefetch_ok", lambda device: True)
+    args = kernels.l2_prefetch_args
     w = torch.empty(2048, 4096, dtype=torch.bfloat16)
-    buf, nbytes, nprog, chunk = m._prefetch_args(w, (1, 4, 16), w.device)
+    buf, nbytes, nprog, chunk = args(w, 64, 128, w.device)
     assert (nbytes, nprog, chunk) == (16 << 20, 64, 32 << 10)
     assert buf.dtype == torch.uint8 and buf.numel() == nbytes and buf.data_ptr() == w.data_ptr()
     big = torch.empty(151936, 2048, dtype=torch.bfloat16)  # an LM head: 594 MiB
-    _, nbytes, nprog, chunk = m._prefetch_args(big, (1, 4, 16), big.device)
+    _, nbytes, nprog, chunk = args(big, 64, 128, big.device)
     assert chunk % 16 == 0 and nprog * 128 * chunk >= nbytes > nprog * 128 * (chunk - 16)
-    assert m._prefetch_args(torch.empty(3, 5, dtype=torch.bfloat16), (1, 1, 1), w.device) is None
-    assert m._prefetch_args(w.t(), (1, 4, 16), w.device) is None
-    assert m._prefetch_args(None, (1, 4, 16), w.device) is None
+    assert args(torch.empty(3, 5, dtype=torch.bfloat16), 1, 128, w.device) is None
+    assert args(w.t(), 64, 128, w.device) is None
+    assert args(None, 64, 128, w.device) is None
 
 
 @pytest.mark.skipif(not CUDA, reason="the L2 prefetch is sm90+ PTX; the interpreter runs none")
 def test_decode_from_qkv_with_prefetch_equals_without():
-    from mini_sglang.layers.attention.triton_ops.decode_from_qkv import _bulk_prefetch_ok
+    from mini_sglang.layers.kernels import bulk_prefetch_ok
 
-    if not _bulk_prefetch_ok(torch.device(DEVICE)):
+    if not bulk_prefetch_ok(torch.device(DEVICE)):
         pytest.skip("needs sm90+ (cp.async.bulk.prefetch)")
     lens = [300, 7]
     k_buf, v_buf, r2t, rows, slots = _make_pool(lens, 1, 128, torch.bfloat16, seed=0)

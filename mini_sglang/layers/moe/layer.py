@@ -87,6 +87,18 @@ class FusedMoE(nn.Module):
             self.intermediate_per_partition,
             torch.get_default_dtype(),
         )
+        # set_l2_prefetch's weight, in a tuple: a module attribute holding a Parameter would
+        # register it as one of this layer's own
+        self._l2_prefetch: tuple[torch.Tensor, ...] = ()
+
+    def set_l2_prefetch(self, weight: torch.Tensor | None) -> None:
+        """A weight the model reads right after this layer (the next layer's qkv), which the
+        small-batch expert path asks L2 for while its down kernel runs; None: none."""
+        self._l2_prefetch = () if weight is None else (weight,)
+
+    @property
+    def l2_prefetch(self) -> torch.Tensor | None:
+        return self._l2_prefetch[0] if self._l2_prefetch else None
 
     @staticmethod
     def make_expert_params_mapping(

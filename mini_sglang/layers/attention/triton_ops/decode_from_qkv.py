@@ -33,8 +33,6 @@ pool: k_scale folded into the score scale, v_scale applied by the merge (decode_
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -53,36 +51,11 @@ from mini_sglang.layers.kernels import (
     gdc_wait,
     kv_to_pool_units,
     l2_prefetch,
+    l2_prefetch_args,
 )
 from mini_sglang.layers.kv_quant import fp8_max
 
 _NUM_WARPS = 4
-# smallest bulk prefetch a lane issues (bytes): a 16 MiB weight over 64 programs is 512
-# of them, 8 a program, 2 a warp (a warp issues its lanes' prefetches in turn)
-_PF_MIN_CHUNK = 32768
-
-
-@functools.cache
-def _bulk_prefetch_ok(device: torch.device) -> bool:
-    """cp.async.bulk.prefetch needs sm90+ (on CPU, Triton's interpreter runs no PTX)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _prefetch_args(
-    w: torch.Tensor | None, grid: tuple[int, int, int], device: torch.device
-) -> tuple[torch.Tensor, int, int, int] | None:
-    """(w as bytes, its size, the programs that share it, bytes per lane) for l2_prefetch,
-    or None where no prefetch is possible (no w, not sm90+, w strided or not 16-byte sized).
-    Example: w 2048 x 4096 bf16 (16 MiB) over grid (1, 4, 16): 64 programs, lanes of
-    max(32 KiB, 16 MiB / (64 * 128)) = 32 KiB, so 512 prefetches, 8 a program."""
-    if w is None or not _bulk_prefetch_ok(device) or not w.is_contiguous():
-        return None
-    nbytes = w.numel() * w.element_size()
-    if nbytes % 16 or w.data_ptr() % 16:
-        return None
-    nprog = grid[0] * grid[1] * grid[2]
-    chunk = max(_PF_MIN_CHUNK, -(-nbytes // (nprog * _NUM_WARPS * 32 * 16)) * 16)
-    return w.view(-1).view(torch.uint8), nbytes, nprog, chunk
 
 
 @triton.jit
@@ -255,7 +228,8 @@ def decode_from_qkv_fwd(
     has_norm = rope.q_norm_weight is not None
     cos_sin = rope.cos_sin_cache
     grid = (bs, kv_heads * head_blocks, num_splits)
-    pf = _prefetch_args(prefetch, grid, qkv.device)
+    pf = l2_prefetch_args(prefetch, bs * kv_heads * head_blocks * num_splits, _NUM_WARPS * 32,
+                          qkv.device)  # fmt: skip
     _decode_from_qkv_stage1[grid](
         qkv,
         positions,
