@@ -123,7 +123,7 @@ def _arg_types(fn, fp8: bool) -> dict:
 def _attention_rows(arch: int) -> list[dict]:
     """The fused decode attention kernel (decode_from_qkv's stage 1) at Qwen3-30B-A3B's heads
     (32 query, 4 KV, head_dim 128, q/k norm; 16 splits), without and with the L2 prefetch
-    of the next kernel's weight (MINI_SGLANG_PREFETCH_O_PROJ)."""
+    of the next kernels' weights (as many tensors as a launch takes; LlamaAttention.l2_prefetch)."""
     from mini_sglang.layers import kernels
     from mini_sglang.layers.attention.triton_ops import decode_from_qkv as m
 
@@ -135,16 +135,19 @@ def _attention_rows(arch: int) -> list[dict]:
         types[name] = "*fp32"
     for name in ("eps", "qk_scale", "inv_k_scale", "inv_v_scale"):
         types[name] = "fp32"
-    types.update(PF="*u8", pf_bytes="i64", pf_nprog="i32")
+    for i in range(m.MAX_PREFETCH):
+        types.update({f"PF{i}": "*u8", f"pf_bytes{i}": "i64"})
+    types["pf_nprog"] = "i32"
     consts = dict(
         NUM_Q=32, NUM_KV=4, GROUP=8, HEAD_BLOCKS=1, NUM_SPLITS=16, D=128, BLOCK_H=m.BLOCK_H,
         BLOCK_N=64, MIN_KV=m.MIN_BLOCK_KV, HAS_NORM=True, FP8_MAX=0, IEEE=False, PDL=True,
-        PF_CHUNK=kernels.L2_PREFETCH_MIN_CHUNK, PF_LANES=m._NUM_WARPS * 32,
+        PF_LANES=m._NUM_WARPS * 32,
+        **{f"PF_CHUNK{i}": kernels.L2_PREFETCH_MIN_CHUNK for i in range(m.MAX_PREFETCH)},
     )  # fmt: skip
     rows = []
-    for prefetch in (False, True):
-        res = resources(fn, types, dict(consts, PREFETCH=prefetch), m._NUM_WARPS, arch, 1)
-        name = "decode_from_qkv" + ("+prefetch" if prefetch else "")
+    for num_pf in (0, m.MAX_PREFETCH):
+        res = resources(fn, types, dict(consts, NUM_PF=num_pf), m._NUM_WARPS, arch, 1)
+        name = "decode_from_qkv" + (f"+prefetch{num_pf}" if num_pf else "")
         rows.append({"kernel": name, "warps": m._NUM_WARPS, "stages": 1, "tiles": None, **res})
     return rows
 

@@ -152,6 +152,11 @@ class Envs:
     MINI_SGLANG_PREFETCH_O_PROJ = _flag(
         "1: the fused decode attention kernel asks L2 for o_proj's weight while it runs (sm90+)."
     )
+    MINI_SGLANG_PREFETCH_MLP_MB = EnvInt(
+        0,
+        "MiB of a dense MLP's gate_up weight (its first gate and up rows) the fused decode "
+        "attention kernel asks L2 for while it runs (sm90+; 0: none).",
+    )
     MINI_SGLANG_TRITON_DECODE_KV_SPLITS = EnvInt(
         16, "Key splits a request of those small decode batches is cut into (>= 1)."
     )

@@ -157,7 +157,7 @@ def test_decode_from_qkv_with_prefetch_equals_without():
     weight = torch.randn(1024, 1024, device=DEVICE, dtype=torch.bfloat16)
     before = weight.clone()
     outs = []
-    for prefetch in (None, weight):
+    for prefetch in ((), (weight, weight[:8], weight[512:520])):
         o = torch.empty(2, 8, 128, dtype=torch.bfloat16, device=DEVICE)
         mid = (torch.empty(2, 8, 16, 128, device=DEVICE), torch.empty(2, 8, 16, device=DEVICE))
         decode_from_qkv_fwd(
@@ -227,3 +227,31 @@ def test_backends_route_decode_from_qkv_and_match_the_unfused_path():
         )
         is None
     )
+
+
+def test_llama_attention_names_its_prefetch_weights(monkeypatch):
+    """LlamaAttention.l2_prefetch, the tensors the fused decode attention kernel prefetches:
+    none by default; with MINI_SGLANG_PREFETCH_O_PROJ o_proj's weight, and with
+    MINI_SGLANG_PREFETCH_MLP_MB the first rows of the MLP's gate and up halves, half the
+    bytes each (a tiny Llama's gate_up: 2 x 128 rows of 64 float32, 256 B a row; 64 KiB asks
+    for 128 rows a half, capped at the 128 there are; 16 KiB for 32). The MLP reference
+    adds no parameter to the model."""
+    from mini_sglang.models import llama
+    from mini_sglang.models.registry import resolve_model_class
+    from tests.conftest import tiny_config
+
+    config = tiny_config("llama", vocab_size=64)
+    cls = resolve_model_class(["LlamaForCausalLM"])
+    plain = cls(config)
+    assert all(layer.self_attn.l2_prefetch() == () for layer in plain.model.layers)
+    monkeypatch.setattr(llama, "_PREFETCH_O_PROJ", True)
+    for nbytes, rows in ((64 << 10, 128), (16 << 10, 32)):
+        monkeypatch.setattr(llama, "_PREFETCH_MLP_BYTES", nbytes)
+        model = cls(config)
+        assert dict(model.named_parameters()).keys() == dict(plain.named_parameters()).keys()
+        for layer in model.model.layers:
+            o, gate, up = layer.self_attn.l2_prefetch()
+            w = layer.mlp.gate_up_proj.weight
+            assert o is layer.self_attn.o_proj.weight
+            assert gate.shape == up.shape == (rows, 64)
+            assert gate.data_ptr() == w.data_ptr() and up.data_ptr() == w[128].data_ptr()

@@ -70,7 +70,7 @@ class HybridAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True):
         return self._decode_side(fb.batch_size).forward_decode(q, k, v, layer, fb, save_kv_cache)
 
-    def forward_decode_from_qkv(self, qkv, positions, rope, layer, fb, prefetch=None):
+    def forward_decode_from_qkv(self, qkv, positions, rope, layer, fb, prefetch=()):
         side = self._decode_side(fb.batch_size)
         return side.forward_decode_from_qkv(qkv, positions, rope, layer, fb, prefetch)
 

@@ -22,6 +22,7 @@ the layer's k_scale / v_scale into the score scale and the output (layers/kv_qua
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -165,7 +166,7 @@ class TritonAttnBackend(AttentionBackend):
         rope: QKNormRope,
         layer: RadixAttention,
         fb: ForwardBatch,
-        prefetch: torch.Tensor | None = None,
+        prefetch: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor | None:
         d = layer.head_dim
         if not _DECODE_FROM_QKV or d & (d - 1) or qkv.stride(-1) != 1:
