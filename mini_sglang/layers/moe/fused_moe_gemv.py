@@ -86,13 +86,12 @@ class SmallMConfig:
 DEFAULT_CONFIG = SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(4, 256, 8))
 # Tiles by batch bucket (tokens rounded up to a power of two), from bench_fused_moe.py
 # --small-m-sweep on an H200 with Qwen3-30B-A3B's shapes (E 128, top-8, H 2048, I 768;
-# docs/results/fused_moe_small_m_bf16_fp8_block_h200.log), per layer call against the
-# tiles before them: bf16 M=1 22.6 vs 23.4 us, M=2 39.2 vs 40.2, M=4 75.2 vs 76.6. Kernel 1
-# runs one warp a program: a program's 2-4 rows of gate and up (8-16 KB) are too few for
-# more warps to add loads in flight, and 6144 one-warp programs at one token spread
-# evenly. Qwen3-30B-A3B batch 1 on the H200: 2.538 / 2.588 ms/token against 2.571 / 2.602
-# (moe_decode_ab_qwen3_30b_a3b_h200.log). At M=8 the grouped GEMM was faster than either (139.4 against 147.9
-# us, fused_moe_small_m_h200.log), hence MINI_SGLANG_MOE_SMALL_M's default 4.
+# docs/results/fused_moe_small_m_bf16_fp8_block_h200.log): kernel 1 fastest at one warp a
+# program at 1-4 tokens. Per layer call against the four-warp tiles: M=1 22.6 vs 23.4 us,
+# M=2 39.2 vs 40.2, M=4 75.2 vs 76.6; Qwen3-30B-A3B batch 1: 2.538 / 2.588 ms/token against
+# 2.571 / 2.602 (moe_decode_ab_qwen3_30b_a3b_h200.log). At M=8 the grouped GEMM is faster
+# than either (139.4 against 147.9 us, fused_moe_small_m_h200.log), hence
+# MINI_SGLANG_MOE_SMALL_M's default 4.
 TUNED: dict[int, SmallMConfig] = {
     1: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(4, 256, 8)),
     2: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(4, 256, 8)),
