@@ -98,8 +98,8 @@ def bulk_prefetch_ok(device: torch.device) -> bool:
 
 def l2_prefetch_args(
     w: torch.Tensor | None, nprog: int, lanes: int, device: torch.device
-) -> tuple[torch.Tensor, int, int, int] | None:
-    """(w as bytes, its size, nprog, bytes per lane) for l2_prefetch in a kernel of nprog
+) -> tuple[torch.Tensor, int, int] | None:
+    """(w as bytes, its size, bytes per lane) for l2_prefetch in a kernel of nprog
     programs of `lanes` threads, or None where no prefetch is possible (no w, not sm90+, w
     strided or not 16-byte sized or aligned). Example: w 2048 x 4096 bf16 (16 MiB), 64
     programs of 128 threads: lanes of max(32 KiB, 16 MiB / (64 * 128)) = 32 KiB, so 512
@@ -110,7 +110,7 @@ def l2_prefetch_args(
     if nbytes % 16 or w.data_ptr() % 16:
         return None
     chunk = max(L2_PREFETCH_MIN_CHUNK, -(-nbytes // (nprog * lanes * 16)) * 16)
-    return w.view(-1).view(torch.uint8), nbytes, nprog, chunk
+    return w.view(-1).view(torch.uint8), nbytes, chunk
 
 
 @functools.cache

@@ -133,12 +133,12 @@ def test_prefetch_splits_the_weight_over_the_programs(monkeypatch):
     monkeypatch.setattr(kernels, "bulk_prefetch_ok", lambda device: True)
     args = kernels.l2_prefetch_args
     w = torch.empty(2048, 4096, dtype=torch.bfloat16)
-    buf, nbytes, nprog, chunk = args(w, 64, 128, w.device)
-    assert (nbytes, nprog, chunk) == (16 << 20, 64, 32 << 10)
+    buf, nbytes, chunk = args(w, 64, 128, w.device)
+    assert (nbytes, chunk) == (16 << 20, 32 << 10)
     assert buf.dtype == torch.uint8 and buf.numel() == nbytes and buf.data_ptr() == w.data_ptr()
     big = torch.empty(151936, 2048, dtype=torch.bfloat16)  # an LM head: 594 MiB
-    _, nbytes, nprog, chunk = args(big, 64, 128, big.device)
-    assert chunk % 16 == 0 and nprog * 128 * chunk >= nbytes > nprog * 128 * (chunk - 16)
+    _, nbytes, chunk = args(big, 64, 128, big.device)
+    assert chunk % 16 == 0 and 64 * 128 * chunk >= nbytes > 64 * 128 * (chunk - 16)
     assert args(torch.empty(3, 5, dtype=torch.bfloat16), 1, 128, w.device) is None
     assert args(w.t(), 64, 128, w.device) is None
     assert args(None, 64, 128, w.device) is None

@@ -408,8 +408,8 @@ def fused_experts_gemv(
     )
     bn, bk = _tiles(config.down, group_k)
     grid = (triton.cdiv(hidden, bn), tokens)
-    lanes = config.down.num_warps * 32
-    pf = l2_prefetch_args(prefetch, grid[0] * grid[1], lanes, x.device)
+    nprog, lanes = grid[0] * grid[1], config.down.num_warps * 32
+    pf = l2_prefetch_args(prefetch, nprog, lanes, x.device)
     down_kernel[grid](
         a,
         w2,
@@ -429,7 +429,7 @@ def fused_experts_gemv(
         w_scale.stride(1),
         pf[0] if pf else x,  # unread without PREFETCH
         pf[1] if pf else 0,
-        pf[2] if pf else 1,
+        nprog,
         TOP_K=k,
         TOP_K_POW2=triton.next_power_of_2(k),
         FP8=fp8 is not None,
@@ -440,7 +440,7 @@ def fused_experts_gemv(
         ADD_OUT=residual is not None,
         PDL=pdl,
         PREFETCH=pf is not None,
-        PF_CHUNK=pf[3] if pf else 16,
+        PF_CHUNK=pf[2] if pf else 16,
         PF_LANES=lanes,
         **config.down.launch_options(),
         launch_pdl=pdl,

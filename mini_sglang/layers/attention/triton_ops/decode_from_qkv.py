@@ -33,6 +33,7 @@ pool: k_scale folded into the score scale, v_scale applied by the merge (decode_
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -238,10 +239,10 @@ def decode_from_qkv_fwd(
     has_norm = rope.q_norm_weight is not None
     cos_sin = rope.cos_sin_cache
     grid = (bs, kv_heads * head_blocks, num_splits)
-    nprog, lanes = bs * kv_heads * head_blocks * num_splits, _NUM_WARPS * 32
+    nprog, lanes = math.prod(grid), _NUM_WARPS * 32
     assert len(prefetch) <= MAX_PREFETCH, len(prefetch)
     pf = [a for w in prefetch if (a := l2_prefetch_args(w, nprog, lanes, qkv.device)) is not None]
-    pf_ptrs = [(a[0], a[1]) for a in pf] + [(qkv, 0)] * (MAX_PREFETCH - len(pf))  # unread
+    pf_ptrs = [(buf, nbytes) for buf, nbytes, _ in pf] + [(qkv, 0)] * (MAX_PREFETCH - len(pf))
     _decode_from_qkv_stage1[grid](
         qkv,
         positions,
@@ -278,9 +279,9 @@ def decode_from_qkv_fwd(
         IEEE=qkv.dtype == torch.float32,
         PDL=pdl,
         NUM_PF=len(pf),
-        PF_CHUNK0=pf[0][3] if len(pf) > 0 else 16,
-        PF_CHUNK1=pf[1][3] if len(pf) > 1 else 16,
-        PF_CHUNK2=pf[2][3] if len(pf) > 2 else 16,
+        PF_CHUNK0=pf[0][2] if len(pf) > 0 else 16,  # unused past NUM_PF
+        PF_CHUNK1=pf[1][2] if len(pf) > 1 else 16,
+        PF_CHUNK2=pf[2][2] if len(pf) > 2 else 16,
         PF_LANES=lanes,
         num_warps=_NUM_WARPS,
         num_stages=1,  # the next key block is loaded by hand, one iteration ahead
