@@ -105,9 +105,13 @@ def test_shared_prefix_cached_tokens_and_outputs(
     assert m["evictable"] > 0 and m["failures"] == 0, m
 
 
-def _stream_until_running(handle: ServerHandle, rid: str, max_new: int) -> requests.Response:
+def _stream_until_running(
+    handle: ServerHandle, rid: str, max_new: int
+) -> tuple[requests.Response, Iterator[bytes]]:
     """Start a long streaming request and return once its first token arrived (it is then
-    in the running batch)."""
+    in the running batch): the response and its line iterator, which the caller must hold
+    while the request should run. Dropping an unfinished iterator closes the connection
+    (urllib3 does on the generator's exit), and the server then aborts the request."""
     body = {
         "input_ids": [11, 12, 13, 14],
         "rid": rid,
@@ -116,10 +120,11 @@ def _stream_until_running(handle: ServerHandle, rid: str, max_new: int) -> reque
     }
     resp = requests.post(handle.base_url + "/generate", json=body, stream=True, timeout=300)
     assert resp.status_code == 200
-    for line in resp.iter_lines():
+    lines = resp.iter_lines()
+    for line in lines:
         if line.startswith(b"data: {"):
             assert json.loads(line[6:])["output_ids"]
-            return resp
+            return resp, lines
     raise AssertionError("stream ended without a token")
 
 
@@ -179,7 +184,7 @@ def test_max_queued_requests_refused_at_once(reference_server: ServerHandle) -> 
 def test_flush_cache_idle_and_busy(paged_server: ServerHandle, prompts) -> None:
     _generate(paged_server, prompts[0], 2)
     assert paged_server.wait_memory_all_free()["evictable"] > 0
-    long = _stream_until_running(paged_server, "flush-busy", 400)
+    long, _lines = _stream_until_running(paged_server, "flush-busy", 400)
     busy = paged_server.post("/flush_cache")
     assert busy.status_code == 400 and busy.headers["content-type"].startswith("text/plain")
     paged_server.post("/abort_request", json={"rid": "flush-busy"})
