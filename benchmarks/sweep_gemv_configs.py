@@ -3,11 +3,12 @@ the model runs it (qkv with the RMSNorm, gate_up with SiLU-mul, down with the re
 weight cold in L2 as in small_m_gemm's own pick.
 
     python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--fp8] [--only down,o]
-        [--out r.jsonl] [--forced f.txt]
+        [--candidates-only] [--out r.jsonl] [--forced f.txt]
 
 The grid is small_m_gemm's candidates (for FP8 weights, its tensor-core dot configs too)
 plus BLOCK_N 1-8 (1-16 for FP8 weights, whose rows hold half the bytes), BLOCK_K 2048 up to
-the whole row, 4-16 warps and 1-3 stages. Prints cuBLAS, the pick and the best 8 configs
+the whole row, 4-16 warps and 1-3 stages; --candidates-only times small_m_gemm's candidates
+alone (a few minutes less of compiling). Prints cuBLAS, the pick and the best 8 configs
 per shape, and writes
 MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
 beats the pick by >= 2%, FILE.all the best config of every shape. On an H100 this grid
@@ -59,7 +60,7 @@ def grid(name: str, k: int, variant: tuple[str, ...], elem_bytes: int = 2) -> li
     return configs
 
 
-def sweep(name: str, n: int, k: int, fp8: bool = False) -> dict:
+def sweep(name: str, n: int, k: int, fp8: bool = False, candidates_only: bool = False) -> dict:
     variant = VARIANTS.get(name, ()) + (("fp8",) if fp8 else ())
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     if fp8:
@@ -72,7 +73,12 @@ def sweep(name: str, n: int, k: int, fp8: bool = False) -> dict:
     pick = small_m_gemm.choose(pick_times, **small_m_gemm.pick_rule(x))
     cublas = 1000 * pick_times[None] if pick_times[None] != float("inf") else None
     times = {}
-    for cfg in grid(name, k, variant, w.element_size()):
+    configs = (
+        small_m_gemm.candidates(variant)
+        if candidates_only
+        else grid(name, k, variant, w.element_size())
+    )
+    for cfg in configs:
         try:
             times[cfg] = 1000 * cuda_time_ms(
                 lambda cfg=cfg: small_m_gemm.gemv(x, w, cfg, **kwargs), cold_l2=True
@@ -94,6 +100,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="append one JSON row per shape")
     ap.add_argument("--forced", default=None, help="write MINI_SGLANG_GEMV_CONFIGS values here")
     ap.add_argument("--only", default=None, help="comma-separated projections, e.g. down,o")
+    ap.add_argument("--candidates-only", action="store_true", help="no configs beyond the pick's")
     args = ap.parse_args()
     torch.manual_seed(0)
     forced, best_all = [], []
@@ -101,7 +108,7 @@ def main() -> None:
         if (args.fp8 and name == "lm_head") or (args.only and name not in args.only.split(",")):
             continue
         t0 = time.time()
-        row = sweep(name, n, k, args.fp8)
+        row = sweep(name, n, k, args.fp8, args.candidates_only)
         cublas = "n/a" if row["cublas_us"] is None else f"{row['cublas_us']:.1f} us"
         pick_us = row["pick_us"] if row["pick_us"] is not None else float("nan")
         print(f"{name} N={n} K={k} {tuple(row['variant'])}: cuBLAS {cublas}, "
