@@ -78,10 +78,6 @@ _FP8_DOT_CONFIGS = [
     (16, 1024, 4, 2, 1),
     (32, 256, 4, 3, 1),
     (32, 512, 8, 2, 1),
-    (16, 512, 4, 3, 2),
-    (32, 256, 4, 3, 2),
-    (32, 512, 4, 3, 2),
-    (64, 256, 4, 3, 2),
 ]
 
 
@@ -127,19 +123,12 @@ _FORCED = _parse_forced(envs.MINI_SGLANG_GEMV_CONFIGS.get())
 if triton is not None:
 
     @triton.jit
-    def tile_product(xt, wt, x, x_inv, DOT: tl.constexpr, IEEE: tl.constexpr):
-        """xt [BM, BK] (fp32) @ wt [BN, BK]^T -> [BM, BN] fp32. DOT 0: an elementwise fp32
-        multiply and sum; 1: one tl.dot with both tiles in x's dtype (x: the input pointer;
-        IEEE for float32 x: exact products, not TF32); 2 (an FP8 wt): xt * x_inv [BM, 1]
-        rounded to FP8 e4m3 and one FP8 x FP8 tl.dot, so no weight is converted at all."""
+    def tile_product(xt, wt, x, DOT: tl.constexpr, IEEE: tl.constexpr):
+        """xt [BM, BK] (fp32) @ wt [BN, BK]^T -> [BM, BN] fp32: with DOT one tl.dot with both
+        tiles in x's dtype (x: the input pointer; IEEE for float32 x: exact products, not
+        TF32), else an elementwise fp32 multiply and sum."""
         # DOT and IEEE are constexpr: Triton compiles only the branches taken.
-        if DOT == 2:
-            a = (xt * x_inv).to(tl.float8e4nv)
-            if wt.dtype == tl.float8e4nv:
-                prod = tl.dot(a, tl.trans(wt))
-            else:  # the interpreter's tests pass FP8 weights as float32 holding FP8 values
-                prod = tl.dot(a.to(tl.float32), tl.trans(wt), input_precision="ieee")
-        elif DOT == 1:
+        if DOT:
             a = xt.to(x.dtype.element_ty)
             b = tl.trans(wt.to(x.dtype.element_ty))
             prod = tl.dot(a, b, input_precision="ieee") if IEEE else tl.dot(a, b)
@@ -174,11 +163,8 @@ if triton is not None:
         IEEE: tl.constexpr,
     ):
         # With DOT each K tile is one tl.dot of x [BM >= 16, BK] and the weight tile
-        # transposed [BK, BN >= 16] (fp32 accumulation): DOT 1 both in x's dtype (IEEE: exact
-        # fp32 products for float32 x, not TF32), DOT 2 both in FP8, x quantized per row
-        # (its scale from a first pass over x: amax / 448, e4m3's largest value, as the
-        # per-token activation quantization of the larger batches); without, an elementwise
-        # fp32 multiply and sum.
+        # transposed [BK, BN >= 16], both in x's dtype (fp32 accumulation; IEEE: exact fp32
+        # products for float32 x, not TF32); without, an elementwise fp32 multiply and sum.
         # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
         # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
         # program 3 reads gate rows 6, 7 and up rows 14342, 14343, and writes columns 6, 7.
@@ -201,30 +187,15 @@ if triton is not None:
             gdc_wait()
         x_rows = x + rm[:, None] * sxm
         x_mask = rm[:, None] < M
-        if DOT == 2:
-            # x (times g with the norm; rstd, one factor a row, is applied at the end) is
-            # K elements a row and read from L2, so a second read of it costs little
-            amax = tl.zeros([BM], dtype=tl.float32)
-            for k0 in range(0, K, BK):
-                rka = k0 + tl.arange(0, BK)
-                xa = tl.load(x_rows + rka[None, :], mask=x_mask & (rka[None, :] < K), other=0.0)
-                xa = xa.to(tl.float32)
-                if NORM_G:
-                    xa = xa * tl.load(norm_w + rka, mask=rka < K, other=0.0).to(tl.float32)[None, :]
-                amax = tl.maximum(amax, tl.max(tl.abs(xa), axis=1))
-            x_scale = tl.maximum(amax, 1e-12) / 448.0
-            x_inv = (1.0 / x_scale)[:, None]
-        else:
-            x_inv = 1.0
         xt = tl.load(x_rows + rk[None, :], mask=x_mask & (rk[None, :] < K), other=0.0)
         xt = xt.to(tl.float32)
         if NORM:  # RMSNorm(x) * g = rstd * (x * g): sum x^2 along, scale at the end
             sq = xt * xt  # reduced once after the loop, not per tile
             if NORM_G:
                 xt = xt * gt[None, :]
-        acc = tile_product(xt, wt, x, x_inv, DOT, IEEE)
+        acc = tile_product(xt, wt, x, DOT, IEEE)
         if SILU_MUL:
-            acc_up = tile_product(xt, wu, x, x_inv, DOT, IEEE)
+            acc_up = tile_product(xt, wu, x, DOT, IEEE)
         for k0 in range(BK, K, BK):
             rk = k0 + tl.arange(0, BK)
             k_mask = rk[None, :] < K
@@ -238,13 +209,9 @@ if triton is not None:
                     xt = xt * gt[None, :]
             if SILU_MUL:
                 wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
-            acc += tile_product(xt, wt, x, x_inv, DOT, IEEE)
+            acc += tile_product(xt, wt, x, DOT, IEEE)
             if SILU_MUL:
-                acc_up += tile_product(xt, wu, x, x_inv, DOT, IEEE)
-        if DOT == 2:
-            acc = acc * x_scale[:, None]
-            if SILU_MUL:
-                acc_up = acc_up * x_scale[:, None]
+                acc_up += tile_product(xt, wu, x, DOT, IEEE)
         if W_SCALE:  # a per-row scale of a quantized w (FP8): out = x @ (w * scale)^T
             acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)[None, :]
             if SILU_MUL:
@@ -306,7 +273,7 @@ def gemv(
     n = w.shape[0]
     bn, bk, warps = cfg[:3]
     extra = {"num_stages": cfg[3]} if len(cfg) > 3 else {}
-    dot = cfg[4] if len(cfg) > 4 else 0
+    dot = len(cfg) > 4 and bool(cfg[4])
     bm = max(1, triton.next_power_of_2(m))
     if dot:
         bm = max(16, bm)  # tl.dot's smallest M; the extra rows are masked off
