@@ -5,7 +5,7 @@ run.
 
     python benchmarks/kernel_resources.py                      # tuned / default tiles, sm90
     python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
-    python benchmarks/kernel_resources.py --attention   # decode attention, with/without prefetch
+    python benchmarks/kernel_resources.py --attention   # the fused decode attention kernel
 
 Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down) per tile config,
 and the router's top-k kernel at its launch's warps and at 4, at Qwen3-30B-A3B's shapes by
@@ -58,8 +58,7 @@ def resources(
     `constants` (constexpr values); {"regs", "stack", "shared", "barriers", "ctas_per_sm",
     "loads_before_wait", "loads_after_wait"}: the last two count the global loads (SASS
     LDG) before and after the PDL wait (ACQBULK, from gdc_wait), the loads a programmatic
-    dependent has in flight while the kernel before it drains (None without a wait);
-    "prefetches_before_wait" counts the L2 bulk prefetches (UBLKPF) issued before it."""
+    dependent has in flight while the kernel before it drains (None without a wait)."""
     used = {name: v for name, v in constants.items() if name in fn.arg_names}
     signature = {name: "constexpr" if name in used else args[name] for name in fn.arg_names}
     # Every runtime argument 16-divisible (aligned pointers, sizes and strides), as the JIT
@@ -90,14 +89,13 @@ def resources(
     regs, stack, shared = (int(v) for v in _USAGE.search(dump).groups())
     before, wait, after = sass.partition("ACQBULK")
     loads = (before.count("LDG"), after.count("LDG")) if wait else (None, None)
-    prefetches = before.count("UBLKPF") if wait else None
     threads = 32 * num_warps
     allocated = -(-max(regs, 1) // REG_UNIT) * REG_UNIT
     ctas = min(REGS_PER_SM // (allocated * threads), WARPS_PER_SM // num_warps, CTAS_PER_SM)
     barriers = kernel.asm["ptx"].count("bar.sync")
     return {"regs": regs, "stack": stack, "shared": shared, "barriers": barriers,
             "ctas_per_sm": ctas, "loads_before_wait": loads[0],
-            "loads_after_wait": loads[1], "prefetches_before_wait": prefetches}  # fmt: skip
+            "loads_after_wait": loads[1]}  # fmt: skip
 
 
 def _arg_types(fn, fp8: bool) -> dict:
@@ -122,9 +120,8 @@ def _arg_types(fn, fp8: bool) -> dict:
 
 def _attention_rows(arch: int) -> list[dict]:
     """The fused decode attention kernel (decode_from_qkv's stage 1) at Qwen3-30B-A3B's heads
-    (32 query, 4 KV, head_dim 128, q/k norm; 16 splits), without and with the L2 prefetch
-    of the next kernels' weights (as many tensors as a launch takes; LlamaAttention.l2_prefetch)."""
-    from mini_sglang.layers import kernels
+    (32 query, 4 KV, head_dim 128, q/k norm; 16 splits), launched as decode_from_qkv_fwd
+    launches it."""
     from mini_sglang.layers.attention.triton_ops import decode_from_qkv as m
 
     fn = m._decode_from_qkv_stage1
@@ -135,21 +132,13 @@ def _attention_rows(arch: int) -> list[dict]:
         types[name] = "*fp32"
     for name in ("eps", "qk_scale", "inv_k_scale", "inv_v_scale"):
         types[name] = "fp32"
-    for i in range(m.MAX_PREFETCH):
-        types.update({f"PF{i}": "*u8", f"pf_bytes{i}": "i64"})
-    types["pf_nprog"] = "i32"
     consts = dict(
         NUM_Q=32, NUM_KV=4, GROUP=8, HEAD_BLOCKS=1, NUM_SPLITS=16, D=128, BLOCK_H=m.BLOCK_H,
         BLOCK_N=64, MIN_KV=m.MIN_BLOCK_KV, HAS_NORM=True, FP8_MAX=0, IEEE=False, PDL=True,
-        PF_LANES=m._NUM_WARPS * 32,
-        **{f"PF_CHUNK{i}": kernels.L2_PREFETCH_MIN_CHUNK for i in range(m.MAX_PREFETCH)},
     )  # fmt: skip
-    rows = []
-    for num_pf in (0, m.MAX_PREFETCH):
-        res = resources(fn, types, dict(consts, NUM_PF=num_pf), m._NUM_WARPS, arch, 1)
-        name = "decode_from_qkv" + (f"+prefetch{num_pf}" if num_pf else "")
-        rows.append({"kernel": name, "warps": m._NUM_WARPS, "stages": 1, "tiles": None, **res})
-    return rows
+    res = resources(fn, types, consts, m._NUM_WARPS, arch, 1)
+    row = {"kernel": "decode_from_qkv", "warps": m._NUM_WARPS, "stages": 1, "tiles": None}
+    return [row | res]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -165,15 +154,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--out", default=None, help="append the rows to this JSONL file")
     p.add_argument(
         "--attention", action="store_true",
-        help="the fused decode attention kernel instead, without and with its L2 prefetch",
+        help="the fused decode attention kernel instead",
     )  # fmt: skip
     args = p.parse_args(argv)
     if args.attention:
         rows = _attention_rows(args.arch)
         for r in rows:
             print(f"sm{args.arch} {r['kernel']}: {r['regs']} registers, {r['ctas_per_sm']} per SM, "
-                  f"{r['loads_before_wait']} loads and {r['prefetches_before_wait']} L2 "
-                  "prefetches before the PDL wait")  # fmt: skip
+                  f"{r['loads_before_wait']} loads before the PDL wait")  # fmt: skip
         if args.out:
             with open(args.out, "a") as f:
                 f.writelines(json.dumps({"arch": args.arch} | r) + "\n" for r in rows)
@@ -189,7 +177,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     group = (128, 128) if args.fp8 else (1, 0)
     consts = dict(
         TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
-        GROUP_K=group[1], ADD_OUT=True, PDL=True, PREFETCH=False, PF_CHUNK=16, PF_LANES=32,
+        GROUP_K=group[1], ADD_OUT=True, PDL=True,
     )  # fmt: skip
     rows = []
     for t in tiles:

@@ -143,20 +143,6 @@ class Envs:
         32,
         "Decode batches up to this size use the Triton split-KV kernel over flashinfer (0: off).",
     )
-    MINI_SGLANG_MOE_FUSED_ROUTER = _flag(
-        "1: a decode step's MoE router runs its GEMV and top-k in one kernel (router_topk)."
-    )
-    MINI_SGLANG_MOE_PREFETCH_NEXT_QKV = _flag(
-        "1: at decode an MoE layer's down kernel asks L2 for the next layer's qkv weight (sm90+)."
-    )
-    MINI_SGLANG_PREFETCH_O_PROJ = _flag(
-        "1: the fused decode attention kernel asks L2 for o_proj's weight while it runs (sm90+)."
-    )
-    MINI_SGLANG_PREFETCH_MLP_MB = EnvInt(
-        0,
-        "MiB of a dense MLP's gate_up weight (its first gate and up rows) the fused decode "
-        "attention kernel asks L2 for while it runs (sm90+; 0: none).",
-    )
     MINI_SGLANG_TRITON_DECODE_KV_SPLITS = EnvInt(
         16, "Key splits a request of those small decode batches is cut into (>= 1)."
     )

@@ -32,7 +32,7 @@ try:
     import triton
     import triton.language as tl
 except ImportError:  # CPU installs
-    triton = silu_mul = kv_to_pool_units = l2_prefetch = None
+    triton = silu_mul = kv_to_pool_units = None
 
 if triton is not None:
 
@@ -45,35 +45,6 @@ if triton is not None:
         return (g / (1.0 + tl.exp(-g))).to(u.dtype) * u
 
     @triton.jit
-    def l2_prefetch(base, nbytes, NPROG, CHUNK: tl.constexpr, LANES: tl.constexpr):
-        """Ask L2 for bytes [0, nbytes) of `base` (a uint8 pointer, 16-byte aligned; nbytes
-        a multiple of 16), this program's share of the NPROG programs that call it with
-        the same arguments: one sm90 bulk prefetch (cp.async.bulk.prefetch.L2) of up to
-        CHUNK bytes per lane, lanes past the end predicated off. A hint: nothing waits for
-        it and nothing is written. LANES should equal the program's threads (32 *
-        num_warps), one lane a thread. The instruction takes warp-uniform operands, so a
-        warp issues its lanes' prefetches one after another: lane j (thread j % 32 of warp
-        j // 32) takes the program's chunk number (j % 32) * WARPS + j // 32, spreading a
-        program's first chunks over its warps. Chunk i of program p is p + i * NPROG.
-        Example: nbytes 1 MiB, CHUNK 16 KiB, NPROG 16, 4 warps: 64 chunks, program 3
-        prefetches chunks 3, 19, 35, 51, one in each warp (lanes 0, 32, 64, 96)."""
-        p = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2)
-        p += tl.program_id(2)
-        j = tl.arange(0, LANES)
-        i = (j % 32) * (LANES // 32) + j // 32
-        start = (p + i.to(tl.int64) * NPROG) * CHUNK
-        size = tl.minimum(tl.maximum(nbytes - start, 0), CHUNK).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r",
-            [base + tl.where(size > 0, start, 0), size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @triton.jit
     def kv_to_pool_units(x, inv_scale, FP8_MAX: tl.constexpr):
         """K or V values x on their way into an FP8 pool (FP8_MAX > 0, its largest finite
         value; layers/kv_quant.py): float32 x * inv_scale clamped to +-FP8_MAX, for the
@@ -82,35 +53,6 @@ if triton is not None:
             x = x.to(tl.float32) * inv_scale
             x = tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
         return x
-
-
-# smallest bulk prefetch a lane of l2_prefetch issues (bytes): a 16 MiB weight over 64
-# programs is 512 of them, 8 a program, 2 a warp (a warp issues its lanes' prefetches in turn)
-L2_PREFETCH_MIN_CHUNK = 32768
-
-
-@functools.cache
-def bulk_prefetch_ok(device: torch.device) -> bool:
-    """cp.async.bulk.prefetch (l2_prefetch) needs sm90+; on CPU, Triton's interpreter runs no
-    PTX."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def l2_prefetch_args(
-    w: torch.Tensor | None, nprog: int, lanes: int, device: torch.device
-) -> tuple[torch.Tensor, int, int] | None:
-    """(w as bytes, its size, bytes per lane) for l2_prefetch in a kernel of nprog
-    programs of `lanes` threads, or None where no prefetch is possible (no w, not sm90+, w
-    strided or not 16-byte sized or aligned). Example: w 2048 x 4096 bf16 (16 MiB), 64
-    programs of 128 threads: lanes of max(32 KiB, 16 MiB / (64 * 128)) = 32 KiB, so 512
-    prefetches, 8 a program."""
-    if w is None or not bulk_prefetch_ok(device) or not w.is_contiguous():
-        return None
-    nbytes = w.numel() * w.element_size()
-    if nbytes % 16 or w.data_ptr() % 16:
-        return None
-    chunk = max(L2_PREFETCH_MIN_CHUNK, -(-nbytes // (nprog * lanes * 16)) * 16)
-    return w.view(-1).view(torch.uint8), nbytes, chunk
 
 
 @functools.cache

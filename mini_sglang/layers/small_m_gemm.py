@@ -123,7 +123,7 @@ _FORCED = _parse_forced(envs.MINI_SGLANG_GEMV_CONFIGS.get())
 if triton is not None:
 
     @triton.jit
-    def tile_product(xt, wt, x, DOT: tl.constexpr, IEEE: tl.constexpr):
+    def _tile_product(xt, wt, x, DOT: tl.constexpr, IEEE: tl.constexpr):
         """xt [BM, BK] (fp32) @ wt [BN, BK]^T -> [BM, BN] fp32: with DOT one tl.dot with both
         tiles in x's dtype (x: the input pointer; IEEE for float32 x: exact products, not
         TF32), else an elementwise fp32 multiply and sum."""
@@ -193,9 +193,9 @@ if triton is not None:
             sq = xt * xt  # reduced once after the loop, not per tile
             if NORM_G:
                 xt = xt * gt[None, :]
-        acc = tile_product(xt, wt, x, DOT, IEEE)
+        acc = _tile_product(xt, wt, x, DOT, IEEE)
         if SILU_MUL:
-            acc_up = tile_product(xt, wu, x, DOT, IEEE)
+            acc_up = _tile_product(xt, wu, x, DOT, IEEE)
         for k0 in range(BK, K, BK):
             rk = k0 + tl.arange(0, BK)
             k_mask = rk[None, :] < K
@@ -209,9 +209,9 @@ if triton is not None:
                     xt = xt * gt[None, :]
             if SILU_MUL:
                 wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
-            acc += tile_product(xt, wt, x, DOT, IEEE)
+            acc += _tile_product(xt, wt, x, DOT, IEEE)
             if SILU_MUL:
-                acc_up += tile_product(xt, wu, x, DOT, IEEE)
+                acc_up += _tile_product(xt, wu, x, DOT, IEEE)
         if W_SCALE:  # a per-row scale of a quantized w (FP8): out = x @ (w * scale)^T
             acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)[None, :]
             if SILU_MUL:

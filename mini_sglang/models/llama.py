@@ -38,11 +38,6 @@ if TYPE_CHECKING:
     from mini_sglang.layers.quantization.base import QuantizationConfig
     from mini_sglang.model_executor.forward_batch_info import ForwardBatch
 
-# weights the decode attention kernel prefetches into L2 (opt-in for A/B runs; see
-# LlamaAttention.l2_prefetch)
-_PREFETCH_O_PROJ = envs.MINI_SGLANG_PREFETCH_O_PROJ.get()
-_PREFETCH_MLP_BYTES = envs.MINI_SGLANG_PREFETCH_MLP_MB.get() << 20
-
 
 def norms_in_gemvs(x: torch.Tensor) -> bool:
     """Whether the decoder runs LlamaDecoderLayer.forward_norms_in_gemvs for the embeddings x
@@ -148,29 +143,6 @@ class LlamaAttention(nn.Module):
         self.attn = RadixAttention(
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
         )
-        # (the MLP's gate_up linear, bytes) for l2_prefetch; set by LlamaDecoderLayer, in a
-        # tuple so that the MLP is not registered as a submodule here too
-        self.mlp_prefetch: tuple = ()
-
-    def l2_prefetch(self) -> tuple[torch.Tensor, ...]:
-        """The weights the fused decode attention kernel asks L2 for while it runs (the bus
-        is otherwise idle then): o_proj's (MINI_SGLANG_PREFETCH_O_PROJ=1) and the first rows
-        of the MLP's gate and up halves, half of MINI_SGLANG_PREFETCH_MLP_MB each, which
-        the gate_up GEMV's first programs read. Views are taken here, at each call, because
-        loading may replace a parameter's tensor."""
-        out = []
-        w = getattr(self.o_proj, "weight", None) if _PREFETCH_O_PROJ else None
-        if w is not None:
-            out.append(w)
-        if self.mlp_prefetch:
-            linear, nbytes = self.mlp_prefetch
-            w = getattr(linear, "weight", None)
-            if w is not None and w.dim() == 2:
-                half = w.shape[0] // 2
-                rows = min(half, nbytes // 2 // (w.shape[1] * w.element_size()))
-                if rows:
-                    out += [w[:rows], w[half : half + rows]]
-        return tuple(out)
 
     def _qk_norm_rope(self) -> QKNormRope:
         if not self.qk_norm:
@@ -202,7 +174,7 @@ class LlamaAttention(nn.Module):
         if self.use_fused and pool_ok and fused_ops_available(qkv, self.head_dim):
             if fb.forward_mode.is_decode():
                 out = fb.attn_backend.forward_decode_from_qkv(
-                    qkv, positions, self._qk_norm_rope(), self.attn, fb, self.l2_prefetch()
+                    qkv, positions, self._qk_norm_rope(), self.attn, fb
                 )
                 if out is not None:
                     return out
@@ -260,8 +232,6 @@ class LlamaDecoderLayer(nn.Module):
             prefix=f"{prefix}.self_attn",
         )
         self.mlp = self.build_mlp(config, layer_id, quant_config, f"{prefix}.mlp")
-        if _PREFETCH_MLP_BYTES > 0 and isinstance(self.mlp, LlamaMLP):
-            self.self_attn.mlp_prefetch = (self.mlp.gate_up_proj, _PREFETCH_MLP_BYTES)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

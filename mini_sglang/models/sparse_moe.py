@@ -23,10 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mini_sglang.distributed.parallel_state import get_tp_size, tensor_model_parallel_all_reduce
-from mini_sglang.environ import envs
 from mini_sglang.layers import small_m_gemm
-from mini_sglang.layers.kernels import pdl_enabled
-from mini_sglang.layers.moe import router
 from mini_sglang.layers.moe.layer import FusedMoE
 from mini_sglang.models.llama import (
     LlamaDecoderLayer,
@@ -37,11 +34,6 @@ from mini_sglang.models.weight_loading import load_checkpoint_weights
 
 if TYPE_CHECKING:
     from mini_sglang.layers.quantization.base import QuantizationConfig
-
-# router GEMV + top-k in one kernel at decode (opt-in for A/B runs; router.router_topk)
-_FUSED_ROUTER = envs.MINI_SGLANG_MOE_FUSED_ROUTER.get()
-# each MoE layer's down kernel asks L2 for the next layer's qkv weight (opt-in for A/B runs)
-_PREFETCH_NEXT_QKV = envs.MINI_SGLANG_MOE_PREFETCH_NEXT_QKV.get()
 
 
 def moe_settings(config) -> dict:
@@ -102,17 +94,6 @@ class SparseMoeBlock(nn.Module):
     def router_logits(self, x: torch.Tensor) -> torch.Tensor:
         return small_m_gemm.linear(x, self.gate.weight)
 
-    def route_in_one_kernel(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(weights, ids) from router.router_topk (the router's GEMV and top-k in one
-        kernel) for a decode step's few tokens under MINI_SGLANG_MOE_FUSED_ROUTER=1, else
-        None (the router GEMV, then select_experts in FusedMoE.forward)."""
-        w = self.gate.weight
-        if not (_FUSED_ROUTER and x.shape[0] <= router.ROUTER_MAX_TOKENS and pdl_enabled(x)):
-            return None
-        if x.stride(1) != 1 or w.dtype != x.dtype or w.stride(1) != 1:
-            return None
-        return router.router_topk(x, w, self.experts.top_k, self.experts.renormalize, pdl=True)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x, self.router_logits(x))
         if self.shared_expert is not None:
@@ -125,11 +106,7 @@ class SparseMoeBlock(nn.Module):
         add into residual themselves (at decode, in the down kernel's epilogue: one kernel
         less per layer, and the step's PDL chain unbroken)."""
         if self.shared_expert is None and get_tp_size() == 1:
-            routed = self.route_in_one_kernel(x)
-            if routed is not None:
-                self.experts.forward_topk(x, *routed, residual=residual)
-            else:
-                self.experts(x, self.router_logits(x), residual=residual)
+            self.experts(x, self.router_logits(x), residual=residual)
         else:
             residual.add_(self.forward(x))
 
@@ -162,12 +139,6 @@ class MoeForCausalLM(LlamaForCausalLM):
         )
         # checkpoint fragment -> (parameter fragment, expert id, shard id)
         self.expert_params_mapping = {ckpt: (param, e, shard) for param, ckpt, e, shard in mapping}
-        if _PREFETCH_NEXT_QKV:
-            layers = self.model.layers
-            for layer, nxt in zip(layers, layers[1:]):
-                qkv = getattr(getattr(nxt, "self_attn", None), "qkv_proj", None)
-                if isinstance(getattr(layer, "mlp", None), SparseMoeBlock) and qkv is not None:
-                    layer.mlp.experts.set_l2_prefetch(getattr(qkv, "weight", None))
 
     def checkpoint_name(self, name: str) -> str:
         """The model's name for a checkpoint tensor's name (a family's renames go here)."""

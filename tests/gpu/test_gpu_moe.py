@@ -6,9 +6,6 @@
 - The fused Triton path (router, block alignment, grouped GEMMs) against the torch reference
   on random shapes in bf16, including Qwen3-30B-A3B's expert shapes, batch sizes 1..512 and
   EP-dropped pairs, and replayed from a CUDA graph with new inputs.
-- The down kernel's L2 prefetch of the next layer's qkv weight leaves its result unchanged.
-- The router's GEMV and top-k in one kernel (router.router_topk, MINI_SGLANG_MOE_FUSED_ROUTER)
-  replayed from a CUDA graph: its routing equals the two-kernel router's on every replay.
 - The small-batch GEMV path (layers/moe/fused_moe_gemv.py, MINI_SGLANG_MOE_SMALL_M) on
   Qwen3-30B-A3B's expert shapes at batch sizes 1..8 (and a TP-sharded intermediate size) in
   bf16, fp16 and float32 against the same reference, with EP-dropped pairs; the layer on
@@ -152,59 +149,6 @@ def test_fused_moe_layer_replays_from_a_cuda_graph(tokens, small_m, monkeypatch)
         w, ids = select_experts_torch(logits_i, k, True)
         ref = fused_experts_torch(x_i.float(), w13.float(), w2.float(), w, ids)
         torch.testing.assert_close(static_out.float(), ref, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("tokens", [1, 4])
-def test_router_topk_replays_from_a_cuda_graph(tokens):
-    """router_topk (the router's GEMV and top-k in one kernel, the last of its 64 programs
-    routing) at Qwen3-30B-A3B's router shape, launched as a programmatic dependent of the
-    kernel that writes x, captured once and replayed on new inputs: on each replay its
-    logits are the GEMV's (to bf16 rounding) and its routing is select_experts_torch's of
-    exactly those logits, so the counter is back to zero after every launch and the last
-    program reads every other program's logits."""
-    from mini_sglang.layers.moe.router import router_topk, select_experts_torch
-
-    gen = torch.Generator(device="cuda").manual_seed(tokens)
-    w = torch.randn(128, 2048, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.05
-    src = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16)
-    x = torch.empty_like(src)
-    logits = torch.empty(tokens, 128, device="cuda", dtype=torch.bfloat16)
-    router_topk(x.copy_(src), w, 8, True, pdl=True)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        weights, ids = router_topk(x.copy_(src), w, 8, True, pdl=True, logits=logits)
-    for _ in range(3):
-        src.copy_(torch.randn(tokens, 2048, device="cuda", generator=gen, dtype=torch.bfloat16))
-        graph.replay()
-        ref = src.float() @ w.float().T
-        torch.testing.assert_close(logits.float(), ref, atol=2e-2, rtol=1e-2)
-        ref_w, ref_ids = select_experts_torch(logits, 8, True)
-        assert torch.equal(ids, ref_ids)
-        torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("tokens", [1, 3])
-def test_small_m_gemv_with_next_weight_prefetch_equals_without(tokens):
-    """The down kernel's L2 prefetch of the next layer's qkv weight (Qwen3-30B-A3B's, 5120 x
-    2048; MINI_SGLANG_MOE_PREFETCH_NEXT_QKV) changes neither the experts' sum added into
-    the residual nor the prefetched weight (sm90+; elsewhere it is not launched)."""
-    from mini_sglang.layers.kernels import bulk_prefetch_ok
-    from mini_sglang.layers.moe.fused_moe_gemv import fused_experts_gemv
-    from mini_sglang.layers.moe.router import select_experts_torch
-
-    if not bulk_prefetch_ok(torch.device("cuda")):
-        pytest.skip("needs sm90+ (cp.async.bulk.prefetch)")
-    x, w13, w2, logits = _problem(tokens, 128, 8, 2048, 768, torch.bfloat16, seed=4)
-    w, ids = select_experts_torch(logits, 8, True)
-    qkv = torch.randn(5120, 2048, device="cuda", dtype=torch.bfloat16)
-    before = qkv.clone()
-    residual = torch.randn(tokens, 2048, device="cuda", dtype=torch.bfloat16)
-    outs = [
-        fused_experts_gemv(x, w13, w2, w, ids, residual=residual.clone(), prefetch=pf)
-        for pf in (None, qkv)
-    ]
-    torch.cuda.synchronize()
-    assert torch.equal(outs[0], outs[1]) and torch.equal(qkv, before)
 
 
 @pytest.mark.parametrize(

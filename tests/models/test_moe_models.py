@@ -132,25 +132,6 @@ def test_prefill_logits_and_greedy_match_hf(tiny: TinyMoe) -> None:
 
 
 # ---- tp=2 and ep=2 on two gloo ranks -------------------------------------------------------
-def test_moe_layers_name_the_next_layers_qkv_for_prefetch(monkeypatch) -> None:
-    """With MINI_SGLANG_MOE_PREFETCH_NEXT_QKV each MoE layer's experts hold the next layer's
-    qkv weight for the down kernel's L2 prefetch (the last layer none), and the model has the
-    same parameters as without: the reference is not registered as the experts' own."""
-    from mini_sglang.models import sparse_moe
-    from mini_sglang.models.registry import resolve_model_class
-
-    config = tiny_moe_config("qwen3_moe", vocab_size=64)
-    cls = resolve_model_class(["Qwen3MoeForCausalLM"])
-    plain = dict(cls(config).named_parameters())
-    monkeypatch.setattr(sparse_moe, "_PREFETCH_NEXT_QKV", True)
-    model = cls(config)
-    assert dict(model.named_parameters()).keys() == plain.keys()
-    layers = model.model.layers
-    for layer, nxt in zip(layers, layers[1:]):
-        assert layer.mlp.experts.l2_prefetch is nxt.self_attn.qkv_proj.weight
-    assert layers[-1].mlp.experts.l2_prefetch is None
-
-
 def _rank_generate(server_args, prompts: list[list[int]], tp_rank: int) -> dict[int, list]:
     """On one TP rank: TP_TOKENS greedy tokens per prompt with the experts split as the
     rank's start-up set it from server_args (--ep-size 2: whole experts per rank), then by

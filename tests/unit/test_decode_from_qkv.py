@@ -122,54 +122,6 @@ def test_decode_from_qkv_with_pdl_equals_without():
     assert torch.equal(outs[0], outs[1])
 
 
-def test_prefetch_splits_the_weight_over_the_programs(monkeypatch):
-    """The L2 prefetch arguments (kernels.l2_prefetch_args, where the GPU is sm90+): the
-    docstring's example (o_proj of Qwen3-30B-A3B, 2048 x 4096 bf16, over 64 programs of 128
-    threads: 32 KiB a lane), a weight large enough for bigger lanes (every program's 128
-    lanes then cover it), and no prefetch for a weight whose size is not a multiple of 16
-    bytes or that is not contiguous."""
-    from mini_sglang.layers import kernels
-
-    monkeypatch.setattr(kernels, "bulk_prefetch_ok", lambda device: True)
-    args = kernels.l2_prefetch_args
-    w = torch.empty(2048, 4096, dtype=torch.bfloat16)
-    buf, nbytes, chunk = args(w, 64, 128, w.device)
-    assert (nbytes, chunk) == (16 << 20, 32 << 10)
-    assert buf.dtype == torch.uint8 and buf.numel() == nbytes and buf.data_ptr() == w.data_ptr()
-    big = torch.empty(151936, 2048, dtype=torch.bfloat16)  # an LM head: 594 MiB
-    _, nbytes, chunk = args(big, 64, 128, big.device)
-    assert chunk % 16 == 0 and 64 * 128 * chunk >= nbytes > 64 * 128 * (chunk - 16)
-    assert args(torch.empty(3, 5, dtype=torch.bfloat16), 1, 128, w.device) is None
-    assert args(w.t(), 64, 128, w.device) is None
-    assert args(None, 64, 128, w.device) is None
-
-
-@pytest.mark.skipif(not CUDA, reason="the L2 prefetch is sm90+ PTX; the interpreter runs none")
-def test_decode_from_qkv_with_prefetch_equals_without():
-    from mini_sglang.layers.kernels import bulk_prefetch_ok
-
-    if not bulk_prefetch_ok(torch.device(DEVICE)):
-        pytest.skip("needs sm90+ (cp.async.bulk.prefetch)")
-    lens = [300, 7]
-    k_buf, v_buf, r2t, rows, slots = _make_pool(lens, 1, 128, torch.bfloat16, seed=0)
-    qkv = torch.randn(2, 12 * 128, device=DEVICE, dtype=torch.bfloat16)
-    cos_sin = _cos_sin(512, 128).to(DEVICE)
-    weight = torch.randn(1024, 1024, device=DEVICE, dtype=torch.bfloat16)
-    before = weight.clone()
-    outs = []
-    for prefetch in ((), (weight, weight[:8], weight[512:520])):
-        o = torch.empty(2, 8, 128, dtype=torch.bfloat16, device=DEVICE)
-        mid = (torch.empty(2, 8, 16, 128, device=DEVICE), torch.empty(2, 8, 16, device=DEVICE))
-        decode_from_qkv_fwd(
-            qkv, torch.tensor([299, 6], device=DEVICE), QKNormRope(cos_sin),
-            torch.stack([s[-1] for s in slots]).to(DEVICE), k_buf, v_buf, o, r2t, rows,
-            torch.tensor(lens, device=DEVICE), *mid, 128**-0.5, pdl=True, prefetch=prefetch,
-        )  # fmt: skip
-        outs.append(o)
-    torch.cuda.synchronize()
-    assert torch.equal(outs[0], outs[1]) and torch.equal(weight, before)
-
-
 def test_backends_route_decode_from_qkv_and_match_the_unfused_path():
     """Through HybridAttnBackend as ModelRunner builds it (Triton for decode batches <= 1):
     a batch of one gets the fused kernel, whose output and new K/V equal RotaryEmbedding +
@@ -227,31 +179,3 @@ def test_backends_route_decode_from_qkv_and_match_the_unfused_path():
         )
         is None
     )
-
-
-def test_llama_attention_names_its_prefetch_weights(monkeypatch):
-    """LlamaAttention.l2_prefetch, the tensors the fused decode attention kernel prefetches:
-    none by default; with MINI_SGLANG_PREFETCH_O_PROJ o_proj's weight, and with
-    MINI_SGLANG_PREFETCH_MLP_MB the first rows of the MLP's gate and up halves, half the
-    bytes each (a tiny Llama's gate_up: 2 x 128 rows of 64 float32, 256 B a row; 64 KiB asks
-    for 128 rows a half, capped at the 128 there are; 16 KiB for 32). The MLP reference
-    adds no parameter to the model."""
-    from mini_sglang.models import llama
-    from mini_sglang.models.registry import resolve_model_class
-    from tests.conftest import tiny_config
-
-    config = tiny_config("llama", vocab_size=64)
-    cls = resolve_model_class(["LlamaForCausalLM"])
-    plain = cls(config)
-    assert all(layer.self_attn.l2_prefetch() == () for layer in plain.model.layers)
-    monkeypatch.setattr(llama, "_PREFETCH_O_PROJ", True)
-    for nbytes, rows in ((64 << 10, 128), (16 << 10, 32)):
-        monkeypatch.setattr(llama, "_PREFETCH_MLP_BYTES", nbytes)
-        model = cls(config)
-        assert dict(model.named_parameters()).keys() == dict(plain.named_parameters()).keys()
-        for layer in model.model.layers:
-            o, gate, up = layer.self_attn.l2_prefetch()
-            w = layer.mlp.gate_up_proj.weight
-            assert o is layer.self_attn.o_proj.weight
-            assert gate.shape == up.shape == (rows, 64)
-            assert gate.data_ptr() == w.data_ptr() and up.data_ptr() == w[128].data_ptr()

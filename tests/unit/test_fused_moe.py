@@ -47,11 +47,7 @@ from mini_sglang.layers.moe.fused_moe_gemv import (  # noqa: E402
 )
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton  # noqa: E402
 from mini_sglang.layers.moe.layer import FusedMoE  # noqa: E402
-from mini_sglang.layers.moe.router import (  # noqa: E402
-    router_topk,
-    select_experts_torch,
-    select_experts_triton,
-)
+from mini_sglang.layers.moe.router import select_experts_torch, select_experts_triton  # noqa: E402
 from mini_sglang.layers.quantization.fp8 import Fp8Config  # noqa: E402
 from mini_sglang.layers.quantization.fp8_kernels import (  # noqa: E402
     FP8_DTYPE,
@@ -111,25 +107,6 @@ def test_router_triton_matches_torch(renormalize: bool, k: int, experts: int) ->
     topk_ids = torch.topk(logits.float(), k, dim=-1).indices.to(torch.int32)
     assert torch.equal(ids[untied], topk_ids[untied])
     assert torch.allclose(w.sum(-1), torch.ones(5, device=DEVICE)) == renormalize
-
-
-@pytest.mark.parametrize("tokens", [1, 3, 4])
-@pytest.mark.parametrize("experts,k", [(12, 3), (40, 8)])
-def test_router_gemv_and_topk_in_one_kernel(tokens: int, experts: int, k: int) -> None:
-    """router_topk (each program a slice of the router's logits, the last to finish the
-    top-k of every token) equals the router GEMV followed by the top-k: 40 experts are 10
-    programs and a padded last one's lanes, k = 8 pads no slot, k = 3 pads one; a hidden
-    size of 2304 at one token takes two K steps. Twice, so the counter is back to zero
-    between launches (a stale count would route nothing or too early)."""
-    gen = torch.Generator().manual_seed(tokens * experts)
-    hidden = 2304 if tokens == 1 else 96
-    x = torch.randn(tokens, hidden, generator=gen).to(DEVICE)
-    w = (torch.randn(experts, hidden, generator=gen) * 0.1).to(DEVICE)
-    for _ in range(2):
-        weights, ids = router_topk(x, w, k, renormalize=True)
-        ref_w, ref_ids = select_experts_torch(x @ w.T, k, renormalize=True)
-        assert torch.equal(ids, ref_ids)
-        torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("tokens,experts,k,block", [(1, 8, 2, 16), (6, 5, 2, 4), (9, 16, 4, 16)])

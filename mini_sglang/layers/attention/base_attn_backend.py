@@ -10,7 +10,7 @@ CUDA-graph hooks let the graph runner pre-allocate and replay metadata for decod
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -81,14 +81,11 @@ class AttentionBackend(ABC):
         rope: QKNormRope,
         layer: RadixAttention,
         forward_batch: ForwardBatch,
-        prefetch: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor | None:
         """Decode attention straight from the qkv projection's output [bs, (q_heads + 2 *
         kv_heads) * head_dim]: q/k norm and RoPE per `rope`, the new K/V written into the
         pool, output [bs, q_heads * head_dim] as forward_decode's. None where the backend has
-        no such kernel; the model then prepares q, k, v itself and calls forward. `prefetch`,
-        weights the model reads next (o_proj's, the MLP's first rows), may be brought into
-        L2 meanwhile; it never changes the result."""
+        no such kernel; the model then prepares q, k, v itself and calls forward."""
         return None
 
     # CUDA-graph hooks (decode only); backends without graph support keep the defaults.

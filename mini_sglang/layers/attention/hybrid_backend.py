@@ -70,9 +70,9 @@ class HybridAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, fb, save_kv_cache=True):
         return self._decode_side(fb.batch_size).forward_decode(q, k, v, layer, fb, save_kv_cache)
 
-    def forward_decode_from_qkv(self, qkv, positions, rope, layer, fb, prefetch=()):
+    def forward_decode_from_qkv(self, qkv, positions, rope, layer, fb):
         side = self._decode_side(fb.batch_size)
-        return side.forward_decode_from_qkv(qkv, positions, rope, layer, fb, prefetch)
+        return side.forward_decode_from_qkv(qkv, positions, rope, layer, fb)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         self.decode_backend.init_cuda_graph_state(max_bs, max_num_tokens)

@@ -22,7 +22,6 @@ the layer's k_scale / v_scale into the score scale and the output (layers/kv_qua
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -166,7 +165,6 @@ class TritonAttnBackend(AttentionBackend):
         rope: QKNormRope,
         layer: RadixAttention,
         fb: ForwardBatch,
-        prefetch: Sequence[torch.Tensor] = (),
     ) -> torch.Tensor | None:
         d = layer.head_dim
         if not _DECODE_FROM_QKV or d & (d - 1) or qkv.stride(-1) != 1:
@@ -190,7 +188,6 @@ class TritonAttnBackend(AttentionBackend):
             layer.scaling,
             pdl=pdl_enabled(qkv),
             **read_scales(layer, k_buf.dtype),
-            prefetch=prefetch,
         )
         return o.view(bs, -1)
 

@@ -127,7 +127,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
     import triton  # deferred: the CPU path never needs it
     import triton.language as tl
 
-    from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, l2_prefetch
+    from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait
 
     @triton.jit
     def gate_up_kernel(
@@ -227,9 +227,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_asm,
         stride_wse,
         stride_wsn,
-        pf_ptr,
-        pf_bytes,
-        pf_nprog,
         TOP_K: tl.constexpr,
         TOP_K_POW2: tl.constexpr,
         FP8: tl.constexpr,
@@ -239,9 +236,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_K: tl.constexpr,
         ADD_OUT: tl.constexpr,
         PDL: tl.constexpr,
-        PREFETCH: tl.constexpr,
-        PF_CHUNK: tl.constexpr,
-        PF_LANES: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
         topk_weights[p] * (act[p] . w[ids[p], n]) for the program's BLOCK_N columns n,
@@ -252,8 +246,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         hold FP8 values; act_scale [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N,
         1 or INTER / GROUP_K]. PDL: launched as a programmatic dependent of gate_up_kernel,
         once the ids are final (see there): the ids, routing weights and first w tiles load
-        before the wait for act. PREFETCH: after that wait the programs ask L2 for the bytes
-        at pf_ptr (kernels.l2_prefetch), the weight the model reads next."""
+        before the wait for act."""
         if PDL:
             gdc_launch_dependents()
         pid_n = tl.program_id(0)
@@ -283,8 +276,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         w = tl.load(rows + rk[None, None, :], mask=rows_ok & (rk < INTER)[None, None, :], other=0.0)
         if PDL:
             gdc_wait()
-        if PREFETCH:  # after the wait: gate_up's 8 experts no longer stream through L2
-            l2_prefetch(pf_ptr, pf_bytes, pf_nprog, PF_CHUNK, PF_LANES)
         acc = tl.zeros((TOP_K_POW2, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, INTER, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
@@ -334,19 +325,16 @@ def fused_experts_gemv(
     fp8: Fp8Experts | None = None,
     config: SmallMConfig | None = None,
     residual: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
     nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
     tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
     sum is added into it in the down kernel's epilogue and residual is returned. Both
-    kernels launch as programmatic dependents where kernels.pdl_enabled(x). `prefetch`: a
-    weight the model reads next (the next layer's qkv), which the down kernel asks L2 for
-    once gate_up is done (sm90+; never changes the result)."""
+    kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
     import triton
 
-    from mini_sglang.layers.kernels import l2_prefetch_args, pdl_enabled
+    from mini_sglang.layers.kernels import pdl_enabled
 
     tokens, k = topk_ids.shape
     _, two_i, hidden = w13.shape
@@ -407,10 +395,7 @@ def fused_experts_gemv(
         else residual
     )
     bn, bk = _tiles(config.down, group_k)
-    grid = (triton.cdiv(hidden, bn), tokens)
-    nprog, lanes = grid[0] * grid[1], config.down.num_warps * 32
-    pf = l2_prefetch_args(prefetch, nprog, lanes, x.device)
-    down_kernel[grid](
+    down_kernel[(triton.cdiv(hidden, bn), tokens)](
         a,
         w2,
         out,
@@ -427,9 +412,6 @@ def fused_experts_gemv(
         a_scale.stride(0),
         w_scale.stride(0),
         w_scale.stride(1),
-        pf[0] if pf else x,  # unread without PREFETCH
-        pf[1] if pf else 0,
-        nprog,
         TOP_K=k,
         TOP_K_POW2=triton.next_power_of_2(k),
         FP8=fp8 is not None,
@@ -439,9 +421,6 @@ def fused_experts_gemv(
         BLOCK_K=bk,
         ADD_OUT=residual is not None,
         PDL=pdl,
-        PREFETCH=pf is not None,
-        PF_CHUNK=pf[2] if pf else 16,
-        PF_LANES=lanes,
         **config.down.launch_options(),
         launch_pdl=pdl,
     )

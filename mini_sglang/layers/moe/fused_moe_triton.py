@@ -271,7 +271,6 @@ def fused_experts_triton(
     config: dict[str, int] | None = None,
     fp8: Fp8Experts | None = None,
     residual: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fused_experts_torch's result (see the module for the steps). `dropped_pairs`: some ids
     may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
@@ -281,15 +280,14 @@ def fused_experts_triton(
     fused_moe_gemv.MAX_TOKENS tokens (MINI_SGLANG_MOE_SMALL_M) run fused_moe_gemv's two
     kernels instead, unless `config` asks for the grouped GEMM's tiles. With `residual`
     ([tokens, H], x's dtype) the result is added into it in place (in that path, in the down
-    kernel's epilogue) and residual is returned. `prefetch` goes to that path's down kernel
-    (fused_experts_gemv); the grouped path ignores it."""
+    kernel's epilogue) and residual is returned."""
     tokens, k = topk_ids.shape
     E, two_i, _ = w13.shape
     if tokens == 0:  # nothing to launch (a grid of zero programs is an error)
         return torch.zeros_like(x) if residual is None else residual
     if config is None and fused_moe_gemv.use_small_m(tokens):
         return fused_moe_gemv.fused_experts_gemv(
-            x, w13, w2, topk_weights, topk_ids, fp8=fp8, residual=residual, prefetch=prefetch
+            x, w13, w2, topk_weights, topk_ids, fp8=fp8, residual=residual
         )
     if config is None:
         dtype = x.dtype if fp8 is None else torch.float8_e4m3fn

@@ -87,18 +87,6 @@ class FusedMoE(nn.Module):
             self.intermediate_per_partition,
             torch.get_default_dtype(),
         )
-        # set_l2_prefetch's weight, in a tuple: a module attribute holding a Parameter would
-        # register it as one of this layer's own
-        self._l2_prefetch: tuple[torch.Tensor, ...] = ()
-
-    def set_l2_prefetch(self, weight: torch.Tensor | None) -> None:
-        """A weight the model reads right after this layer (the next layer's qkv), which the
-        small-batch expert path asks L2 for while its down kernel runs; None: none."""
-        self._l2_prefetch = () if weight is None else (weight,)
-
-    @property
-    def l2_prefetch(self) -> torch.Tensor | None:
-        return self._l2_prefetch[0] if self._l2_prefetch else None
 
     @staticmethod
     def make_expert_params_mapping(
@@ -205,17 +193,6 @@ class FusedMoE(nn.Module):
         residual in place (in the last expert kernel where no all-reduce comes between) and
         residual is returned."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
-        return self.forward_topk(hidden, topk_weights, topk_ids, residual)
-
-    def forward_topk(
-        self,
-        hidden: torch.Tensor,
-        topk_weights: torch.Tensor,
-        topk_ids: torch.Tensor,
-        residual: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """forward() for tokens already routed: topk_weights float32 and topk_ids int32
-        [tokens, top_k] (global expert ids), as select_experts returns them."""
         topk_ids = self._local_ids(topk_ids)
         all_reduce = self.reduce_results and get_tp_size() > 1
         out = self.quant_method.apply(

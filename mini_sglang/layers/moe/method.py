@@ -119,7 +119,6 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
                 topk_ids,
                 dropped_pairs=dropped_pairs,
                 residual=residual,
-                prefetch=layer.l2_prefetch,
             )
         out = fused_experts_torch(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
         return out if residual is None else residual.add_(out)

@@ -33,9 +33,6 @@ pool: k_scale folded into the score scale, v_scale applied by the merge (decode_
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 import torch
 import triton
 import triton.language as tl
@@ -49,18 +46,10 @@ from mini_sglang.layers.attention.triton_ops.decode_attention import (
     merge_splits,
     pool_and_scratch_strides,
 )
-from mini_sglang.layers.kernels import (
-    gdc_launch_dependents,
-    gdc_wait,
-    kv_to_pool_units,
-    l2_prefetch,
-    l2_prefetch_args,
-)
+from mini_sglang.layers.kernels import gdc_launch_dependents, gdc_wait, kv_to_pool_units
 from mini_sglang.layers.kv_quant import fp8_max
 
 _NUM_WARPS = 4
-# the most tensors one launch prefetches (decode_from_qkv_fwd's `prefetch`)
-MAX_PREFETCH = 3
 
 
 @triton.jit
@@ -104,12 +93,10 @@ def _decode_from_qkv_stage1(
     QKV, positions, cos_sin, q_w, k_w, eps, loc, K, V, req_to_token, req_pool_indices, seq_lens,
     Mid_O, Mid_Lse, qk_scale, inv_k_scale, inv_v_scale, stride_qkv, stride_kn, stride_kh,
     stride_vn, stride_vh, stride_r2t, stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    PF0, pf_bytes0, PF1, pf_bytes1, PF2, pf_bytes2, pf_nprog,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, GROUP: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     MIN_KV: tl.constexpr, HAS_NORM: tl.constexpr, FP8_MAX: tl.constexpr, IEEE: tl.constexpr,
-    PDL: tl.constexpr, NUM_PF: tl.constexpr, PF_CHUNK0: tl.constexpr, PF_CHUNK1: tl.constexpr,
-    PF_CHUNK2: tl.constexpr, PF_LANES: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1) // HEAD_BLOCKS
@@ -132,13 +119,6 @@ def _decode_from_qkv_stage1(
     Vh = V + kv_head * stride_vh
     offs_n = start + tl.arange(0, BLOCK_N)
     k, v = _load_kv_block(slots, offs_n, offs_n < end_pool, Kh, Vh, stride_kn, stride_vn, offs_d)
-    # the next kernels' weights, into L2 while this latency-bound kernel runs
-    if NUM_PF > 0:
-        l2_prefetch(PF0, pf_bytes0, pf_nprog, PF_CHUNK0, PF_LANES)
-    if NUM_PF > 1:
-        l2_prefetch(PF1, pf_bytes1, pf_nprog, PF_CHUNK1, PF_LANES)
-    if NUM_PF > 2:
-        l2_prefetch(PF2, pf_bytes2, pf_nprog, PF_CHUNK2, PF_LANES)
     # The position is set before the step too: loaded here, the cos/sin loads that depend
     # on it issue right after the wait beside the qkv row's, one load deep instead of two.
     # (cos/sin themselves before the wait cost 5-6 registers, and Qwen3's 8-KV-head
@@ -211,7 +191,6 @@ def decode_from_qkv_fwd(
     pdl: bool = False,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    prefetch: Sequence[torch.Tensor] = (),
 ) -> None:
     """Decode attention for `bs` requests from their qkv rows, written into `o`.
 
@@ -222,11 +201,6 @@ def decode_from_qkv_fwd(
     The new token's K/V are written into the pool at out_cache_loc, as qk_norm_rope_store
     would (quantized with k_scale / v_scale into an FP8 pool; the read side applies the same
     scales); its key slot in req_to_token is not read.
-
-    prefetch: up to MAX_PREFETCH contiguous tensors the next kernels read (o_proj's weight,
-    the first rows of the MLP's), which the kernel's programs ask L2 for before their wait
-    on qkv (sm90+ only; elsewhere ignored), so those reads hit L2: the attention half of a
-    small decode step leaves the memory bus idle for microseconds.
     """
     bs, q_heads, head_dim = o.shape
     if bs == 0:
@@ -238,12 +212,7 @@ def decode_from_qkv_fwd(
     head_blocks = triton.cdiv(group, BLOCK_H)
     has_norm = rope.q_norm_weight is not None
     cos_sin = rope.cos_sin_cache
-    grid = (bs, kv_heads * head_blocks, num_splits)
-    nprog, lanes = math.prod(grid), _NUM_WARPS * 32
-    assert len(prefetch) <= MAX_PREFETCH, len(prefetch)
-    pf = [a for w in prefetch if (a := l2_prefetch_args(w, nprog, lanes, qkv.device)) is not None]
-    pf_ptrs = [(buf, nbytes) for buf, nbytes, _ in pf] + [(qkv, 0)] * (MAX_PREFETCH - len(pf))
-    _decode_from_qkv_stage1[grid](
+    _decode_from_qkv_stage1[(bs, kv_heads * head_blocks, num_splits)](
         qkv,
         positions,
         cos_sin,
@@ -263,8 +232,6 @@ def decode_from_qkv_fwd(
         1.0 / v_scale,
         qkv.stride(0),
         *pool_and_scratch_strides(k_buffer, v_buffer, req_to_token, mid_o, mid_lse),
-        *(v for ptr_bytes in pf_ptrs for v in ptr_bytes),
-        nprog,
         NUM_Q=q_heads,
         NUM_KV=kv_heads,
         GROUP=group,
@@ -278,11 +245,6 @@ def decode_from_qkv_fwd(
         FP8_MAX=fp8_max(k_buffer.dtype),
         IEEE=qkv.dtype == torch.float32,
         PDL=pdl,
-        NUM_PF=len(pf),
-        PF_CHUNK0=pf[0][2] if len(pf) > 0 else 16,  # unused past NUM_PF
-        PF_CHUNK1=pf[1][2] if len(pf) > 1 else 16,
-        PF_CHUNK2=pf[2][2] if len(pf) > 2 else 16,
-        PF_LANES=lanes,
         num_warps=_NUM_WARPS,
         num_stages=1,  # the next key block is loaded by hand, one iteration ahead
         launch_pdl=pdl,
