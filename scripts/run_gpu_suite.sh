@@ -18,6 +18,13 @@
 set -uo pipefail
 command -v nvidia-smi >/dev/null || { echo "run_gpu_suite.sh: needs an NVIDIA GPU (nvidia-smi not found)" >&2; exit 1; }
 python -c "import flashinfer" 2>/dev/null || { echo "run_gpu_suite.sh: flashinfer is not importable; stage the GPU wheels and put them on PYTHONPATH first" >&2; exit 1; }
+# Every step imports the project: a dependency missing on the machine (pyproject's
+# dependencies, e.g. dill) would otherwise fail each arm of an A/B one after another.
+if ! err=$(python -c "import mini_sglang.bench_one_batch, mini_sglang.entrypoints.http_server" 2>&1); then
+  echo "$err" | tail -1 >&2
+  echo "run_gpu_suite.sh: mini_sglang does not import (above); stage the missing package as a wheel" >&2
+  exit 1
+fi
 OUT=${OUT:-/tmp/gpu_out}
 MODEL_ROOT=${MODEL_ROOT:-/tmp/m}
 MODELS=${MODELS:-"qwen3-0.6b llama-3.1-8b"}
