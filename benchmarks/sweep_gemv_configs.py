@@ -72,12 +72,17 @@ def sweep(name: str, n: int, k: int, fp8: bool = False, candidates_only: bool = 
     pick_times = small_m_gemm.time_candidates(x, w, pick_variant)
     pick = small_m_gemm.choose(pick_times, **small_m_gemm.pick_rule(x))
     cublas = 1000 * pick_times[None] if pick_times[None] != float("inf") else None
-    times = {}
-    configs = (
-        small_m_gemm.candidates(variant)
-        if candidates_only
-        else grid(name, k, variant, w.element_size())
-    )
+    if candidates_only and pick_variant == variant:
+        # the pick timed exactly these configs as this variant: nothing to time again
+        times = {cfg: 1000 * t for cfg, t in pick_times.items() if cfg is not None}
+        configs = []
+    else:
+        times = {}
+        configs = (
+            small_m_gemm.candidates(variant)
+            if candidates_only
+            else grid(name, k, variant, w.element_size())
+        )
     for cfg in configs:
         try:
             times[cfg] = 1000 * cuda_time_ms(
