@@ -16,6 +16,7 @@ is fastest, so the norm and residual variants are timed as themselves.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 
@@ -81,14 +82,50 @@ _FP8_DOT_CONFIGS = [
 ]
 
 
-def candidates(variant: tuple[str, ...] = ()) -> list[tuple]:
-    """The Triton configs the pick times for a fused variant: _CONFIGS, plus the
-    tensor-core dot configs for an FP8 weight (with SiLU-mul only those whose half of
-    BLOCK_N, a program's gate rows, is still tl.dot's smallest N, 16)."""
+# One row of x only (M = 1): 6-tuples (BLOCK_N, 0, num_warps, num_stages, PERSISTENT,
+# programs per SM) select _gemv_rows_kernel, a grid of a few programs per SM that each load
+# the whole of x once and then stream row blocks, the next block's load in flight while the
+# current one is summed (BLOCK_K 0: a row block spans all of K). The grid kernel above loads
+# x again with every weight tile, and for an FP8 weight at BLOCK_N 4-8 that is as many bytes
+# from L2 as the tile reads from HBM; its programs also each pay their own launch and ramp.
+# PERSISTENT_BITS (FP8 weights only) decodes e4m3 with integer ops instead of Triton's
+# conversion (see _e4m3_word_byte), which held every FP8 GEMV to about 12 weights per SM and
+# cycle on an H200 whatever the tiling, where bf16 rows streamed faster per byte.
+PERSISTENT, PERSISTENT_BITS = 2, 3
+_ROW_CONFIGS = [
+    (2, 0, 4, 1, PERSISTENT, 4),
+    (4, 0, 4, 1, PERSISTENT, 4),
+    (4, 0, 8, 1, PERSISTENT, 2),
+    (8, 0, 8, 1, PERSISTENT, 2),
+    (1, 0, 8, 1, PERSISTENT, 4),
+    (2, 0, 8, 1, PERSISTENT, 4),
+]
+_FP8_ROW_CONFIGS = [
+    (2, 0, 4, 1, PERSISTENT_BITS, 4),
+    (4, 0, 4, 1, PERSISTENT_BITS, 4),
+    (4, 0, 8, 1, PERSISTENT_BITS, 2),
+    (8, 0, 8, 1, PERSISTENT_BITS, 2),
+    (1, 0, 8, 1, PERSISTENT_BITS, 4),
+    (2, 0, 8, 1, PERSISTENT_BITS, 4),
+    (2, 0, 4, 1, PERSISTENT_BITS, 6),
+    (4, 0, 4, 1, PERSISTENT_BITS, 3),
+]
+
+
+def is_persistent(cfg: tuple) -> bool:
+    return len(cfg) > 5 and cfg[4] in (PERSISTENT, PERSISTENT_BITS)
+
+
+def candidates(variant: tuple[str, ...] = (), rows: int = 1) -> list[tuple]:
+    """The Triton configs the pick times for a fused variant and x of `rows` rows: _CONFIGS,
+    the persistent one-row configs where rows == 1, and the tensor-core dot configs for an
+    FP8 weight (with SiLU-mul only those whose half of BLOCK_N, a program's gate rows, is
+    still tl.dot's smallest N, 16)."""
+    configs = _CONFIGS + (_ROW_CONFIGS if rows == 1 else [])
     if "fp8" not in variant:
-        return list(_CONFIGS)
+        return configs
     dots = [c for c in _FP8_DOT_CONFIGS if "silu_mul" not in variant or c[0] >= 32]
-    return _CONFIGS + dots
+    return configs + (_FP8_ROW_CONFIGS if rows == 1 else []) + dots
 
 
 # a Triton config must beat cuBLAS by this factor: graph timings repeat within ~1%
@@ -233,6 +270,143 @@ if triton is not None:
             y = (y.to(tl.float32) + r.to(tl.float32)).to(out.dtype.element_ty)
         tl.store(out + rm[:, None] * som + rn[None, :], y, mask=out_mask)
 
+    # e4m3 decoded with integer ops (BITS below): f32 bits sign | exponent | mantissa of
+    # the byte moved into f32's fields as they are, i.e. the value times 2^-120 (e4m3's
+    # exponent bias is 7, f32's 127; e4m3 subnormals land on f32 subnormals, times the
+    # same factor). x is scaled by 2^60 and the dot product by 2^60 again, so neither the
+    # products nor the sums come near f32's subnormal range (2^-126).
+    _E4M3_TO_F32_MASK = tl.constexpr(-0x78100000)  # 0x87F00000: the sign and 7 bits at 26..20
+    _X_SCALE = tl.constexpr(2.0**60)
+
+    @triton.jit
+    def _e4m3_word_byte(q, SHIFT: tl.constexpr):
+        """Byte 3 - SHIFT / 8 of the int32 words q, e4m3, as float32 times 2^-120: moved to
+        the top byte, shifted arithmetically by 4 (the sign fills bits 31..27) and masked."""
+        t = q << SHIFT if SHIFT else q
+        return ((t >> 4) & _E4M3_TO_F32_MASK).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _row_dots(wt, x0, x1, x2, x3, BITS: tl.constexpr):
+        """sum_k w[n, k] x[k] per row n of the tile wt: with BITS wt holds int32 words of
+        four e4m3 weights (element 4j + i in byte i of word j, little-endian) and x_i the
+        x of element 4j + i (times 2^60); else wt [BN, BK] in any float type and x0 [BK]."""
+        if BITS:
+            prod = _e4m3_word_byte(wt, 24) * x0[None, :] + _e4m3_word_byte(wt, 16) * x1[None, :]
+            prod += _e4m3_word_byte(wt, 8) * x2[None, :] + _e4m3_word_byte(wt, 0) * x3[None, :]
+            return tl.sum(prod, axis=1) * _X_SCALE
+        return tl.sum(x0[None, :] * wt.to(tl.float32), axis=1)
+
+    @triton.jit
+    def _x_part(x, norm_w, rk, K, NORM_G: tl.constexpr, BITS: tl.constexpr):
+        """x[rk] in float32, and x[rk] * g[rk] with NORM_G (times 2^60 with BITS)."""
+        xt = tl.load(x + rk, mask=rk < K, other=0.0).to(tl.float32)
+        xs = xt
+        if NORM_G:
+            xs = xs * tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)
+        if BITS:
+            xs = xs * _X_SCALE
+        return xt, xs
+
+    @triton.jit
+    def _gemv_rows_kernel(  # noqa: C901  # constexpr specialisations, as _gemv_kernel's
+        x,
+        w,
+        out,
+        N,
+        K,
+        swn,
+        norm_w,
+        eps,
+        w_scale,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+        PDL: tl.constexpr,
+        SILU_MUL: tl.constexpr,
+        ADD_RES: tl.constexpr,
+        NORM: tl.constexpr,
+        NORM_G: tl.constexpr,
+        W_SCALE: tl.constexpr,
+        BITS: tl.constexpr,
+    ):
+        # out[0, :N] = x[0] @ w^T, with _gemv_kernel's options, M = 1 and whole rows a tile
+        # (BK >= the row's length in w's elements: K, or K / 4 int32 words with BITS).
+        # Program p of P computes row blocks p, p + P, p + 2P, ... (block b: rows
+        # b * BN .. b * BN + BN - 1; with SILU_MUL gate rows b * BN.. and up rows N + b * BN..,
+        # as _gemv_kernel). x, its norm and g are loaded once; block b + P's weight is
+        # loaded before block b is summed, so a program always has a load in flight.
+        # E.g. o_proj, N 4096, BN 4, P 528: program 5 computes rows 20-23 and 2132-2135.
+        pid = tl.program_id(0)
+        step = tl.num_programs(0)
+        rb = tl.arange(0, BN)
+        rj = tl.arange(0, BK)
+        k_mask = rj[None, :] < (K // 4 if BITS else K)
+        up = N * swn if SILU_MUL else 0
+        rn = pid * BN + rb
+        ptrs = w + rn[:, None] * swn + rj[None, :]
+        wt = tl.load(ptrs, mask=(rn[:, None] < N) & k_mask, other=0.0)
+        if SILU_MUL:
+            wu = tl.load(ptrs + up, mask=(rn[:, None] < N) & k_mask, other=0.0)
+        if PDL:  # as in _gemv_kernel: only x waits for the kernel that writes it
+            gdc_wait()
+        nblocks = tl.cdiv(N, BN)
+        if BITS:  # x of element 4j + i, for byte i of word j
+            xt, x0 = _x_part(x, norm_w, 4 * rj, K, NORM_G, BITS)
+            x1t, x1 = _x_part(x, norm_w, 4 * rj + 1, K, NORM_G, BITS)
+            x2t, x2 = _x_part(x, norm_w, 4 * rj + 2, K, NORM_G, BITS)
+            x3t, x3 = _x_part(x, norm_w, 4 * rj + 3, K, NORM_G, BITS)
+            sq = tl.sum(xt * xt + x1t * x1t + x2t * x2t + x3t * x3t, axis=0)
+        else:
+            xt, x0 = _x_part(x, norm_w, rj, K, NORM_G, BITS)
+            x1, x2, x3 = x0, x0, x0  # unread without BITS
+            sq = tl.sum(xt * xt, axis=0)
+        if NORM:
+            rstd = 1.0 / tl.sqrt(sq / K + eps)
+        for b in range(pid, nblocks, step):
+            if PDL:  # noqa: SIM102  # PDL is a constexpr, b a tensor: kept apart for Triton
+                # The dependent kernel launches once every program has got here, its last
+                # block. _gemv_kernel signals at its start, which is late enough there (the
+                # signal waits for its last wave); from all of a persistent grid at once it
+                # would launch the dependent, and under PDL the dependent's dependents, onto
+                # the SMs this kernel still streams on.
+                if b + step >= nblocks:
+                    gdc_launch_dependents()
+            rn = b * BN + rb
+            nn = rn + step * BN  # the next block's rows; masked off past N
+            nptrs = w + nn[:, None] * swn + rj[None, :]
+            wn = tl.load(nptrs, mask=(nn[:, None] < N) & k_mask, other=0.0)
+            if SILU_MUL:
+                wun = tl.load(nptrs + up, mask=(nn[:, None] < N) & k_mask, other=0.0)
+            acc = _row_dots(wt, x0, x1, x2, x3, BITS)
+            if SILU_MUL:
+                acc_up = _row_dots(wu, x0, x1, x2, x3, BITS)
+            if W_SCALE:
+                acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)
+                if SILU_MUL:
+                    acc_up = acc_up * tl.load(w_scale + N + rn, mask=rn < N, other=0.0)
+            if NORM:
+                acc = acc * rstd
+                if SILU_MUL:
+                    acc_up = acc_up * rstd
+            y = acc.to(out.dtype.element_ty)
+            if SILU_MUL:
+                y = silu_mul(y.to(tl.float32), acc_up.to(out.dtype.element_ty))
+            if ADD_RES:
+                r = tl.load(out + rn, mask=rn < N, other=0.0)
+                y = (y.to(tl.float32) + r.to(tl.float32)).to(out.dtype.element_ty)
+            tl.store(out + rn, y, mask=rn < N)
+            wt = wn
+            if SILU_MUL:
+                wu = wun
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 2 elsewhere (Triton's interpreter), so a
+    CPU test still runs programs that stride over several row blocks."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
 
 def gemv(
     x: torch.Tensor,
@@ -273,7 +447,9 @@ def gemv(
     n = w.shape[0]
     bn, bk, warps = cfg[:3]
     extra = {"num_stages": cfg[3]} if len(cfg) > 3 else {}
-    dot = len(cfg) > 4 and bool(cfg[4])
+    if is_persistent(cfg):
+        return _gemv_rows(x, w, cfg, pdl, silu_mul, residual, norm_weight, eps, w_scale)
+    dot = len(cfg) > 4 and cfg[4] == 1
     bm = max(1, triton.next_power_of_2(m))
     if dot:
         bm = max(16, bm)  # tl.dot's smallest M; the extra rows are masked off
@@ -321,6 +497,64 @@ def gemv(
     return out
 
 
+def _gemv_rows(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    cfg: tuple,
+    pdl: bool,
+    silu_mul: bool,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    eps: float | None,
+    w_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """gemv with a persistent config (is_persistent): x of one row; the grid is
+    programs-per-SM x the SM count, or fewer where there are fewer row blocks. With
+    silu_mul a program reads BLOCK_N / 2 gate and as many up rows (at least one each)."""
+    m, k = x.shape
+    if m != 1:
+        raise ValueError(f"the persistent GEMV takes one row of x, not {m}")
+    n = w.shape[0]
+    bn, _, warps, stages, kind, per_sm = cfg
+    bits = kind == PERSISTENT_BITS
+    if bits and (w.dtype != torch.float8_e4m3fn or k % 4 or w.stride(0) % 4 or w.stride(1) != 1):
+        raise ValueError("integer e4m3 decoding takes a float8_e4m3fn w, K a multiple of 4")
+    if silu_mul:
+        assert n % 2 == 0, (n, cfg)
+        n, bn = n // 2, max(1, bn // 2)
+    assert norm_weight is None or eps is not None, "norm_weight needs eps"
+    if residual is not None:
+        assert residual.shape == (m, n) and residual.stride(1) == 1, residual.shape
+        out = residual
+    else:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    programs = min(triton.cdiv(n, bn), per_sm * _sm_count(x.device))
+    _gemv_rows_kernel[(programs,)](
+        x,
+        w.view(torch.int32) if bits else w,
+        out,
+        n,
+        k,
+        w.stride(0) // 4 if bits else w.stride(0),
+        norm_weight if norm_weight is not None else w,  # unread without NORM_G
+        eps or 0.0,
+        w_scale if w_scale is not None else w,  # unread without W_SCALE
+        BN=bn,
+        BK=triton.next_power_of_2(k // 4 if bits else k),
+        PDL=pdl,
+        SILU_MUL=silu_mul,
+        ADD_RES=residual is not None,
+        NORM=eps is not None,
+        NORM_G=norm_weight is not None,
+        W_SCALE=w_scale is not None,
+        BITS=bits,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
+    return out
+
+
 def _variant_kwargs(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> dict:
     """gemv's keyword arguments for timing a fused variant: "silu_mul", "norm" (RMSNorm with
     g loaded) and "residual" (added in place) name gemv's options; "fp8" a per-row scaled
@@ -355,7 +589,7 @@ def time_candidates(
         times = {None: cuda_time_ms(lambda: F.linear(norm(x), w), cold_l2=True)}
     else:
         times = {None: cuda_time_ms(lambda: F.linear(x, w), cold_l2=True)}
-    for cfg in candidates(variant):
+    for cfg in candidates(variant, x.shape[0]):
         try:
             times[cfg] = cuda_time_ms(lambda cfg=cfg: gemv(x, w, cfg, **kwargs), cold_l2=True)
         except Exception:  # a config the compiler rejects on this card
@@ -414,7 +648,9 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return None
-        if tuple(w.shape) in _FORCED:
+        if tuple(w.shape) in _FORCED and (
+            bucket == 1 or not is_persistent(_FORCED[tuple(w.shape)])
+        ):
             _choice[key] = _FORCED[tuple(w.shape)]
             logger.debug("small-M GEMM N=%d K=%d %s: %s (forced)", *w.shape, variant, _choice[key])
         else:

@@ -251,8 +251,8 @@ def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
     assert small_m_gemm.candidates(("fp8",))[-len(small_m_gemm._FP8_DOT_CONFIGS) :] == (
         small_m_gemm._FP8_DOT_CONFIGS
     )
-    assert small_m_gemm.candidates(("silu_mul",)) == small_m_gemm._CONFIGS
-    silu_dots = small_m_gemm.candidates(("silu_mul", "fp8"))[len(small_m_gemm._CONFIGS) :]
+    assert small_m_gemm.candidates(("silu_mul",), rows=2) == small_m_gemm._CONFIGS
+    silu_dots = small_m_gemm.candidates(("silu_mul", "fp8"), rows=2)[len(small_m_gemm._CONFIGS) :]
     assert silu_dots and all(c[0] >= 32 for c in silu_dots)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     # bf16 operands round x (times the norm weight) once more than the fp32 multiply does:
@@ -279,6 +279,64 @@ def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
             atol = max(atol_per_max * ref.abs().max().item(), 2e-2 if DEVICE == "cuda" else 1e-5)
             for out in outs[1:]:
                 torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gemv_persistent_configs_match_the_grid_ones(fp8):
+    """The one-row persistent configs (small_m_gemm._ROW_CONFIGS: a program per SM share
+    striding over row blocks, x loaded once) compute what a grid config computes, plain and
+    through each fused variant, where N leaves the last program's next block past the end
+    and K is not a power of two (a multiple of 4, for the FP8 integer decoding's words); they are candidates at one row only and refuse more."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.small_m_gemm import gemv
+
+    rows = small_m_gemm._ROW_CONFIGS
+    assert rows and all(small_m_gemm.is_persistent(c) for c in rows)
+    assert set(rows) <= set(small_m_gemm.candidates(("norm",)))
+    assert not set(rows) & set(small_m_gemm.candidates(("norm",), rows=2))
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    n, k = 44, 304  # 44 rows: 11 blocks of 4 over the interpreter's 2 x 4 programs
+    w = _rand(n, k, seed=11) / 16
+    if fp8:
+        wq, s = quantize_rows(w)
+        wv = (wq.float() if DEVICE == "cpu" else wq).to(DEVICE)
+        scale = {"w_scale": s.to(DEVICE)}
+    else:
+        wv, scale = w.to(DEVICE, dtype), {}
+    x = _rand(1, k, seed=12).to(DEVICE, dtype)
+    g = (1 + 0.2 * _rand(k, seed=13)).to(DEVICE, dtype)
+    rtol, atol = (2e-2, 2e-2) if DEVICE == "cuda" else (1e-5, 1e-5)
+    variants = (
+        {},
+        {"silu_mul": True},
+        {"norm_weight": g, "eps": 1e-6},
+        {"eps": 1e-6},
+        {"residual": _rand(1, n, seed=14).to(DEVICE, dtype)},
+    )
+    configs = [(4, 0, 4, 1, small_m_gemm.PERSISTENT, 4), (1, 0, 4, 1, small_m_gemm.PERSISTENT, 2)]
+    if fp8:  # integer decoding reads the e4m3 bytes themselves, also in the interpreter
+        bits = small_m_gemm._FP8_ROW_CONFIGS
+        assert bits and all(c[4] == small_m_gemm.PERSISTENT_BITS for c in bits)
+        assert set(bits) <= set(small_m_gemm.candidates(("fp8",))) - set(small_m_gemm.candidates())
+        configs += [
+            (4, 0, 4, 1, small_m_gemm.PERSISTENT_BITS, 4),
+            (1, 0, 4, 1, small_m_gemm.PERSISTENT_BITS, 2),
+        ]
+        with pytest.raises(ValueError, match="float8_e4m3fn"):
+            gemv(x, wv.float(), configs[-1], **scale)
+    for kw in variants:
+        for cfg in configs:
+            args = [
+                dict(kw, residual=kw["residual"].clone()) if "residual" in kw else kw for _ in "ab"
+            ]
+            ref = gemv(x, wv, (4, 128, 4), **scale, **args[0])
+            wc = wq.to(DEVICE) if cfg[4] == small_m_gemm.PERSISTENT_BITS else wv
+            out = gemv(x, wc, cfg, **scale, **args[1])
+            assert out.shape == ref.shape == (1, n // 2 if "silu_mul" in kw else n)
+            torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="one row"):
+        gemv(x.expand(2, k).contiguous(), wv, rows[0], **scale)
 
 
 # ---- which quantization a model gets ----------------------------------------------------
