@@ -6,7 +6,9 @@ a simple Triton GEMV once per (power-of-two bucket of M, N, K, dtype) — outsid
 capture, during the warm-up runs that precede it — and then always uses the faster one. The
 timing replays a CUDA graph with the weight cold in L2 (see cuda_time_ms), the conditions of
 a decode step; timed hot, a weight that fits in L2 rewards the wrong kernel. Larger M, CPU
-and float32 go straight to F.linear.
+and float32 go straight to F.linear. At one row the candidates include a persistent kernel
+(_gemv_rows_kernel: a few programs per SM, x loaded once, row blocks streamed), with an
+integer e4m3 decoding for FP8 weights.
 
 The GEMV also takes work from the kernels around it: the gated MLP's SiLU-and-multiply in
 its epilogue (linear_silu_mul), an RMSNorm of x in its prologue (linear_rmsnorm) and a
@@ -174,6 +176,45 @@ if triton is not None:
         return prod
 
     @triton.jit
+    def _epilogue(
+        acc,
+        acc_up,
+        out_ptrs,
+        out_mask,
+        w_scale,
+        rn,
+        N,
+        rstd,
+        SILU_MUL: tl.constexpr,
+        ADD_RES: tl.constexpr,
+        NORM: tl.constexpr,
+        W_SCALE: tl.constexpr,
+    ):
+        """The GEMV's result for the dot products acc (and acc_up, the up rows', with
+        SILU_MUL) of output columns rn, in out's dtype, ready for the store to out_ptrs:
+        each column's w_scale (FP8), the norm's rstd, SiLU-mul, and with ADD_RES the
+        residual read from out_ptrs added. acc [BN] or [BM, BN]; rstd broadcasts to it."""
+        out_ty = out_ptrs.dtype.element_ty
+        if W_SCALE:  # a per-row scale of a quantized w (FP8): out = x @ (w * scale)^T
+            acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)
+            if SILU_MUL:
+                acc_up = acc_up * tl.load(w_scale + N + rn, mask=rn < N, other=0.0)
+        if NORM:
+            acc = acc * rstd
+            if SILU_MUL:
+                acc_up = acc_up * rstd
+        y = acc.to(out_ty)
+        if SILU_MUL:
+            # rounded as gemv's output and then fused_kernels.silu_and_mul would round
+            y = silu_mul(y.to(tl.float32), acc_up.to(out_ty))
+        if ADD_RES:
+            # out holds the residual: y + residual, rounded as the add of fused_kernels.rmsnorm
+            # rounds; a program reads and writes only its own columns
+            r = tl.load(out_ptrs, mask=out_mask, other=0.0)
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(out_ty)
+        return y
+
+    @triton.jit
     def _gemv_kernel(  # noqa: C901  # its branches are constexpr specialisations, compiled away
         x,
         w,
@@ -249,26 +290,16 @@ if triton is not None:
             acc += _tile_product(xt, wt, x, DOT, IEEE)
             if SILU_MUL:
                 acc_up += _tile_product(xt, wu, x, DOT, IEEE)
-        if W_SCALE:  # a per-row scale of a quantized w (FP8): out = x @ (w * scale)^T
-            acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)[None, :]
-            if SILU_MUL:
-                acc_up = acc_up * tl.load(w_scale + N + rn, mask=rn < N, other=0.0)[None, :]
+        rstd = 1.0
         if NORM:
             rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
-            acc = acc * rstd
-            if SILU_MUL:
-                acc_up = acc_up * rstd
-        y = acc.to(out.dtype.element_ty)
-        if SILU_MUL:
-            # rounded as gemv's output and then fused_kernels.silu_and_mul would round
-            y = silu_mul(y.to(tl.float32), acc_up.to(out.dtype.element_ty))
+        if not SILU_MUL:
+            acc_up = acc  # unread
+        out_ptrs = out + rm[:, None] * som + rn[None, :]
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
-        if ADD_RES:
-            # out holds the residual: y + residual, rounded as the add of fused_kernels.rmsnorm
-            # rounds; a program reads and writes only its own columns
-            r = tl.load(out + rm[:, None] * som + rn[None, :], mask=out_mask, other=0.0)
-            y = (y.to(tl.float32) + r.to(tl.float32)).to(out.dtype.element_ty)
-        tl.store(out + rm[:, None] * som + rn[None, :], y, mask=out_mask)
+        y = _epilogue(acc, acc_up, out_ptrs, out_mask, w_scale, rn, N, rstd,
+                      SILU_MUL, ADD_RES, NORM, W_SCALE)  # fmt: skip
+        tl.store(out_ptrs, y, mask=out_mask)
 
     # e4m3 decoded with integer ops (BITS below): f32 bits sign | exponent | mantissa of
     # the byte moved into f32's fields as they are, i.e. the value times 2^-120 (e4m3's
@@ -359,6 +390,7 @@ if triton is not None:
             xt, x0 = _x_part(x, norm_w, rj, K, NORM_G, BITS)
             x1, x2, x3 = x0, x0, x0  # unread without BITS
             sq = tl.sum(xt * xt, axis=0)
+        rstd = 1.0
         if NORM:
             rstd = 1.0 / tl.sqrt(sq / K + eps)
         for b in range(pid, nblocks, step):
@@ -377,22 +409,12 @@ if triton is not None:
             if SILU_MUL:
                 wun = tl.load(nptrs + up, mask=(nn[:, None] < N) & k_mask, other=0.0)
             acc = _row_dots(wt, x0, x1, x2, x3, BITS)
-            if SILU_MUL:
+            if SILU_MUL:  # noqa: SIM108  # wu exists only with SILU_MUL (constexpr)
                 acc_up = _row_dots(wu, x0, x1, x2, x3, BITS)
-            if W_SCALE:
-                acc = acc * tl.load(w_scale + rn, mask=rn < N, other=0.0)
-                if SILU_MUL:
-                    acc_up = acc_up * tl.load(w_scale + N + rn, mask=rn < N, other=0.0)
-            if NORM:
-                acc = acc * rstd
-                if SILU_MUL:
-                    acc_up = acc_up * rstd
-            y = acc.to(out.dtype.element_ty)
-            if SILU_MUL:
-                y = silu_mul(y.to(tl.float32), acc_up.to(out.dtype.element_ty))
-            if ADD_RES:
-                r = tl.load(out + rn, mask=rn < N, other=0.0)
-                y = (y.to(tl.float32) + r.to(tl.float32)).to(out.dtype.element_ty)
+            else:
+                acc_up = acc  # unread
+            y = _epilogue(acc, acc_up, out + rn, rn < N, w_scale, rn, N, rstd,
+                          SILU_MUL, ADD_RES, NORM, W_SCALE)  # fmt: skip
             tl.store(out + rn, y, mask=rn < N)
             wt = wn
             if SILU_MUL:
@@ -406,6 +428,40 @@ def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 2
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _fused(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    n: int,
+    pdl: bool,
+    silu_mul: bool,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor | None,
+    eps: float | None,
+    w_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, dict]:
+    """The output [M, n] (the residual itself where one is added in place) and the keyword
+    arguments both GEMV kernels take for gemv's fused options and PDL."""
+    m = x.shape[0]
+    assert norm_weight is None or eps is not None, "norm_weight needs eps"
+    if residual is not None:
+        assert residual.shape == (m, n) and residual.stride(1) == 1, residual.shape
+        out = residual
+    else:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    return out, {
+        "norm_w": norm_weight if norm_weight is not None else w,  # unread without NORM_G
+        "eps": eps or 0.0,
+        "w_scale": w_scale if w_scale is not None else w,  # unread without W_SCALE
+        "PDL": pdl,
+        "SILU_MUL": silu_mul,
+        "ADD_RES": residual is not None,
+        "NORM": eps is not None,
+        "NORM_G": norm_weight is not None,
+        "W_SCALE": w_scale is not None,
+        "launch_pdl": pdl,
+    }
 
 
 def gemv(
@@ -460,12 +516,7 @@ def gemv(
         if dot:  # tl.dot needs 16 gate rows a program: gate_up's pick is timed without SiLU
             bn = max(bn, 32)
         n, bn = n // 2, bn // 2
-    assert norm_weight is None or eps is not None, "norm_weight needs eps"
-    if residual is not None:
-        assert residual.shape == (m, n) and residual.stride(1) == 1, residual.shape
-        out = residual
-    else:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out, fused = _fused(x, w, n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
     _gemv_kernel[(triton.cdiv(n, bn),)](
         x,
         w,
@@ -476,23 +527,14 @@ def gemv(
         x.stride(0),
         w.stride(0),
         out.stride(0),
-        norm_weight if norm_weight is not None else w,  # unread without NORM_G
-        eps or 0.0,
-        w_scale if w_scale is not None else w,  # unread without W_SCALE
         BM=bm,
         BN=bn,
         BK=bk,
-        PDL=pdl,
-        SILU_MUL=silu_mul,
-        ADD_RES=residual is not None,
-        NORM=eps is not None,
-        NORM_G=norm_weight is not None,
-        W_SCALE=w_scale is not None,
         DOT=dot,
         IEEE=x.dtype == torch.float32,
         num_warps=warps,
-        launch_pdl=pdl,
         **extra,
+        **fused,
     )
     return out
 
@@ -522,12 +564,7 @@ def _gemv_rows(
     if silu_mul:
         assert n % 2 == 0, (n, cfg)
         n, bn = n // 2, max(1, bn // 2)
-    assert norm_weight is None or eps is not None, "norm_weight needs eps"
-    if residual is not None:
-        assert residual.shape == (m, n) and residual.stride(1) == 1, residual.shape
-        out = residual
-    else:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out, fused = _fused(x, w, n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
     programs = min(triton.cdiv(n, bn), per_sm * _sm_count(x.device))
     _gemv_rows_kernel[(programs,)](
         x,
@@ -536,21 +573,12 @@ def _gemv_rows(
         n,
         k,
         w.stride(0) // 4 if bits else w.stride(0),
-        norm_weight if norm_weight is not None else w,  # unread without NORM_G
-        eps or 0.0,
-        w_scale if w_scale is not None else w,  # unread without W_SCALE
         BN=bn,
         BK=triton.next_power_of_2(k // 4 if bits else k),
-        PDL=pdl,
-        SILU_MUL=silu_mul,
-        ADD_RES=residual is not None,
-        NORM=eps is not None,
-        NORM_G=norm_weight is not None,
-        W_SCALE=w_scale is not None,
         BITS=bits,
         num_warps=warps,
         num_stages=stages,
-        launch_pdl=pdl,
+        **fused,
     )
     return out
 
