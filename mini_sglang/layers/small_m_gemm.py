@@ -94,23 +94,20 @@ _FP8_DOT_CONFIGS = [
 # conversion (see _e4m3_word_byte), which held every FP8 GEMV to about 12 weights per SM and
 # cycle on an H200 whatever the tiling, where bf16 rows streamed faster per byte.
 PERSISTENT, PERSISTENT_BITS = 2, 3
+# The configs that came first to third for one of Llama-3.1-8B's shapes at M=1 on an H200
+# (sweep_gemv_configs.py --candidates-only; docs/performance/decode-gemv.md): each candidate
+# is a compile at a fresh start-up, so the rest of the swept ones were left out. FP8
+# weights take only the integer-decoding ones, which beat the fp32-converting ones there.
 _ROW_CONFIGS = [
-    (2, 0, 4, 1, PERSISTENT, 4),
-    (4, 0, 4, 1, PERSISTENT, 4),
-    (4, 0, 8, 1, PERSISTENT, 2),
-    (8, 0, 8, 1, PERSISTENT, 2),
-    (1, 0, 8, 1, PERSISTENT, 4),
     (2, 0, 8, 1, PERSISTENT, 4),
+    (2, 0, 4, 1, PERSISTENT, 4),
+    (1, 0, 8, 1, PERSISTENT, 4),
 ]
 _FP8_ROW_CONFIGS = [
-    (2, 0, 4, 1, PERSISTENT_BITS, 4),
-    (4, 0, 4, 1, PERSISTENT_BITS, 4),
-    (4, 0, 8, 1, PERSISTENT_BITS, 2),
     (8, 0, 8, 1, PERSISTENT_BITS, 2),
-    (1, 0, 8, 1, PERSISTENT_BITS, 4),
-    (2, 0, 8, 1, PERSISTENT_BITS, 4),
+    (4, 0, 4, 1, PERSISTENT_BITS, 4),
     (2, 0, 4, 1, PERSISTENT_BITS, 6),
-    (4, 0, 4, 1, PERSISTENT_BITS, 3),
+    (2, 0, 8, 1, PERSISTENT_BITS, 4),
 ]
 
 
@@ -120,14 +117,13 @@ def is_persistent(cfg: tuple) -> bool:
 
 def candidates(variant: tuple[str, ...] = (), rows: int = 1) -> list[tuple]:
     """The Triton configs the pick times for a fused variant and x of `rows` rows: _CONFIGS,
-    the persistent one-row configs where rows == 1, and the tensor-core dot configs for an
-    FP8 weight (with SiLU-mul only those whose half of BLOCK_N, a program's gate rows, is
+    the persistent one-row configs where rows == 1 (_FP8_ROW_CONFIGS for an FP8 weight,
+    else _ROW_CONFIGS), and the tensor-core dot configs for an FP8 weight (with SiLU-mul only those whose half of BLOCK_N, a program's gate rows, is
     still tl.dot's smallest N, 16)."""
-    configs = _CONFIGS + (_ROW_CONFIGS if rows == 1 else [])
     if "fp8" not in variant:
-        return configs
+        return _CONFIGS + (_ROW_CONFIGS if rows == 1 else [])
     dots = [c for c in _FP8_DOT_CONFIGS if "silu_mul" not in variant or c[0] >= 32]
-    return configs + (_FP8_ROW_CONFIGS if rows == 1 else []) + dots
+    return _CONFIGS + (_FP8_ROW_CONFIGS if rows == 1 else []) + dots
 
 
 # a Triton config must beat cuBLAS by this factor: graph timings repeat within ~1%
@@ -476,7 +472,8 @@ def gemv(
     w_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
-    stages]); without stages Triton's default software pipelining depth is used. pdl=True
+    stages[, 1: tensor-core dots]]); without stages Triton's default software pipelining
+    depth is used. A persistent config (is_persistent; M = 1 only) runs _gemv_rows_kernel. pdl=True
     launches it as a programmatic dependent of the previous kernel on the stream (Hopper+).
 
     silu_mul=True applies the gated MLP's activation in the epilogue: w is [gate; up] and the

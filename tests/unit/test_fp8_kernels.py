@@ -294,6 +294,7 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
     rows = small_m_gemm._ROW_CONFIGS
     assert rows and all(small_m_gemm.is_persistent(c) for c in rows)
     assert set(rows) <= set(small_m_gemm.candidates(("norm",)))
+    assert not set(rows) & set(small_m_gemm.candidates(("norm", "fp8")))
     assert not set(rows) & set(small_m_gemm.candidates(("norm",), rows=2))
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     n, k = 44, 304  # 44 rows: 11 blocks of 4 over the interpreter's 2 x 4 programs
@@ -319,6 +320,7 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
         bits = small_m_gemm._FP8_ROW_CONFIGS
         assert bits and all(c[4] == small_m_gemm.PERSISTENT_BITS for c in bits)
         assert set(bits) <= set(small_m_gemm.candidates(("fp8",))) - set(small_m_gemm.candidates())
+        assert not set(bits) & set(small_m_gemm.candidates(("fp8",), rows=2))
         configs += [
             (4, 0, 4, 1, small_m_gemm.PERSISTENT_BITS, 4),
             (1, 0, 4, 1, small_m_gemm.PERSISTENT_BITS, 2),
