@@ -112,6 +112,7 @@ _FP8_ROW_CONFIGS = [
 
 
 def is_persistent(cfg: tuple) -> bool:
+    """Whether a GEMV config selects _gemv_rows_kernel (one row of x only)."""
     return len(cfg) > 5 and cfg[4] in (PERSISTENT, PERSISTENT_BITS)
 
 
@@ -381,14 +382,14 @@ if triton is not None:
             x1t, x1 = _x_part(x, norm_w, 4 * rj + 1, K, NORM_G, BITS)
             x2t, x2 = _x_part(x, norm_w, 4 * rj + 2, K, NORM_G, BITS)
             x3t, x3 = _x_part(x, norm_w, 4 * rj + 3, K, NORM_G, BITS)
-            sq = tl.sum(xt * xt + x1t * x1t + x2t * x2t + x3t * x3t, axis=0)
+            sq = xt * xt + x1t * x1t + x2t * x2t + x3t * x3t
         else:
             xt, x0 = _x_part(x, norm_w, rj, K, NORM_G, BITS)
             x1, x2, x3 = x0, x0, x0  # unread without BITS
-            sq = tl.sum(xt * xt, axis=0)
+            sq = xt * xt
         rstd = 1.0
-        if NORM:
-            rstd = 1.0 / tl.sqrt(sq / K + eps)
+        if NORM:  # RMSNorm's 1 / rms, once per program: x is the same for every block
+            rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
         for b in range(pid, nblocks, step):
             if PDL:  # noqa: SIM102  # PDL is a constexpr, b a tensor: kept apart for Triton
                 # The dependent kernel launches once every program has got here, its last

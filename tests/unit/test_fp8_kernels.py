@@ -283,10 +283,12 @@ def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
 
 @pytest.mark.parametrize("fp8", [False, True])
 def test_gemv_persistent_configs_match_the_grid_ones(fp8):
-    """The one-row persistent configs (small_m_gemm._ROW_CONFIGS: a program per SM share
-    striding over row blocks, x loaded once) compute what a grid config computes, plain and
-    through each fused variant, where N leaves the last program's next block past the end
-    and K is not a power of two (a multiple of 4, for the FP8 integer decoding's words); they are candidates at one row only and refuse more."""
+    """The one-row persistent configs (small_m_gemm._ROW_CONFIGS and, for FP8 weights, the
+    integer-decoding _FP8_ROW_CONFIGS: a few programs per SM striding over row blocks, x
+    loaded once) compute what a grid config computes, plain and through each fused variant,
+    where N leaves the last program's next block past the end and K is not a power of two
+    (a multiple of 4, for the decoding's int32 words). They are candidates at one row only
+    and refuse more."""
     pytest.importorskip("triton")
     from mini_sglang.layers import small_m_gemm
     from mini_sglang.layers.small_m_gemm import gemv
