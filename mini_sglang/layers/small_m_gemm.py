@@ -111,9 +111,10 @@ _FP8_ROW_CONFIGS = [
 ]
 
 
-def is_persistent(cfg: tuple) -> bool:
-    """Whether a GEMV config selects _gemv_rows_kernel (one row of x only)."""
-    return len(cfg) > 5 and cfg[4] in (PERSISTENT, PERSISTENT_BITS)
+def is_persistent(cfg: tuple | None) -> bool:
+    """Whether a GEMV config selects _gemv_rows_kernel (one row of x only); None (cuBLAS,
+    e.g. forced with MINI_SGLANG_GEMV_CONFIGS=NxK:cublas) does not."""
+    return cfg is not None and len(cfg) > 5 and cfg[4] in (PERSISTENT, PERSISTENT_BITS)
 
 
 def candidates(variant: tuple[str, ...] = (), rows: int = 1) -> list[tuple]:

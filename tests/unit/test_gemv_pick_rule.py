@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from mini_sglang.layers.small_m_gemm import _parse_forced, choose, pick_rule
+from mini_sglang.layers.small_m_gemm import (
+    PERSISTENT,
+    _parse_forced,
+    choose,
+    is_persistent,
+    pick_rule,
+)
 
 US = 1e-3  # timings are in ms
 TRITON = (2, 4096, 8, 1)
@@ -54,3 +60,7 @@ def test_forced_configs_parse_shape_to_config_or_cublas():
         (28672, 4096): None,
     }
     assert _parse_forced("") == {}
+    # a forced cuBLAS (None) applies at every bucket of M, as a grid config does; only a
+    # persistent config is kept to one row
+    assert [is_persistent(c) for c in forced.values()] == [False, False, False]
+    assert is_persistent((2, 0, 8, 1, PERSISTENT, 4))
