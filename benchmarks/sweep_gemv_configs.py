@@ -3,14 +3,14 @@ the model runs it (qkv with the RMSNorm, gate_up with SiLU-mul, down with the re
 weight cold in L2 as in small_m_gemm's own pick.
 
     python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--fp8] [--only down,o]
-        [--candidates-only] [--out r.jsonl] [--forced f.txt]
+        [--candidates-only] [--configs 2,0,8,1,3,2 ...] [--out r.jsonl] [--forced f.txt]
 
 The grid is small_m_gemm's candidates (for FP8 weights, its tensor-core dot configs too)
 plus BLOCK_N 1-8 (1-16 for FP8 weights, whose rows hold half the bytes), BLOCK_K 2048 up to
 the whole row, 4-16 warps and 1-3 stages; --candidates-only times small_m_gemm's candidates
-alone (a few minutes less of compiling). Prints cuBLAS, the pick and the best 8 configs
-per shape, and writes
-MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
+alone (a few minutes less of compiling); --configs adds configs of one's own to either, e.g.
+a persistent one (2,0,8,1,3,2). Prints cuBLAS, the pick and the best 8 configs per shape, and
+writes MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
 beats the pick by >= 2%, FILE.all the best config of every shape. On an H100 this grid
 found nothing the picks miss (docs/performance/decode-gemv.md).
 
@@ -60,7 +60,14 @@ def grid(name: str, k: int, variant: tuple[str, ...], elem_bytes: int = 2) -> li
     return configs
 
 
-def sweep(name: str, n: int, k: int, fp8: bool = False, candidates_only: bool = False) -> dict:
+def sweep(
+    name: str,
+    n: int,
+    k: int,
+    fp8: bool = False,
+    candidates_only: bool = False,
+    extra: tuple[tuple, ...] = (),
+) -> dict:
     variant = VARIANTS.get(name, ()) + (("fp8",) if fp8 else ())
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     if fp8:
@@ -75,7 +82,7 @@ def sweep(name: str, n: int, k: int, fp8: bool = False, candidates_only: bool = 
     if candidates_only and pick_variant == variant:
         # the pick timed exactly these configs as this variant: nothing to time again
         times = {cfg: 1000 * t for cfg, t in pick_times.items() if cfg is not None}
-        configs = []
+        configs = [c for c in extra if c not in times]
     else:
         times = {}
         configs = (
@@ -83,6 +90,7 @@ def sweep(name: str, n: int, k: int, fp8: bool = False, candidates_only: bool = 
             if candidates_only
             else grid(name, k, variant, w.element_size())
         )
+        configs += [c for c in extra if c not in configs]
     for cfg in configs:
         try:
             times[cfg] = 1000 * cuda_time_ms(
@@ -106,6 +114,10 @@ def main() -> None:
     ap.add_argument("--forced", default=None, help="write MINI_SGLANG_GEMV_CONFIGS values here")
     ap.add_argument("--only", default=None, help="comma-separated projections, e.g. down,o")
     ap.add_argument("--candidates-only", action="store_true", help="no configs beyond the pick's")
+    ap.add_argument(
+        "--configs", nargs="*", default=[],
+        help="more configs to time, e.g. 2,0,8,1,3,2 (a persistent one) or 4,2048,4,2",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.manual_seed(0)
     forced, best_all = [], []
@@ -113,7 +125,8 @@ def main() -> None:
         if (args.fp8 and name == "lm_head") or (args.only and name not in args.only.split(",")):
             continue
         t0 = time.time()
-        row = sweep(name, n, k, args.fp8, args.candidates_only)
+        extra = tuple(tuple(map(int, c.split(","))) for c in args.configs)
+        row = sweep(name, n, k, args.fp8, args.candidates_only, extra)
         cublas = "n/a" if row["cublas_us"] is None else f"{row['cublas_us']:.1f} us"
         pick_us = row["pick_us"] if row["pick_us"] is not None else float("nan")
         print(f"{name} N={n} K={k} {tuple(row['variant'])}: cuBLAS {cublas}, "
