@@ -82,7 +82,7 @@ def sweep(
     if candidates_only and pick_variant == variant:
         # the pick timed exactly these configs as this variant: nothing to time again
         times = {cfg: 1000 * t for cfg, t in pick_times.items() if cfg is not None}
-        configs = [c for c in extra if c not in times]
+        configs = []
     else:
         times = {}
         configs = (
@@ -90,7 +90,7 @@ def sweep(
             if candidates_only
             else grid(name, k, variant, w.element_size())
         )
-        configs += [c for c in extra if c not in configs]
+    configs += [c for c in extra if c not in configs and c not in times]
     for cfg in configs:
         try:
             times[cfg] = 1000 * cuda_time_ms(
@@ -121,11 +121,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     forced, best_all = [], []
+    extra = tuple(tuple(map(int, c.split(","))) for c in args.configs)
     for name, (n, k) in projections(args.model).items():
         if (args.fp8 and name == "lm_head") or (args.only and name not in args.only.split(",")):
             continue
         t0 = time.time()
-        extra = tuple(tuple(map(int, c.split(","))) for c in args.configs)
         row = sweep(name, n, k, args.fp8, args.candidates_only, extra)
         cublas = "n/a" if row["cublas_us"] is None else f"{row['cublas_us']:.1f} us"
         pick_us = row["pick_us"] if row["pick_us"] is not None else float("nan")
