@@ -4,12 +4,16 @@ weight cold in L2 as in small_m_gemm's own pick.
 
     python benchmarks/sweep_gemv_configs.py --model llama-3.1-8b [--fp8] [--only down,o]
         [--candidates-only] [--configs 2,0,8,1,3,2 ...] [--out r.jsonl] [--forced f.txt]
+        [--shapes down:8192x7168 ...] [--row-pad 64]
 
 The grid is small_m_gemm's candidates (for FP8 weights, its tensor-core dot configs too)
 plus BLOCK_N 1-8 (1-16 for FP8 weights, whose rows hold half the bytes), BLOCK_K 2048 up to
 the whole row, 4-16 warps and 1-3 stages; --candidates-only times small_m_gemm's candidates
 alone (a few minutes less of compiling); --configs adds configs of one's own to either, e.g.
-a persistent one (2,0,8,1,3,2). Prints cuBLAS, the pick and the best 8 configs per shape, and
+a persistent one (2,0,8,1,3,2). --shapes times shapes of one's own as the named projection's
+variant (e.g. down's bytes in other shapes), and --row-pad P stores every weight with rows P
+elements longer than K (the GEMV reads a [:, :K] view), both to tell a shape's or a row
+stride's cost from the bytes'. Prints cuBLAS, the pick and the best 8 configs per shape, and
 writes MINI_SGLANG_GEMV_CONFIGS values for a model A/B: --forced gets the shapes whose best config
 beats the pick by >= 2%, FILE.all the best config of every shape. On an H100 this grid
 found nothing the picks miss (docs/performance/decode-gemv.md).
@@ -67,11 +71,13 @@ def sweep(
     fp8: bool = False,
     candidates_only: bool = False,
     extra: tuple[tuple, ...] = (),
+    row_pad: int = 0,
 ) -> dict:
     variant = VARIANTS.get(name, ()) + (("fp8",) if fp8 else ())
-    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    w = torch.randn(n, k + row_pad, dtype=torch.bfloat16, device="cuda") * 0.02
     if fp8:
         w = w.to(torch.float8_e4m3fn)
+    w = w[:, :k]
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     kwargs = small_m_gemm._variant_kwargs(x, w, variant)
     # gate_up's pick is timed without its SiLU-mul epilogue, as the model picks it
@@ -100,7 +106,7 @@ def sweep(
             continue
     ranked = sorted(times.items(), key=lambda kv: kv[1])
     return {"gemm": name, "n": n, "k": k, "variant": list(variant), "cublas_us": cublas,
-            "pick": pick, "pick_us": times.get(pick) if pick else cublas,
+            "pick": pick, "pick_us": times.get(pick) if pick else cublas, "row_pad": row_pad,
             "weight_bytes": n * k * w.element_size(),
             "card": torch.cuda.get_device_name(),
             "times": [[list(c), t] for c, t in ranked]}  # fmt: skip
@@ -118,15 +124,27 @@ def main() -> None:
         "--configs", nargs="*", default=[],
         help="more configs to time, e.g. 2,0,8,1,3,2 (a persistent one) or 4,2048,4,2",
     )  # fmt: skip
+    ap.add_argument(
+        "--shapes", nargs="*", default=[],
+        help="more shapes, NAME:NxK, timed as projection NAME's variant, e.g. down:8192x7168",
+    )  # fmt: skip
+    ap.add_argument("--row-pad", type=int, default=0, help="weight rows this much longer than K")
     args = ap.parse_args()
     torch.manual_seed(0)
     forced, best_all = [], []
     extra = tuple(tuple(map(int, c.split(","))) for c in args.configs)
-    for name, (n, k) in projections(args.model).items():
-        if (args.fp8 and name == "lm_head") or (args.only and name not in args.only.split(",")):
-            continue
+    shapes = [
+        (name, (n, k))
+        for name, (n, k) in projections(args.model).items()
+        if not (args.fp8 and name == "lm_head")
+        and not (args.only and name not in args.only.split(","))
+    ]
+    for spec in args.shapes:
+        name, shape = spec.split(":")
+        shapes.append((name, tuple(int(v) for v in shape.split("x"))))
+    for name, (n, k) in shapes:
         t0 = time.time()
-        row = sweep(name, n, k, args.fp8, args.candidates_only, extra)
+        row = sweep(name, n, k, args.fp8, args.candidates_only, extra, args.row_pad)
         cublas = "n/a" if row["cublas_us"] is None else f"{row['cublas_us']:.1f} us"
         pick_us = row["pick_us"] if row["pick_us"] is not None else float("nan")
         print(f"{name} N={n} K={k} {tuple(row['variant'])}: cuBLAS {cublas}, "
