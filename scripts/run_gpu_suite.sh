@@ -60,12 +60,22 @@ run_arm() {
 # ab_rounds NAME PATTERN PYTHON_ARGS...: python PYTHON_ARGS --model-path $MODEL_ROOT/$m
 # --result-filename $OUT/NAME_arm<i>.jsonl under every AB_ARMS arm (';'-separated, an empty
 # arm = this checkout), per model, AB_ROUNDS times (default 2) with the arms alternating so
-# machine drift hits every arm alike; lines matching PATTERN go to $OUT/NAME.log.
+# machine drift hits every arm alike; lines matching PATTERN go to $OUT/NAME.log. First the
+# first arm runs once more, logged as "warm-up" and not compared (AB_WARMUP=0 skips it):
+# the first process of a call compiles the Triton and flashinfer kernels, and that run was
+# slower than the rest (docs/performance/host-overhead.md), which biased round 1's arm 0.
 ab_rounds() {
   local name=$1 pattern=$2 round i m arms; shift 2
   # The appended ';' ends the last arm, so a trailing empty arm ("tree=X;") is kept: `read -a`
   # drops an empty field after the last delimiter, which would run only the other arm.
   IFS=';' read -ra arms <<< "${AB_ARMS:-};"
+  if [ "${AB_WARMUP:-1}" != 0 ]; then
+    for m in $MODELS; do
+      run_arm "${arms[0]}" python "$@" --model-path "$MODEL_ROOT/$m" \
+        --result-filename "$OUT/${name}_warmup.jsonl" 2>&1 | grep -E "$pattern" \
+        | sed "s|^|warm-up arm 0 [${arms[0]:-defaults}] $m |" | tee -a "$OUT/$name.log"
+    done
+  fi
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for i in "${!arms[@]}"; do
       for m in $MODELS; do
