@@ -337,29 +337,6 @@ if triton is not None:
         return xt, xs
 
     @triton.jit
-    def _split_sum_epilogue(
-        acc, out, part, count, b, s, rn, N, w_scale, ADD_RES: tl.constexpr,
-        W_SCALE: tl.constexpr, SPLITS: tl.constexpr,
-    ):  # fmt: skip
-        """_gemv_rows_kernel's split-K hand-off for row block b: store this program's part s
-        of the dot products acc of rows rn, count it, and if it is the block's last part,
-        sum all parts in a fixed order and write the epilogue's result to out."""
-        tl.store(part + s * N + rn, acc, mask=rn < N)
-        # every thread's store is ordered before the count (a CTA barrier, then a release
-        # at GPU scope), and the count's acquire before the other parts' reads; those read
-        # L2 (.cg), where the other SMs' stores are, not this SM's L1
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count + b, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            total = tl.zeros_like(acc)
-            for t in tl.static_range(SPLITS):
-                total += tl.load(part + t * N + rn, mask=rn < N, other=0.0, cache_modifier=".cg")
-            y = _epilogue(total, total, out + rn, rn < N, w_scale, rn, N, 1.0,
-                          False, ADD_RES, False, W_SCALE)  # fmt: skip
-            tl.store(out + rn, y, mask=rn < N)
-            tl.atomic_xchg(count + b, 0, sem="relaxed", scope="gpu")
-
-    @triton.jit
     def _gemv_rows_kernel(  # noqa: C901  # constexpr specialisations, as _gemv_kernel's
         x,
         w,
@@ -370,8 +347,6 @@ if triton is not None:
         norm_w,
         eps,
         w_scale,
-        part,
-        count,
         BN: tl.constexpr,
         BK: tl.constexpr,
         PDL: tl.constexpr,
@@ -381,7 +356,6 @@ if triton is not None:
         NORM_G: tl.constexpr,
         W_SCALE: tl.constexpr,
         BITS: tl.constexpr,
-        SPLITS: tl.constexpr,
     ):
         # out[0, :N] = x[0] @ w^T, with _gemv_kernel's options, M = 1 and whole rows a tile
         # (BK >= the row's length in w's elements: K, or K / 4 int32 words with BITS).
@@ -390,20 +364,8 @@ if triton is not None:
         # as _gemv_kernel). x, its norm and g are loaded once; block b + P's weight is
         # loaded before block b is summed, so a program always has a load in flight.
         # E.g. o_proj, N 4096, BN 4, P 528: program 5 computes rows 20-23 and 2132-2135.
-        #
-        # SPLITS > 1 (no NORM, no SILU_MUL) splits K into SPLITS equal parts (K here is one
-        # part's length): program p computes part s = p % SPLITS of row blocks p // SPLITS,
-        # p // SPLITS + P / SPLITS, ..., so it holds only its part of x. Each part's dot
-        # products go to part[s, rows] (float32) and bump count[b]; the program that bumps
-        # it last sums the SPLITS partials in the order s = 0, 1, ... (the same result
-        # whichever program arrives last), runs the epilogue and sets count[b] back to 0.
-        # E.g. down, K 14336, SPLITS 7, BN 4, P 791: program 9 reads x[2048:4096] and
-        # columns 2048-4095 of rows 4-7, 456-459, ...
-        s = tl.program_id(0) % SPLITS
-        pid = tl.program_id(0) // SPLITS
-        step = tl.num_programs(0) // SPLITS
-        x += s * K
-        w += s * (K // 4 if BITS else K)
+        pid = tl.program_id(0)
+        step = tl.num_programs(0)
         rb = tl.arange(0, BN)
         rj = tl.arange(0, BK)
         k_mask = rj[None, :] < (K // 4 if BITS else K)
@@ -449,13 +411,9 @@ if triton is not None:
                 acc_up = _row_dots(wu, x0, x1, x2, x3, BITS)
             else:
                 acc_up = acc  # unread
-            if SPLITS > 1:
-                _split_sum_epilogue(acc, out, part, count, b, s, rn, N, w_scale, ADD_RES,
-                                    W_SCALE, SPLITS)  # fmt: skip
-            else:
-                y = _epilogue(acc, acc_up, out + rn, rn < N, w_scale, rn, N, rstd,
-                              SILU_MUL, ADD_RES, NORM, W_SCALE)  # fmt: skip
-                tl.store(out + rn, y, mask=rn < N)
+            y = _epilogue(acc, acc_up, out + rn, rn < N, w_scale, rn, N, rstd,
+                          SILU_MUL, ADD_RES, NORM, W_SCALE)  # fmt: skip
+            tl.store(out + rn, y, mask=rn < N)
             wt = wn
             if SILU_MUL:
                 wu = wun
@@ -593,67 +551,35 @@ def _gemv_rows(
 ) -> torch.Tensor:
     """gemv with a persistent config (is_persistent): x of one row; the grid is
     programs-per-SM x the SM count, or fewer where there are fewer row blocks. With
-    silu_mul a program reads BLOCK_N / 2 gate and as many up rows (at least one each).
-    A seventh element S > 1 splits K into S parts (see _gemv_rows_kernel; K must divide
-    into them, in int32 words with integer decoding), without silu_mul or a norm."""
+    silu_mul a program reads BLOCK_N / 2 gate and as many up rows (at least one each)."""
     m, k = x.shape
     if m != 1:
         raise ValueError(f"the persistent GEMV takes one row of x, not {m}")
     n = w.shape[0]
-    bn, _, warps, stages, kind, per_sm = cfg[:6]
-    splits = cfg[6] if len(cfg) > 6 else 1
+    bn, _, warps, stages, kind, per_sm = cfg
     bits = kind == PERSISTENT_BITS
     if bits and (w.dtype != torch.float8_e4m3fn or k % 4 or w.stride(0) % 4 or w.stride(1) != 1):
         raise ValueError("integer e4m3 decoding takes a float8_e4m3fn w, K a multiple of 4")
-    if splits > 1 and (silu_mul or eps is not None or k % (splits * (4 if bits else 1))):
-        raise ValueError(f"K split into {splits} parts: K {k} must divide, without SiLU or norm")
     if silu_mul:
         assert n % 2 == 0, (n, cfg)
         n, bn = n // 2, max(1, bn // 2)
     out, fused = _fused(x, w, n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
-    blocks = triton.cdiv(n, bn)
-    programs = min(blocks, per_sm * _sm_count(x.device) // splits) * splits
-    part, count = _split_scratch(x.device, splits * n, blocks) if splits > 1 else (out, out)
-    kc = k // splits
+    programs = min(triton.cdiv(n, bn), per_sm * _sm_count(x.device))
     _gemv_rows_kernel[(programs,)](
         x,
         w.view(torch.int32) if bits else w,
         out,
         n,
-        kc,
+        k,
         w.stride(0) // 4 if bits else w.stride(0),
-        part=part,
-        count=count,
         BN=bn,
-        BK=triton.next_power_of_2(kc // 4 if bits else kc),
+        BK=triton.next_power_of_2(k // 4 if bits else k),
         BITS=bits,
-        SPLITS=splits,
         num_warps=warps,
         num_stages=stages,
         **fused,
     )
     return out
-
-
-# (device, partials, row blocks) -> the float32 partials and the int32 arrival counts of
-# split-K persistent GEMVs of that size. The counts start at 0 and every launch leaves them
-# at 0 (each block's last part resets its count), so launches of one stream can share them,
-# CUDA-graph replays included; they are never freed, as a captured graph holds their address.
-_SPLIT_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _split_scratch(
-    device: torch.device, parts: int, blocks: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The partials (float32, `parts` = splits x N) and arrival counts (int32, one per row
-    block, zero) a split-K launch of that size uses; allocated once per size."""
-    key = (device, parts, blocks)
-    if key not in _SPLIT_SCRATCH:
-        _SPLIT_SCRATCH[key] = (
-            torch.empty(parts, dtype=torch.float32, device=device),
-            torch.zeros(blocks, dtype=torch.int32, device=device),
-        )
-    return _SPLIT_SCRATCH[key]
 
 
 def _variant_kwargs(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> dict:

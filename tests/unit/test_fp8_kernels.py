@@ -287,9 +287,8 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
     integer-decoding _FP8_ROW_CONFIGS: a few programs per SM striding over row blocks, x
     loaded once) compute what a grid config computes, plain and through each fused variant,
     where N leaves the last program's next block past the end and K is not a power of two
-    (a multiple of 4, for the decoding's int32 words); so do those that split K into parts
-    summed by each row block's last part, plain and with the residual. They are candidates
-    at one row only and refuse more."""
+    (a multiple of 4, for the decoding's int32 words). They are candidates at one row only
+    and refuse more."""
     pytest.importorskip("triton")
     from mini_sglang.layers import small_m_gemm
     from mini_sglang.layers.small_m_gemm import gemv
@@ -330,13 +329,8 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
         ]
         with pytest.raises(ValueError, match="float8_e4m3fn"):
             gemv(x, wv.float(), configs[-1], **scale)
-    # K split into parts (a seventh element): 304 = 2 x 152 = 4 x 76, in int32 words 2 x 38
-    # and 4 x 19; plain and residual only
-    kind, wk = configs[-1][4], (wq.to(DEVICE) if fp8 else wv)
-    splits = [(4, 0, 4, 1, kind, 4, 2), (2, 0, 4, 1, kind, 3, 4), (1, 0, 4, 1, kind, 2, 4)]
     for kw in variants:
-        split = "silu_mul" not in kw and "eps" not in kw
-        for cfg in configs + (splits if split else []):
+        for cfg in configs:
             args = [
                 dict(kw, residual=kw["residual"].clone()) if "residual" in kw else kw for _ in "ab"
             ]
@@ -345,13 +339,6 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
             out = gemv(x, wc, cfg, **scale, **args[1])
             assert out.shape == ref.shape == (1, n // 2 if "silu_mul" in kw else n)
             torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
-    # every launch leaves the split's arrival counts at 0 for the next one
-    assert small_m_gemm._SPLIT_SCRATCH
-    assert all(not count.any() for _, count in small_m_gemm._SPLIT_SCRATCH.values())
-    with pytest.raises(ValueError, match="must divide"):
-        gemv(x, wk, (4, 0, 4, 1, kind, 4, 3), **scale)
-    with pytest.raises(ValueError, match="must divide"):
-        gemv(x, wk, splits[0], silu_mul=True, **scale)
     with pytest.raises(ValueError, match="one row"):
         gemv(x.expand(2, k).contiguous(), wv, rows[0], **scale)
 
