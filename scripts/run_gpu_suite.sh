@@ -65,24 +65,25 @@ run_arm() {
 # the first process of a call compiles the Triton and flashinfer kernels, and that run was
 # slower than the rest (docs/performance/host-overhead.md), which biased round 1's arm 0.
 ab_rounds() {
-  local name=$1 pattern=$2 round i m arms; shift 2
+  local name=$1 pattern=$2 round i arms cmd; shift 2
+  cmd=("$@")
   # The appended ';' ends the last arm, so a trailing empty arm ("tree=X;") is kept: `read -a`
   # drops an empty field after the last delimiter, which would run only the other arm.
   IFS=';' read -ra arms <<< "${AB_ARMS:-};"
-  if [ "${AB_WARMUP:-1}" != 0 ]; then
+  # ab_arm LABEL I RESULT: arm I once per model, results to $OUT/RESULT.jsonl, log lines
+  # prefixed with LABEL
+  ab_arm() {
+    local m
     for m in $MODELS; do
-      run_arm "${arms[0]}" python "$@" --model-path "$MODEL_ROOT/$m" \
-        --result-filename "$OUT/${name}_warmup.jsonl" 2>&1 | grep -E "$pattern" \
-        | sed "s|^|warm-up arm 0 [${arms[0]:-defaults}] $m |" | tee -a "$OUT/$name.log"
+      run_arm "${arms[$2]}" python "${cmd[@]}" --model-path "$MODEL_ROOT/$m" \
+        --result-filename "$OUT/$3.jsonl" 2>&1 | grep -E "$pattern" \
+        | sed "s|^|$1 arm $2 [${arms[$2]:-defaults}] $m |" | tee -a "$OUT/$name.log"
     done
-  fi
+  }
+  [ "${AB_WARMUP:-1}" != 0 ] && ab_arm warm-up 0 "${name}_warmup"
   for round in $(seq "${AB_ROUNDS:-2}"); do
     for i in "${!arms[@]}"; do
-      for m in $MODELS; do
-        run_arm "${arms[$i]}" python "$@" --model-path "$MODEL_ROOT/$m" \
-          --result-filename "$OUT/${name}_arm$i.jsonl" 2>&1 | grep -E "$pattern" \
-          | sed "s|^|round $round arm $i [${arms[$i]:-defaults}] $m |" | tee -a "$OUT/$name.log"
-      done
+      ab_arm "round $round" "$i" "${name}_arm$i"
     done
   done
 }

@@ -124,9 +124,9 @@ class CudaGraphRunner:
         # Compiling the warm-up's Triton kernels leaves cyclic garbage (tens of thousands of
         # objects a dozen kernels) that only a full collection frees: collected here, at
         # start-up, as SGLang's capture ends (its freeze_gc), not by a gen-2 collection in
-        # the middle of serving. On an H200 a process
-        # that compiled its kernels stalled 0.28 s once in 1,024 decode steps; one that
-        # loaded them from Triton's cache did not (docs/performance/host-overhead.md).
+        # the middle of serving. On an H200 a process that compiled its kernels stalled
+        # 0.28 s once in 1,024 decode steps; one that loaded them from Triton's cache did
+        # not (docs/performance/host-overhead.md).
         gc.collect()
         used = (free_before - torch.cuda.mem_get_info(self.device)[0]) / (1 << 30)
         self.runner.graph_mem_gib = used
