@@ -174,6 +174,9 @@ class Envs:
     )
     MINI_SGLANG_DISABLE_GEMV_SILU_FUSION = _flag("1: no SiLU-and-mul epilogue in the Triton GEMV.")
     MINI_SGLANG_DISABLE_GEMV_NORM_FUSION = _flag("1: no RMSNorm prologue in the Triton GEMV.")
+    MINI_SGLANG_DISABLE_GEMV_MLP_NORM_FOLD = _flag(
+        "1: the post-attention RMSNorm stays a kernel where a persistent gate_up GEMV could fold it."
+    )
     MINI_SGLANG_GEMV_PDL_CREDIT_US = EnvFloat(
         1.0, "Microseconds of credit a PDL-launched Triton GEMV gets when timed against cuBLAS."
     )

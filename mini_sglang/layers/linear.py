@@ -152,6 +152,22 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             fused = self.quant_method.apply_silu_mul(self, x, act)
         return act(self.forward(x)) if fused is None else fused
 
+    def rmsnorm_silu_mul_fold(
+        self, x: torch.Tensor, norm: RMSNorm
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """For inputs like x: a function r -> act(forward(norm(r))) (act the SiLU-and-mul of
+        forward_silu_mul) in one kernel where the method folds both (its
+        rmsnorm_silu_mul_fold), else None; decided before r exists, so a decoder can choose
+        to add into r elsewhere (e.g. in o_proj's epilogue) instead of in the norm kernel."""
+        if (
+            self.bias is not None
+            or self.gather_output
+            or len(self.output_sizes) != 2
+            or self.output_sizes[0] != self.output_sizes[1]
+        ):
+            return None
+        return self.quant_method.rmsnorm_silu_mul_fold(self, x, norm)
+
 
 class QKVParallelLinear(ColumnParallelLinear):
     """Fused q/k/v projection; KV heads are replicated when there are fewer than ranks."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,7 @@ MAX_M = SMALL_M_MAX_ROWS
 _ENABLED = not envs.MINI_SGLANG_DISABLE_SMALL_M_GEMM.get()
 _FUSE_SILU_MUL = not envs.MINI_SGLANG_DISABLE_GEMV_SILU_FUSION.get()
 FUSE_NORM = not envs.MINI_SGLANG_DISABLE_GEMV_NORM_FUSION.get()
+_FOLD_MLP_NORM = not envs.MINI_SGLANG_DISABLE_GEMV_MLP_NORM_FOLD.get()
 # (M bucket, N, K, dtype, fused variant) -> None (cuBLAS) or the Triton config (BLOCK_N,
 # BLOCK_K, num_warps[, num_stages])
 _choice: dict[tuple, tuple | None] = {}
@@ -761,6 +763,34 @@ def linear_rmsnorm(
     if cfg is None:
         return None
     return gemv(x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps, w_scale=w_scale)
+
+
+def rmsnorm_silu_mul_fold(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    w_scale: torch.Tensor | None = None,
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """For inputs like x (shape and dtype; its values are not read): a function computing
+    silu(h @ gate^T) * (h @ up^T), h = RMSNorm(r) * norm_weight, for w = [gate; up] in one
+    GEMV, where the pick for the norm variant of w is a persistent config; else None, and
+    the caller runs the norm kernel and linear_silu_mul. Asked before r holds its value, so a
+    layer can choose its dataflow (o_proj adding into r, or the add-RMSNorm kernel) first.
+
+    Only persistent programs: each loads x and g once for all its row blocks. A grid
+    program loads them again for every block, and in the largest GEMV that cost more than
+    the norm kernel it saves (docs/performance/decode-gemv.md, "the full fold").
+    MINI_SGLANG_DISABLE_GEMV_MLP_NORM_FOLD=1 always returns None."""
+    if not (_FOLD_MLP_NORM and _FUSE_SILU_MUL) or x.shape[0] != 1:
+        return None
+    cfg = norm_fusion_config(x, w, _scaled(("norm",), w_scale))
+    if not is_persistent(cfg):
+        return None
+    pdl = pdl_enabled(x)
+    return lambda r: gemv(
+        r, w, cfg, pdl=pdl, silu_mul=True, norm_weight=norm_weight, eps=eps, w_scale=w_scale
+    )
 
 
 def linear_add_(

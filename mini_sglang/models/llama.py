@@ -277,15 +277,24 @@ class LlamaDecoderLayer(nn.Module):
         """The layer where norms_in_gemvs holds; returns the residual stream, updated in place
         except where a step falls back to torch's RMSNorm (CPU), which adds out of place.
         qkv_proj normalises it inside its GEMV and down_proj adds into it in its epilogue, so
-        the input add-RMSNorm kernel does not run. The post-attention one does: folded into
-        gate_up_proj, whose GEMV is the largest and then loads the norm's weight beside x in
-        every program, it cost more than it saved (Llama-3.1-8B batch 1, H100: 5.61 vs 5.48
-        ms/token unfused; this dataflow 5.46 vs 5.49-5.51; docs/performance/decode-gemv.md)."""
-        attn = self.self_attn
+        the input add-RMSNorm kernel does not run. The post-attention one runs too where
+        gate_up_proj cannot fold it (rmsnorm_silu_mul_fold: only a persistent GEMV, whose
+        programs load the norm's weight once; in the grid GEMV every program loads it again,
+        which cost more than it saved: Llama-3.1-8B batch 1, H100, 5.61 vs 5.48 ms/token;
+        docs/performance/decode-gemv.md). Where it folds, o_proj adds into the residual in
+        its epilogue and gate_up_proj normalises the residual, so no norm kernel runs."""
+        attn, mlp = self.self_attn, self.mlp
+        norm = self.post_attention_layernorm
         qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
-        o = attn.forward_qkv(positions, qkv, fb)
-        hidden, residual = self.post_attention_layernorm(o, residual)
-        self.mlp.forward_add_(hidden, residual)
+        fold = None
+        if isinstance(mlp, LlamaMLP):
+            fold = mlp.gate_up_proj.rmsnorm_silu_mul_fold(residual, norm)
+        if fold is None:
+            hidden, residual = norm(attn.forward_qkv(positions, qkv, fb), residual)
+            mlp.forward_add_(hidden, residual)
+            return residual
+        attn.o_proj.forward_add_(attn.attend(positions, qkv, fb), residual)
+        mlp.down_proj.forward_add_(fold(residual), residual)
         return residual
 
 

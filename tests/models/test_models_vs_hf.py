@@ -260,19 +260,48 @@ def test_early_finishes_match_hf_and_free_memory(tiny: TinyModel, variant: str) 
     assert_memory_all_free(sched)
 
 
-@pytest.mark.parametrize("gemvs", ["fallbacks", "triton"])
+@pytest.mark.parametrize("gemvs", ["fallbacks", "triton", "persistent"])
 def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, gemvs: str, monkeypatch) -> None:
     """The decoder's small-batch dataflow where down_proj adds into the residual and the next
     qkv_proj normalises it itself (llama.norms_in_gemvs), forced on for every batch.
     "fallbacks": on CPU each fused step takes its unfused kernel, which checks the dataflow
     itself (the residual stream handed from layer to layer, the final norm). "triton": the
     fused GEMVs (small_m_gemm.linear_rmsnorm, linear_add_) serve every batch of <= 8 rows, in
-    Triton's interpreter on CPU; prefill batches take the fallbacks."""
+    Triton's interpreter on CPU; prefill batches take the fallbacks. "persistent" (Llama
+    only: the interpreter runs it slowly): one prompt alone, so its decode steps are one
+    row, where the persistent GEMV serves and gate_up_proj folds the post-attention norm
+    (o_proj adds into the residual instead); its first 12 tokens against transformers'."""
     import mini_sglang.models.llama as llama
+    from mini_sglang.layers import small_m_gemm
 
     monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
-    if gemvs == "triton":
+    if gemvs == "fallbacks":
+        sched = make_scheduler(tiny.path)
+        results = run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS)
+    elif gemvs == "triton":
         use_interpreted_gemvs(monkeypatch)
-    sched = make_scheduler(tiny.path)
-    _assert_same_as_hf(tiny, run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS))
+        sched = make_scheduler(tiny.path)
+        results = run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS)
+    else:
+        if tiny.arch != "llama":
+            pytest.skip("the one-row persistent dataflow is the same for every decoder here")
+        from mini_sglang.layers.linear import MergedColumnParallelLinear
+
+        folds = []  # what each layer's decision returned: the fold must have served
+        fold = MergedColumnParallelLinear.rmsnorm_silu_mul_fold
+        monkeypatch.setattr(small_m_gemm, "_FUSE_SILU_MUL", True)
+        monkeypatch.setattr(small_m_gemm, "_FOLD_MLP_NORM", True)
+        monkeypatch.setattr(
+            MergedColumnParallelLinear,
+            "rmsnorm_silu_mul_fold",
+            lambda *a: folds.append(f := fold(*a)) or f,
+        )
+        use_interpreted_gemvs(monkeypatch, one_row=(4, 0, 4, 1, small_m_gemm.PERSISTENT, 2))
+        sched = make_scheduler(tiny.path)
+        (res,) = run_prompts(sched, tiny.prompts[:1], 12)
+        assert any(f is not None for f in folds) and any(f is None for f in folds)
+        assert res.output_ids == tiny.hf_outputs[0][:12]
+        assert_memory_all_free(sched)
+        return
+    _assert_same_as_hf(tiny, results)
     assert_memory_all_free(sched)

@@ -308,7 +308,7 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
     else:
         wv, scale = w.to(DEVICE, dtype), {}
     x = _rand(1, k, seed=12).to(DEVICE, dtype)
-    g = (1 + 0.2 * _rand(k, seed=13)).to(DEVICE, dtype)
+    g = (1 + 0.2 * _rand(1, k, seed=13)[0]).to(DEVICE, dtype)
     rtol, atol = (2e-2, 2e-2) if DEVICE == "cuda" else (1e-5, 1e-5)
     variants = (
         {},
@@ -316,6 +316,7 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
         {"norm_weight": g, "eps": 1e-6},
         {"eps": 1e-6},
         {"residual": _rand(1, n, seed=14).to(DEVICE, dtype)},
+        {"silu_mul": True, "norm_weight": g, "eps": 1e-6},  # the post-attention fold
     )
     configs = [(4, 0, 4, 1, small_m_gemm.PERSISTENT, 4), (1, 0, 4, 1, small_m_gemm.PERSISTENT, 2)]
     if fp8:  # integer decoding reads the e4m3 bytes themselves, also in the interpreter
@@ -339,6 +340,13 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
             out = gemv(x, wc, cfg, **scale, **args[1])
             assert out.shape == ref.shape == (1, n // 2 if "silu_mul" in kw else n)
             torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
+            if "silu_mul" in kw and "norm_weight" in kw:  # and against torch itself
+                xf = x.float()
+                h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * g.float()
+                wf = wv.float() * (scale["w_scale"][:, None] if fp8 else 1)
+                gate, up = (h @ wf.T).chunk(2, dim=-1)
+                expect = torch.nn.functional.silu(gate) * up
+                torch.testing.assert_close(out.float(), expect, rtol=rtol, atol=atol)
     with pytest.raises(ValueError, match="one row"):
         gemv(x.expand(2, k).contiguous(), wv, rows[0], **scale)
 

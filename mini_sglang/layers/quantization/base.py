@@ -76,6 +76,14 @@ class LinearMethodBase:
         """act(apply(layer, x)) for a [gate; up] weight in one kernel, or None."""
         return None
 
+    def rmsnorm_silu_mul_fold(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """For inputs like x (its values unread): a function r -> silu(gate) * up of
+        apply(layer, norm(r)) for a [gate; up] weight in one kernel, or None (no such
+        fusion here). Asked before r is computed, so the caller can pick its dataflow."""
+        return None
+
     def apply_add_rmsnorm(
         self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> torch.Tensor | None:

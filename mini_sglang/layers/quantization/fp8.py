@@ -152,6 +152,15 @@ class Fp8LinearMethod(LinearMethodBase):
             return None
         return small_m_gemm.linear_silu_mul(x, layer.weight, layer.weight_scale)
 
+    def rmsnorm_silu_mul_fold(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if not triton_fp8_supported(x):
+            return None
+        return small_m_gemm.rmsnorm_silu_mul_fold(
+            x, layer.weight, norm.weight.data, norm.variance_epsilon, w_scale=layer.weight_scale
+        )
+
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
         if not triton_fp8_supported(x):
             return False

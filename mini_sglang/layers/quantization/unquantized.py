@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from mini_sglang.layers.quantization.base import LinearMethodBase, make_param
-from mini_sglang.layers.small_m_gemm import linear, linear_add_, linear_rmsnorm, linear_silu_mul
+from mini_sglang.layers.small_m_gemm import (
+    linear,
+    linear_add_,
+    linear_rmsnorm,
+    linear_silu_mul,
+    rmsnorm_silu_mul_fold,
+)
 
 if TYPE_CHECKING:
     from mini_sglang.layers.layernorm import RMSNorm
@@ -45,6 +51,11 @@ class UnquantizedLinearMethod(LinearMethodBase):
         self, layer: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor | None:
         return linear_silu_mul(x, layer.weight)
+
+    def rmsnorm_silu_mul_fold(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return rmsnorm_silu_mul_fold(x, layer.weight, norm.weight.data, norm.variance_epsilon)
 
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
         return linear_add_(x, layer.weight, residual)
