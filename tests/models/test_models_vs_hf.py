@@ -273,21 +273,15 @@ def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, gemvs: str, monkeyp
     (o_proj adds into the residual instead); its first 12 tokens against transformers'."""
     import mini_sglang.models.llama as llama
     from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.linear import MergedColumnParallelLinear
 
+    if gemvs == "persistent" and tiny.arch != "llama":
+        pytest.skip("the one-row persistent dataflow is the same for every decoder here")
     monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
-    if gemvs == "fallbacks":
-        sched = make_scheduler(tiny.path)
-        results = run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS)
-    elif gemvs == "triton":
+    folds = []  # what each layer's decision returned: the fold must have served
+    if gemvs == "triton":
         use_interpreted_gemvs(monkeypatch)
-        sched = make_scheduler(tiny.path)
-        results = run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS)
-    else:
-        if tiny.arch != "llama":
-            pytest.skip("the one-row persistent dataflow is the same for every decoder here")
-        from mini_sglang.layers.linear import MergedColumnParallelLinear
-
-        folds = []  # what each layer's decision returned: the fold must have served
+    elif gemvs == "persistent":
         fold = MergedColumnParallelLinear.rmsnorm_silu_mul_fold
         monkeypatch.setattr(small_m_gemm, "_FUSE_SILU_MUL", True)
         monkeypatch.setattr(small_m_gemm, "_FOLD_MLP_NORM", True)
@@ -297,11 +291,11 @@ def test_norms_in_gemvs_dataflow_matches_hf(tiny: TinyModel, gemvs: str, monkeyp
             lambda *a: folds.append(f := fold(*a)) or f,
         )
         use_interpreted_gemvs(monkeypatch, one_row=(4, 0, 4, 1, small_m_gemm.PERSISTENT, 2))
-        sched = make_scheduler(tiny.path)
+    sched = make_scheduler(tiny.path)
+    if gemvs == "persistent":
         (res,) = run_prompts(sched, tiny.prompts[:1], 12)
         assert any(f is not None for f in folds) and any(f is None for f in folds)
         assert res.output_ids == tiny.hf_outputs[0][:12]
-        assert_memory_all_free(sched)
-        return
-    _assert_same_as_hf(tiny, results)
+    else:
+        _assert_same_as_hf(tiny, run_prompts(sched, tiny.prompts, MAX_NEW_TOKENS))
     assert_memory_all_free(sched)
