@@ -116,6 +116,17 @@ _FP8_ROW_CONFIGS = [
 ]
 
 
+# FP8 weights only: grid configs (BLOCK_N, BLOCK_K, warps, stages, PERSISTENT_BITS) whose
+# kernel decodes e4m3 with integer ops too (BLOCK_K counts weights; the tiles hold a
+# quarter as many int32 words). For down (4096 x 14336) no persistent config fits its
+# registers (decode-gemv.md), and the fp32 conversion held the grid kernel near 12 weights
+# per SM and cycle.
+_FP8_GRID_BITS_CONFIGS = [
+    (4, 2048, 4, 2, PERSISTENT_BITS),
+    (8, 2048, 4, 2, PERSISTENT_BITS),
+]
+
+
 def is_persistent(cfg: tuple | None) -> bool:
     """Whether a GEMV config selects _gemv_rows_kernel (one row of x only); None (cuBLAS,
     e.g. forced with MINI_SGLANG_GEMV_CONFIGS=NxK:cublas) does not."""
@@ -130,7 +141,7 @@ def candidates(variant: tuple[str, ...] = (), rows: int = 1) -> list[tuple]:
     if "fp8" not in variant:
         return _CONFIGS + (_ROW_CONFIGS if rows == 1 else [])
     dots = [c for c in _FP8_DOT_CONFIGS if "silu_mul" not in variant or c[0] >= 32]
-    return _CONFIGS + (_FP8_ROW_CONFIGS if rows == 1 else []) + dots
+    return _CONFIGS + (_FP8_ROW_CONFIGS if rows == 1 else []) + _FP8_GRID_BITS_CONFIGS + dots
 
 
 # a Triton config must beat cuBLAS by this factor: graph timings repeat within ~1%
@@ -242,10 +253,16 @@ if triton is not None:
         W_SCALE: tl.constexpr,
         DOT: tl.constexpr,
         IEEE: tl.constexpr,
+        BITS: tl.constexpr,
+        X_WORDS: tl.constexpr,
     ):
         # With DOT each K tile is one tl.dot of x [BM >= 16, BK] and the weight tile
         # transposed [BK, BN >= 16], both in x's dtype (fp32 accumulation; IEEE: exact fp32
         # products for float32 x, not TF32); without, an elementwise fp32 multiply and sum.
+        # With BITS w holds int32 words of four e4m3 weights, decoded with integer ops as in
+        # _gemv_rows_kernel; BK then counts words (4 * BK weights a tile) and swn words too.
+        # X_WORDS (BITS, one bf16 row of x, x and g 8-byte aligned): x and g read as int64
+        # words of four (_bf16_quads).
         # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
         # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
         # program 3 reads gate rows 6, 7 and up rows 14342, 14343, and writes columns 6, 7.
@@ -253,51 +270,45 @@ if triton is not None:
         rn = pid * BN + tl.arange(0, BN)
         rm = tl.arange(0, BM)
         rk = tl.arange(0, BK)
+        kw = K // 4 if BITS else K  # a weight row's length in loaded elements
         w_rows = w + rn[:, None] * swn
         w_mask = rn[:, None] < N
         # The weight is never written during a step, so its first tile is loaded before the
         # wait: under programmatic dependent launch (PDL) this kernel starts while the one
         # producing x drains, and only the x loads wait (gdc_wait) for that kernel's writes.
-        wt = tl.load(w_rows + rk[None, :], mask=w_mask & (rk[None, :] < K), other=0.0)
+        wt = tl.load(w_rows + rk[None, :], mask=w_mask & (rk[None, :] < kw), other=0.0)
+        wu = wt  # unread without SILU_MUL
         if SILU_MUL:
-            wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & (rk[None, :] < K), other=0.0)
-        if NORM_G:
-            gt = tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)
+            wu = tl.load(
+                w_rows + N * swn + rk[None, :], mask=w_mask & (rk[None, :] < kw), other=0.0
+            )
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
         x_rows = x + rm[:, None] * sxm
         x_mask = rm[:, None] < M
-        xt = tl.load(x_rows + rk[None, :], mask=x_mask & (rk[None, :] < K), other=0.0)
-        xt = xt.to(tl.float32)
-        if NORM:  # RMSNorm(x) * g = rstd * (x * g): sum x^2 along, scale at the end
-            sq = xt * xt  # reduced once after the loop, not per tile
-            if NORM_G:
-                xt = xt * gt[None, :]
-        acc = _tile_product(xt, wt, x, DOT, IEEE)
-        if SILU_MUL:
-            acc_up = _tile_product(xt, wu, x, DOT, IEEE)
-        for k0 in range(BK, K, BK):
+        acc, acc_up, sq = _k_tile(x, x_rows, x_mask, norm_w, rk, K, wt, wu,
+                                  SILU_MUL, NORM_G, DOT, IEEE, BITS, X_WORDS)  # fmt: skip
+        for k0 in range(BK, kw, BK):
             rk = k0 + tl.arange(0, BK)
-            k_mask = rk[None, :] < K
+            k_mask = rk[None, :] < kw
             wt = tl.load(w_rows + rk[None, :], mask=w_mask & k_mask, other=0.0)
-            xt = tl.load(x_rows + rk[None, :], mask=x_mask & k_mask, other=0.0)
-            xt = xt.to(tl.float32)
-            if NORM:
-                sq += xt * xt
-                if NORM_G:
-                    gt = tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)
-                    xt = xt * gt[None, :]
             if SILU_MUL:
                 wu = tl.load(w_rows + N * swn + rk[None, :], mask=w_mask & k_mask, other=0.0)
-            acc += _tile_product(xt, wt, x, DOT, IEEE)
-            if SILU_MUL:
-                acc_up += _tile_product(xt, wu, x, DOT, IEEE)
+            a, a_up, s = _k_tile(x, x_rows, x_mask, norm_w, rk, K, wt, wu,
+                                 SILU_MUL, NORM_G, DOT, IEEE, BITS, X_WORDS)  # fmt: skip
+            acc += a
+            acc_up += a_up
+            sq += s
+        if BITS and BM == 1:  # the per-element terms, summed once here (see _k_tile)
+            acc = (tl.sum(acc, axis=1) * _X_SCALE)[None, :]
+            acc_up = (tl.sum(acc_up, axis=1) * _X_SCALE)[None, :]
+        elif BITS:
+            acc = tl.sum(acc, axis=2) * _X_SCALE
+            acc_up = tl.sum(acc_up, axis=2) * _X_SCALE
         rstd = 1.0
         if NORM:
             rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
-        if not SILU_MUL:
-            acc_up = acc  # unread
         out_ptrs = out + rm[:, None] * som + rn[None, :]
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
         y = _epilogue(acc, acc_up, out_ptrs, out_mask, w_scale, rn, N, rstd,
@@ -320,15 +331,103 @@ if triton is not None:
         return ((t >> 4) & _E4M3_TO_F32_MASK).to(tl.float32, bitcast=True)
 
     @triton.jit
+    def _e4m3_dot_terms(wt, x0, x1, x2, x3):
+        """w[.., 4j + i] x_i summed over the four bytes i of each int32 word of wt (element
+        4j + i in byte i of word j, little-endian), elementwise, wt broadcast against the
+        x_i; times 2^-120 (the decoding's) and whatever scale x carries."""
+        t = _e4m3_word_byte(wt, 24) * x0 + _e4m3_word_byte(wt, 16) * x1
+        t += _e4m3_word_byte(wt, 8) * x2 + _e4m3_word_byte(wt, 0) * x3
+        return t
+
+    @triton.jit
+    def _bf16_quads(v, rj, K):
+        """v[4j + i] for the words j in rj, i = 0..3, as four float32 vectors, for a bf16 v
+        read as int64 words of four: the same index vector as the weight's int32 words, so
+        the loads come in the weight tile's layout (strided loads of v[4j + i] come in a
+        layout of their own and go through shared memory to the tile's, every tile)."""
+        q = tl.load(v.to(tl.pointer_type(tl.int64)) + rj, mask=rj < K // 4, other=0)
+        lo = q.to(tl.int32)
+        hi = (q >> 32).to(tl.int32)
+        top = tl.full(lo.shape, -65536, tl.int32)  # 0xFFFF0000: a bf16's bits in f32's
+        return (
+            (lo << 16).to(tl.float32, bitcast=True),
+            (lo & top).to(tl.float32, bitcast=True),
+            (hi << 16).to(tl.float32, bitcast=True),
+            (hi & top).to(tl.float32, bitcast=True),
+        )
+
+    @triton.jit
     def _row_dots(wt, x0, x1, x2, x3, BITS: tl.constexpr):
         """sum_k w[n, k] x[k] per row n of the tile wt: with BITS wt holds int32 words of
-        four e4m3 weights (element 4j + i in byte i of word j, little-endian) and x_i the
-        x of element 4j + i (times 2^60); else wt [BN, BK] in any float type and x0 [BK]."""
+        four e4m3 weights (see _e4m3_dot_terms) and x_i the x of element 4j + i (times
+        2^60); else wt [BN, BK] in any float type and x0 [BK]."""
         if BITS:
-            prod = _e4m3_word_byte(wt, 24) * x0[None, :] + _e4m3_word_byte(wt, 16) * x1[None, :]
-            prod += _e4m3_word_byte(wt, 8) * x2[None, :] + _e4m3_word_byte(wt, 0) * x3[None, :]
+            prod = _e4m3_dot_terms(wt, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
             return tl.sum(prod, axis=1) * _X_SCALE
         return tl.sum(x0[None, :] * wt.to(tl.float32), axis=1)
+
+    @triton.jit
+    def _x_tile(x_rows, x_mask, norm_w, rk, K, NORM_G: tl.constexpr, BITS: tl.constexpr):
+        """x[:, rk] [BM, BK] in float32, and x[:, rk] * g[rk] with NORM_G (times 2^60 with
+        BITS): _x_part for the rows of the grid kernel."""
+        xt = tl.load(x_rows + rk[None, :], mask=x_mask & (rk[None, :] < K), other=0.0)
+        xt = xt.to(tl.float32)
+        xs = xt
+        if NORM_G:
+            xs = xs * tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
+        if BITS:
+            xs = xs * _X_SCALE
+        return xt, xs
+
+    @triton.jit
+    def _k_tile(
+        x, x_rows, x_mask, norm_w, rk, K, wt, wu,
+        SILU_MUL: tl.constexpr, NORM_G: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+        BITS: tl.constexpr, X_WORDS: tl.constexpr,
+    ):  # fmt: skip
+        """One K tile of the grid kernel: (x @ wt^T, x @ wu^T with SILU_MUL, else the first
+        again, x^2) for the rows of x at columns rk, or with BITS at the words rk (weights
+        4 * rk + i; both products then times 2^-60, see _e4m3_word_byte). With BITS and
+        one row (x_mask [1, 1]) the products are the per-element terms [BN, BK], which the
+        caller sums once after its K loop: no reduction across the warps per tile."""
+        if BITS and x_mask.shape[0] == 1:  # one row: x's parts as vectors, tiles [BN, BK]
+            if X_WORDS:
+                xt, x1t, x2t, x3t = _bf16_quads(x, rk, K)
+                x0, x1, x2, x3 = xt, x1t, x2t, x3t
+                if NORM_G:
+                    g0, g1, g2, g3 = _bf16_quads(norm_w, rk, K)
+                    x0, x1, x2, x3 = x0 * g0, x1 * g1, x2 * g2, x3 * g3
+                x0, x1, x2, x3 = x0 * _X_SCALE, x1 * _X_SCALE, x2 * _X_SCALE, x3 * _X_SCALE
+            else:
+                xt, x0 = _x_part(x, norm_w, 4 * rk, K, NORM_G, BITS)
+                x1t, x1 = _x_part(x, norm_w, 4 * rk + 1, K, NORM_G, BITS)
+                x2t, x2 = _x_part(x, norm_w, 4 * rk + 2, K, NORM_G, BITS)
+                x3t, x3 = _x_part(x, norm_w, 4 * rk + 3, K, NORM_G, BITS)
+            sq = (xt * xt + x1t * x1t + x2t * x2t + x3t * x3t)[None, :]
+            x0, x1, x2, x3 = x0[None, :], x1[None, :], x2[None, :], x3[None, :]
+            acc = _e4m3_dot_terms(wt, x0, x1, x2, x3)
+            acc_up = acc
+            if SILU_MUL:
+                acc_up = _e4m3_dot_terms(wu, x0, x1, x2, x3)
+        elif BITS:  # [BM, BN, BK]
+            xt, x0 = _x_tile(x_rows, x_mask, norm_w, 4 * rk, K, NORM_G, BITS)
+            x1t, x1 = _x_tile(x_rows, x_mask, norm_w, 4 * rk + 1, K, NORM_G, BITS)
+            x2t, x2 = _x_tile(x_rows, x_mask, norm_w, 4 * rk + 2, K, NORM_G, BITS)
+            x3t, x3 = _x_tile(x_rows, x_mask, norm_w, 4 * rk + 3, K, NORM_G, BITS)
+            sq = xt * xt + x1t * x1t + x2t * x2t + x3t * x3t
+            x0, x1, x2, x3 = x0[:, None, :], x1[:, None, :], x2[:, None, :], x3[:, None, :]
+            acc = _e4m3_dot_terms(wt[None, :, :], x0, x1, x2, x3)
+            acc_up = acc
+            if SILU_MUL:
+                acc_up = _e4m3_dot_terms(wu[None, :, :], x0, x1, x2, x3)
+        else:
+            xt, xs = _x_tile(x_rows, x_mask, norm_w, rk, K, NORM_G, BITS)
+            sq = xt * xt
+            acc = _tile_product(xs, wt, x, DOT, IEEE)
+            acc_up = acc
+            if SILU_MUL:
+                acc_up = _tile_product(xs, wu, x, DOT, IEEE)
+        return acc, acc_up, sq
 
     @triton.jit
     def _x_part(x, norm_w, rk, K, NORM_G: tl.constexpr, BITS: tl.constexpr):
@@ -510,11 +609,20 @@ def gemv(
     if is_persistent(cfg):
         return _gemv_rows(x, w, cfg, pdl, silu_mul, residual, norm_weight, eps, w_scale)
     dot = len(cfg) > 4 and cfg[4] == 1
+    bits = len(cfg) > 4 and cfg[4] == PERSISTENT_BITS
     bm = max(1, triton.next_power_of_2(m))
     if dot:
         bm = max(16, bm)  # tl.dot's smallest M; the extra rows are masked off
     elif bm > 1:
         bk = max(32, bk // bm)  # keep the per-thread register tile bounded
+    if bits:  # the kernel's tiles count int32 words of four weights
+        w, bk = _e4m3_words(w, k), max(1, bk // 4)
+    x_words = (
+        bits
+        and bm == 1
+        and _bf16_words(x)
+        and (norm_weight is None or _bf16_words(norm_weight.view(1, -1)))
+    )
     if silu_mul:
         assert n % 2 == 0 and bn >= 2, (n, cfg)
         if dot:  # tl.dot needs 16 gate rows a program: gate_up's pick is timed without SiLU
@@ -536,11 +644,26 @@ def gemv(
         BK=bk,
         DOT=dot,
         IEEE=x.dtype == torch.float32,
+        BITS=bits,
+        X_WORDS=x_words,
         num_warps=warps,
         **extra,
         **fused,
     )
     return out
+
+
+def _bf16_words(v: torch.Tensor) -> bool:
+    """Whether the first row of v can be read as int64 words of four bf16 (_bf16_quads)."""
+    return v.dtype == torch.bfloat16 and v.stride(-1) == 1 and v.data_ptr() % 8 == 0
+
+
+def _e4m3_words(w: torch.Tensor, k: int) -> torch.Tensor:
+    """w [N, K] float8_e4m3fn viewed as int32 words of four weights, for the kernels'
+    integer decoding (BITS)."""
+    if w.dtype != torch.float8_e4m3fn or k % 4 or w.stride(0) % 4 or w.stride(1) != 1:
+        raise ValueError("integer e4m3 decoding takes a float8_e4m3fn w, K a multiple of 4")
+    return w.view(torch.int32)
 
 
 def _gemv_rows(
@@ -563,20 +686,19 @@ def _gemv_rows(
     n = w.shape[0]
     bn, _, warps, stages, kind, per_sm = cfg
     bits = kind == PERSISTENT_BITS
-    if bits and (w.dtype != torch.float8_e4m3fn or k % 4 or w.stride(0) % 4 or w.stride(1) != 1):
-        raise ValueError("integer e4m3 decoding takes a float8_e4m3fn w, K a multiple of 4")
     if silu_mul:
         assert n % 2 == 0, (n, cfg)
         n, bn = n // 2, max(1, bn // 2)
     out, fused = _fused(x, w, n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
     programs = min(triton.cdiv(n, bn), per_sm * _sm_count(x.device))
+    wk = _e4m3_words(w, k) if bits else w
     _gemv_rows_kernel[(programs,)](
         x,
-        w.view(torch.int32) if bits else w,
+        wk,
         out,
         n,
         k,
-        w.stride(0) // 4 if bits else w.stride(0),
+        wk.stride(0),
         BN=bn,
         BK=triton.next_power_of_2(k // 4 if bits else k),
         BITS=bits,

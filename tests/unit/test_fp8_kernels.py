@@ -252,7 +252,9 @@ def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
         small_m_gemm._FP8_DOT_CONFIGS
     )
     assert small_m_gemm.candidates(("silu_mul",), rows=2) == small_m_gemm._CONFIGS
-    silu_dots = small_m_gemm.candidates(("silu_mul", "fp8"), rows=2)[len(small_m_gemm._CONFIGS) :]
+    silu_dots = [
+        c for c in small_m_gemm.candidates(("silu_mul", "fp8"), rows=2) if len(c) == 5 and c[4] == 1
+    ]
     assert silu_dots and all(c[0] >= 32 for c in silu_dots)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     # bf16 operands round x (times the norm weight) once more than the fp32 multiply does:
@@ -279,6 +281,61 @@ def test_gemv_tensor_core_dot_configs_match_the_elementwise_ones(silu_mul):
             atol = max(atol_per_max * ref.abs().max().item(), 2e-2 if DEVICE == "cuda" else 1e-5)
             for out in outs[1:]:
                 torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("m, x_form", [(1, "dtype"), (3, "dtype"), (1, "words"), (1, "offset")])
+def test_gemv_integer_decoding_grid_configs_match_the_elementwise_ones(m, x_form):
+    """The grid kernel's integer e4m3 decoding (a 5-tuple ending in PERSISTENT_BITS, as
+    _FP8_GRID_BITS_CONFIGS: the FP8 weight read as int32 words of four) computes what the
+    elementwise fp32 conversion computes, plain and through each fused variant, where K
+    leaves the last tile part-filled (100 words against tiles of 32). x in the test's
+    dtype, or one bf16 row read as int64 words of four (x_form "words"), or a bf16 row at
+    an offset that leaves it 2-byte aligned, which the kernel reads as bf16 ("offset")."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.small_m_gemm import gemv
+
+    grid_bits = small_m_gemm._FP8_GRID_BITS_CONFIGS
+    assert grid_bits and all(
+        len(c) == 5 and c[4] == small_m_gemm.PERSISTENT_BITS for c in grid_bits
+    )
+    assert not any(small_m_gemm.is_persistent(c) for c in grid_bits)
+    assert set(grid_bits) <= set(small_m_gemm.candidates(("fp8",), rows=m))
+    assert not set(grid_bits) & set(small_m_gemm.candidates(rows=m))
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    n, k = 24, 400
+    w = _rand(n, k, seed=21) / 16
+    wq, s = quantize_rows(w)
+    wv = (wq.float() if DEVICE == "cpu" else wq).to(DEVICE)
+    scale = s.to(DEVICE)
+    if x_form != "dtype":
+        dtype = torch.bfloat16
+    off = 1 if x_form == "offset" else 0
+    x = _rand(m, k + off, seed=22).to(DEVICE, dtype)[:, off:]
+    g = (1 + 0.2 * _rand(k + off, seed=23)).to(DEVICE, dtype)[off:]
+    assert small_m_gemm._bf16_words(x) == (x_form != "offset" and dtype == torch.bfloat16)
+    rtol, atol = (2e-2, 2e-2) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    variants = (
+        {},
+        {"silu_mul": True},
+        {"norm_weight": g, "eps": 1e-6},
+        {"eps": 1e-6},
+        {"residual": _rand(m, n, seed=24).to(DEVICE, dtype)},
+        {"silu_mul": True, "norm_weight": g, "eps": 1e-6},
+    )
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        gemv(x, wv.float(), (4, 128, 4, 2, small_m_gemm.PERSISTENT_BITS), w_scale=scale)
+    for kw in variants:
+        args = [dict(kw, residual=kw["residual"].clone()) if "residual" in kw else kw for _ in "ab"]
+        ref = gemv(x, wv, (4, 128, 4), w_scale=scale, **args[0])
+        out = gemv(
+            x, wq.to(DEVICE), (4, 128, 4, 2, small_m_gemm.PERSISTENT_BITS), w_scale=scale, **args[1]
+        )
+        assert out.shape == ref.shape == (m, n // 2 if "silu_mul" in kw else n)
+        torch.testing.assert_close(out.float(), ref.float(), rtol=rtol, atol=atol)
+        if not kw:  # and against torch itself
+            expect = x.float() @ (wv.float() * scale[:, None]).T
+            torch.testing.assert_close(out.float(), expect, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("fp8", [False, True])
