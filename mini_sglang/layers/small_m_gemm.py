@@ -7,8 +7,8 @@ capture, during the warm-up runs that precede it — and then always uses the fa
 timing replays a CUDA graph with the weight cold in L2 (see cuda_time_ms), the conditions of
 a decode step; timed hot, a weight that fits in L2 rewards the wrong kernel. Larger M, CPU
 and float32 go straight to F.linear. At one row the candidates include a persistent kernel
-(_gemv_rows_kernel: a few programs per SM, x loaded once, row blocks streamed), with an
-integer e4m3 decoding for FP8 weights.
+(_gemv_rows_kernel: a few programs per SM, x loaded once, row blocks streamed). For FP8
+weights both kernels have an integer e4m3 decoding (PERSISTENT_BITS configs).
 
 The GEMV also takes work from the kernels around it: the gated MLP's SiLU-and-multiply in
 its epilogue (linear_silu_mul), an RMSNorm of x in its prologue (linear_rmsnorm) and a
@@ -578,8 +578,8 @@ def gemv(
     w_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
-    stages[, 1: tensor-core dots]]); without stages Triton's default software pipelining
-    depth is used. A persistent config (is_persistent; M = 1 only) runs _gemv_rows_kernel. pdl=True
+    stages[, 1: tensor-core dots, or PERSISTENT_BITS: integer e4m3 decoding]]); without
+    stages Triton's default software pipelining depth is used. A persistent config (is_persistent; M = 1 only) runs _gemv_rows_kernel. pdl=True
     launches it as a programmatic dependent of the previous kernel on the stream (Hopper+).
 
     silu_mul=True applies the gated MLP's activation in the epilogue: w is [gate; up] and the
