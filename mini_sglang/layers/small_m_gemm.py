@@ -398,12 +398,10 @@ if triton is not None:
                     g0, g1, g2, g3 = _bf16_quads(norm_w, rk, K)
                     x0, x1, x2, x3 = x0 * g0, x1 * g1, x2 * g2, x3 * g3
                 x0, x1, x2, x3 = x0 * _X_SCALE, x1 * _X_SCALE, x2 * _X_SCALE, x3 * _X_SCALE
+                sq = xt * xt + x1t * x1t + x2t * x2t + x3t * x3t
             else:
-                xt, x0 = _x_part(x, norm_w, 4 * rk, K, NORM_G, BITS)
-                x1t, x1 = _x_part(x, norm_w, 4 * rk + 1, K, NORM_G, BITS)
-                x2t, x2 = _x_part(x, norm_w, 4 * rk + 2, K, NORM_G, BITS)
-                x3t, x3 = _x_part(x, norm_w, 4 * rk + 3, K, NORM_G, BITS)
-            sq = (xt * xt + x1t * x1t + x2t * x2t + x3t * x3t)[None, :]
+                x0, x1, x2, x3, sq = _x_quads(x, norm_w, rk, K, NORM_G)
+            sq = sq[None, :]
             x0, x1, x2, x3 = x0[None, :], x1[None, :], x2[None, :], x3[None, :]
             acc = _e4m3_dot_terms(wt, x0, x1, x2, x3)
             acc_up = acc
@@ -439,6 +437,16 @@ if triton is not None:
         if BITS:
             xs = xs * _X_SCALE
         return xt, xs
+
+    @triton.jit
+    def _x_quads(x, norm_w, rj, K, NORM_G: tl.constexpr):
+        """For the int32 words rj of an e4m3 weight row: x_i = x[4j + i] (times g[4j + i]
+        with NORM_G, and 2^60) for i = 0..3, and the sum of the four x[4j + i]^2."""
+        xt, x0 = _x_part(x, norm_w, 4 * rj, K, NORM_G, True)
+        x1t, x1 = _x_part(x, norm_w, 4 * rj + 1, K, NORM_G, True)
+        x2t, x2 = _x_part(x, norm_w, 4 * rj + 2, K, NORM_G, True)
+        x3t, x3 = _x_part(x, norm_w, 4 * rj + 3, K, NORM_G, True)
+        return x0, x1, x2, x3, xt * xt + x1t * x1t + x2t * x2t + x3t * x3t
 
     @triton.jit
     def _gemv_rows_kernel(  # noqa: C901  # constexpr specialisations, as _gemv_kernel's
@@ -483,11 +491,7 @@ if triton is not None:
             gdc_wait()
         nblocks = tl.cdiv(N, BN)
         if BITS:  # x of element 4j + i, for byte i of word j
-            xt, x0 = _x_part(x, norm_w, 4 * rj, K, NORM_G, BITS)
-            x1t, x1 = _x_part(x, norm_w, 4 * rj + 1, K, NORM_G, BITS)
-            x2t, x2 = _x_part(x, norm_w, 4 * rj + 2, K, NORM_G, BITS)
-            x3t, x3 = _x_part(x, norm_w, 4 * rj + 3, K, NORM_G, BITS)
-            sq = xt * xt + x1t * x1t + x2t * x2t + x3t * x3t
+            x0, x1, x2, x3, sq = _x_quads(x, norm_w, rj, K, NORM_G)
         else:
             xt, x0 = _x_part(x, norm_w, rj, K, NORM_G, BITS)
             x1, x2, x3 = x0, x0, x0  # unread without BITS
@@ -618,10 +622,7 @@ def gemv(
     if bits:  # the kernel's tiles count int32 words of four weights
         w, bk = _e4m3_words(w, k), max(1, bk // 4)
     x_words = (
-        bits
-        and bm == 1
-        and _bf16_words(x)
-        and (norm_weight is None or _bf16_words(norm_weight.view(1, -1)))
+        bits and bm == 1 and _bf16_words(x) and (norm_weight is None or _bf16_words(norm_weight))
     )
     if silu_mul:
         assert n % 2 == 0 and bn >= 2, (n, cfg)
@@ -654,7 +655,8 @@ def gemv(
 
 
 def _bf16_words(v: torch.Tensor) -> bool:
-    """Whether the first row of v can be read as int64 words of four bf16 (_bf16_quads)."""
+    """Whether v (its first row, for a matrix) can be read as int64 words of four bf16
+    (_bf16_quads)."""
     return v.dtype == torch.bfloat16 and v.stride(-1) == 1 and v.data_ptr() % 8 == 0
 
 
