@@ -143,14 +143,18 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         """act(forward(x)) for a [gate; up] projection and act = SiLU-and-multiply; at small
         batches the activation may happen in the GEMV's epilogue (the method's
         apply_silu_mul, e.g. small_m_gemm.linear_silu_mul)."""
-        fused = None
-        if (
+        fused = self.quant_method.apply_silu_mul(self, x, act) if self._gate_up else None
+        return act(self.forward(x)) if fused is None else fused
+
+    @property
+    def _gate_up(self) -> bool:
+        """Whether this is a [gate; up] pair a GEMV epilogue can activate: two equal halves,
+        no bias."""
+        return (
             self.bias is None
             and len(self.output_sizes) == 2
             and self.output_sizes[0] == self.output_sizes[1]
-        ):
-            fused = self.quant_method.apply_silu_mul(self, x, act)
-        return act(self.forward(x)) if fused is None else fused
+        )
 
     def rmsnorm_silu_mul_fold(
         self, x: torch.Tensor, norm: RMSNorm
@@ -159,12 +163,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         forward_silu_mul) in one kernel where the method folds both (its
         rmsnorm_silu_mul_fold), else None; decided before r exists, so a decoder can choose
         to add into r elsewhere (e.g. in o_proj's epilogue) instead of in the norm kernel."""
-        if (
-            self.bias is not None
-            or self.gather_output
-            or len(self.output_sizes) != 2
-            or self.output_sizes[0] != self.output_sizes[1]
-        ):
+        if not self._gate_up or self.gather_output:
             return None
         return self.quant_method.rmsnorm_silu_mul_fold(self, x, norm)
 
