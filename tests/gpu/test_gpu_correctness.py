@@ -268,22 +268,49 @@ def _check_top5_against_hf(
 
 
 def test_overlap_on_and_off_give_identical_greedy_tokens(tiny_model):
-    """Overlap scheduling changes when results are processed, never what is generated."""
+    """Overlap scheduling changes when results are processed, never what is generated.
+
+    The two runs' batches differ in shape: with overlap a finished request stays in the
+    next step's batch (its surplus slot), so a request's later tokens can come from a
+    batch of 3 in one run and 2 in the other. Kernels are not batch-invariant in bf16 (the
+    one-row GEMVs fold the norms, rounding differently from the batched path), so a
+    greedy choice between two near-equal tokens may go either way. The runs must agree
+    token for token until a request's first difference, and there each run's top two
+    must be the two tokens, within 2 * TOL of each other: a tie, not a wrong token."""
     model_path, _ = tiny_model
     runs = []
     for overlap in (True, False):
         sched, outputs = _make_gpu_scheduler(model_path, disable_overlap_schedule=not overlap)
         for i, n in enumerate((3, 40, 90)):
             # Different lengths so requests finish at different steps (surplus-slot path).
-            sched.add_request(make_req(f"o{i}", list(range(200, 200 + n)), 8 + 11 * i, True))
+            sched.add_request(
+                make_req(
+                    f"o{i}",
+                    list(range(200, 200 + n)),
+                    8 + 11 * i,
+                    True,
+                    return_logprob=True,
+                    top_logprobs_num=2,
+                )
+            )
         sched.run_until_idle()
-        got: dict[str, list[int]] = {}
-        for msg in outputs:
-            for rid, ids in zip(msg.rids, msg.output_ids):
-                got.setdefault(rid, []).extend(ids)
         assert sched.stats.check_memory()
-        runs.append(got)
+        runs.append(_collect_top_logprobs(outputs))
         del sched
         gc.collect()
         torch.cuda.empty_cache()
-    assert runs[0] == runs[1]
+    on, off = runs
+    assert sorted(on) == sorted(off) == ["o0", "o1", "o2"]
+    for i, rid in enumerate(sorted(on)):
+        a, b = on[rid], off[rid]
+        assert len(a["out"]) == len(b["out"]) == 8 + 11 * i
+        first = next((s for s, (x, y) in enumerate(zip(a["out"], b["out"])) if x != y), None)
+        if first is None:
+            continue
+        pair = {a["out"][first], b["out"][first]}
+        for run in (a, b):
+            vals, idx = run["out_top"][first]
+            assert set(idx) == pair and abs(vals[0] - vals[1]) <= 2 * TOL, (
+                f"{rid} token {first}: {a['out'][first]} with overlap, {b['out'][first]} "
+                f"without; top two {list(zip(idx, vals))} are not a tie"
+            )

@@ -45,11 +45,14 @@ import torch
 from mini_sglang.environ import envs
 
 if TYPE_CHECKING:
+    from mini_sglang.layers.layernorm import RMSNorm
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
 
 # Batches of at most this many tokens take this path in fused_experts_triton (0: never).
 # Read once at import; benchmarks set the attribute to compare both paths in one process.
 MAX_TOKENS = envs.MINI_SGLANG_MOE_SMALL_M.get()
+# Whether can_fold_norm may say yes (MINI_SGLANG_DISABLE_MOE_NORM_FOLD=1: never).
+FOLD_NORM = not envs.MINI_SGLANG_DISABLE_MOE_NORM_FOLD.get()
 
 _kernels: tuple | None = None
 
@@ -123,6 +126,12 @@ def use_small_m(tokens: int) -> bool:
     return 0 < tokens <= MAX_TOKENS
 
 
+def can_fold_norm(tokens: int) -> bool:
+    """True if fused_experts_gemv may take a `norm` for a batch of `tokens` tokens: this
+    path serves the batch and MINI_SGLANG_DISABLE_MOE_NORM_FOLD is not set."""
+    return FOLD_NORM and use_small_m(tokens)
+
+
 def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches count here too
     import triton  # deferred: the CPU path never needs it
     import triton.language as tl
@@ -137,6 +146,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         x_scale_ptr,
         w_scale_ptr,
         ids_ptr,
+        norm_ptr,
+        eps,
         INTER,
         H,
         stride_xm,
@@ -152,12 +163,16 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        NORM: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
         program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
         e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
         [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue).
+        NORM: x[token] is read as RMSNorm(x[token]) * norm (weight norm_ptr [H], epsilon
+        eps): each dot takes x * norm, and the token's 1 / rms, from the sum of squares of
+        the same x tiles, scales both accumulators after the K loop (unquantized x only).
         PDL: launched as a programmatic dependent; every read here (the ids first, which
         pick the weights) waits for the kernel before, and so does the launch of the down
         kernel, which reads the ids before its own wait."""
@@ -183,11 +198,16 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             x_s = x_scale_ptr + token * stride_xsm
         acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < H
             w_ok = n_ok[:, None] & k_ok[None, :]
-            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+            if NORM:
+                squares += xk * xk
+                xk = xk * tl.load(norm_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+            xk = xk[None, :]
             g = tl.load(gate_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
             u = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
             part_g = tl.sum(g * xk, axis=1)
@@ -203,6 +223,10 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             a_s = tl.load(x_s)
             acc_g = acc_g * a_s * tl.load(gate_s, mask=n_ok, other=0.0)
             acc_u = acc_u * a_s * tl.load(up_s, mask=n_ok, other=0.0)
+        if NORM:
+            inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / H + eps)
+            acc_g = acc_g * inv_rms
+            acc_u = acc_u * inv_rms
         # rounded to the activation dtype first, as the grouped GEMM's epilogue does
         gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
         up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
@@ -325,12 +349,16 @@ def fused_experts_gemv(
     fp8: Fp8Experts | None = None,
     config: SmallMConfig | None = None,
     residual: torch.Tensor | None = None,
+    norm: RMSNorm | None = None,
 ) -> torch.Tensor:
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
     nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
     tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
-    sum is added into it in the down kernel's epilogue and residual is returned. Both
+    sum is added into it in the down kernel's epilogue and residual is returned. `norm`
+    (unquantized experts only): the experts take norm(x), normalised inside the gate/up
+    kernel (fp32, not rounded to x's dtype as the norm kernel's output is); x may then be
+    `residual` itself, which the down kernel writes only after gate/up has read it. Both
     kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
     import triton
 
@@ -350,6 +378,7 @@ def fused_experts_gemv(
     x = x.contiguous()
     group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
     group = group_k or None
+    assert norm is None or fp8 is None, "the norm folds only into unquantized experts"
     a, a_scale, w_scale = x, x, w13  # unread placeholders without FP8
     if fp8 is not None:
         a, a_scale = fp8.quantize(x, group)
@@ -363,6 +392,8 @@ def fused_experts_gemv(
         a_scale,
         w_scale,
         ids,
+        x if norm is None else norm.weight,  # unread without NORM
+        0.0 if norm is None else norm.variance_epsilon,
         inter,
         hidden,
         a.stride(0),
@@ -378,6 +409,7 @@ def fused_experts_gemv(
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        NORM=norm is not None,
         PDL=pdl,
         **config.gate_up.launch_options(),
         launch_pdl=pdl,

@@ -18,6 +18,9 @@ the layer as parameters. Contract:
 - `apply(layer, x, topk_weights, topk_ids, dropped_pairs)` returns, for every token, the
   routing-weighted sum of its experts' outputs (experts_torch.py states it exactly), in
   x's dtype. topk_ids are local expert ids; negative ids (`dropped_pairs`) add nothing.
+- `can_fold_norm(x)`: whether `apply` may take `norm` for inputs like x (shape, device;
+  values not read). With `norm` (an RMSNorm), x is the un-normalised input and the experts
+  compute on norm(x), normalised inside their first kernel, so no norm kernel runs.
 - `dequantized_weights(layer)` returns (w13, w2) as the float values the layer multiplies
   by (the reference of the tests and of weight read-back).
 
@@ -28,12 +31,18 @@ from the model's QuantizationConfig (`get_moe_method`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from mini_sglang.layers.kernels import triton
+from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
+
+if TYPE_CHECKING:
+    from mini_sglang.layers.layernorm import RMSNorm
 
 
 def make_expert_param(
@@ -72,11 +81,16 @@ class FusedMoEMethodBase:
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
+        norm: RMSNorm | None = None,
     ) -> torch.Tensor:
         """The routing-weighted sum of each token's experts, [tokens, H] in x's dtype; with
         `residual` ([tokens, H], x's dtype) it is added into residual in place (fused into
-        the last kernel where the kernels can) and residual is returned."""
+        the last kernel where the kernels can) and residual is returned. `norm`: only where
+        can_fold_norm(x) (see the module); x may then be residual itself."""
         raise NotImplementedError
+
+    def can_fold_norm(self, x: torch.Tensor) -> bool:
+        return False
 
     def dequantized_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         return layer.w13_weight.data, layer.w2_weight.data
@@ -109,6 +123,7 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
+        norm: RMSNorm | None = None,
     ) -> torch.Tensor:
         if x.is_cuda and triton is not None:
             return fused_experts_triton(
@@ -119,6 +134,12 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
                 topk_ids,
                 dropped_pairs=dropped_pairs,
                 residual=residual,
+                norm=norm,
             )
+        assert norm is None, "the norm folds only into the CUDA kernels"
         out = fused_experts_torch(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
         return out if residual is None else residual.add_(out)
+
+    def can_fold_norm(self, x: torch.Tensor) -> bool:
+        """On CUDA, for the batches fused_moe_gemv's kernels serve (its can_fold_norm)."""
+        return x.is_cuda and triton is not None and fused_moe_gemv.can_fold_norm(x.shape[0])
