@@ -446,11 +446,12 @@ def test_experts_add_into_the_residual() -> None:
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
-def test_small_m_gemv_folds_the_rmsnorm(tokens) -> None:
+def test_small_m_gemv_folds_the_rmsnorm(tokens, monkeypatch) -> None:
     """With `norm`, the gate/up kernel normalises x itself: the result is the experts of
     RMSNorm(x) * weight (in fp32) added into the residual, here x itself, as the decoder
-    passes it; dropped pairs still add nothing. The fold is offered only to unquantized
-    experts on CUDA, for the batches this path serves."""
+    passes it; dropped pairs still add nothing. The fold is offered only where
+    MINI_SGLANG_MOE_NORM_FOLD is set, to unquantized experts on CUDA, for the batches this
+    path serves."""
     from mini_sglang.layers.layernorm import RMSNorm
     from mini_sglang.layers.moe.method import UnquantizedFusedMoEMethod
 
@@ -475,6 +476,10 @@ def test_small_m_gemv_folds_the_rmsnorm(tokens) -> None:
         assert got is residual
         torch.testing.assert_close(residual, want, atol=1e-5, rtol=1e-5)
     method = UnquantizedFusedMoEMethod()
+    assert envs.MINI_SGLANG_MOE_NORM_FOLD.default is False
+    monkeypatch.setattr(fused_moe_gemv, "FOLD_NORM", False)
+    assert not method.can_fold_norm(x)
+    monkeypatch.setattr(fused_moe_gemv, "FOLD_NORM", True)
     assert method.can_fold_norm(x) == (DEVICE.type == "cuda")
     assert not method.can_fold_norm(
         torch.empty(fused_moe_gemv.MAX_TOKENS + 1, hidden, device=DEVICE)

@@ -51,8 +51,10 @@ if TYPE_CHECKING:
 # Batches of at most this many tokens take this path in fused_experts_triton (0: never).
 # Read once at import; benchmarks set the attribute to compare both paths in one process.
 MAX_TOKENS = envs.MINI_SGLANG_MOE_SMALL_M.get()
-# Whether can_fold_norm may say yes (MINI_SGLANG_DISABLE_MOE_NORM_FOLD=1: never).
-FOLD_NORM = not envs.MINI_SGLANG_DISABLE_MOE_NORM_FOLD.get()
+# Whether can_fold_norm may say yes (MINI_SGLANG_MOE_NORM_FOLD=1). Off by default until an
+# A/B on a GPU shows the fold gains: the same norm folded into the router alone (then
+# written out for the experts) lost 0.05 ms/token at batch 1 (docs/performance/moe.md).
+FOLD_NORM = envs.MINI_SGLANG_MOE_NORM_FOLD.get()
 
 _kernels: tuple | None = None
 
@@ -128,7 +130,7 @@ def use_small_m(tokens: int) -> bool:
 
 def can_fold_norm(tokens: int) -> bool:
     """True if fused_experts_gemv may take a `norm` for a batch of `tokens` tokens: this
-    path serves the batch and MINI_SGLANG_DISABLE_MOE_NORM_FOLD is not set."""
+    path serves the batch and MINI_SGLANG_MOE_NORM_FOLD is set (FOLD_NORM)."""
     return FOLD_NORM and use_small_m(tokens)
 
 

@@ -96,6 +96,13 @@ class FusedMoEMethodBase:
         return layer.w13_weight.data, layer.w2_weight.data
 
 
+def triton_serves(x: torch.Tensor) -> bool:
+    """Whether UnquantizedFusedMoEMethod computes the experts for x with the Triton kernels
+    (fused_experts_triton; CUDA, triton importable) rather than fused_experts_torch. The
+    CPU tests replace it to run the kernels in Triton's interpreter."""
+    return x.is_cuda and triton is not None
+
+
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
     """w13 / w2 in params_dtype; fused_experts_triton on CUDA, fused_experts_torch else."""
 
@@ -125,7 +132,7 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         residual: torch.Tensor | None = None,
         norm: RMSNorm | None = None,
     ) -> torch.Tensor:
-        if x.is_cuda and triton is not None:
+        if triton_serves(x):
             return fused_experts_triton(
                 x,
                 layer.w13_weight,
@@ -136,10 +143,11 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
                 residual=residual,
                 norm=norm,
             )
-        assert norm is None, "the norm folds only into the CUDA kernels"
+        assert norm is None, "the norm folds only into the Triton kernels"
         out = fused_experts_torch(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
         return out if residual is None else residual.add_(out)
 
     def can_fold_norm(self, x: torch.Tensor) -> bool:
-        """On CUDA, for the batches fused_moe_gemv's kernels serve (its can_fold_norm)."""
-        return x.is_cuda and triton is not None and fused_moe_gemv.can_fold_norm(x.shape[0])
+        """Where the Triton kernels serve x, for the batches fused_moe_gemv's kernels serve
+        (its can_fold_norm: MINI_SGLANG_MOE_NORM_FOLD set)."""
+        return triton_serves(x) and fused_moe_gemv.can_fold_norm(x.shape[0])
