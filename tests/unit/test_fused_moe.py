@@ -489,12 +489,13 @@ def test_small_m_gemv_folds_the_rmsnorm(tokens, monkeypatch) -> None:
 def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
     """Batches of up to 4 tokens by default; with a threshold, fused_experts_triton (no
     config) returns exactly the GEMV path's result for batches up to it, launched with the
-    tiles tuned for the batch's bucket (bf16/fp16 and block-wise FP8 experts) or the default
-    tiles (per-channel FP8)."""
+    tiles tuned for the batch's bucket (bf16/fp16 experts, those with the norm folded in, and
+    block-wise FP8 experts) or the default tiles (per-channel FP8)."""
     assert envs.MINI_SGLANG_MOE_SMALL_M.default == 4
     for quant, tuned in (
         (None, fused_moe_gemv.TUNED),
         ("fp8-block", fused_moe_gemv.TUNED_FP8_BLOCK),
+        ("norm", fused_moe_gemv.TUNED_NORM),
     ):
         assert [fused_moe_gemv.default_config(m, quant) for m in (1, 2, 3, 4)] == [
             tuned[1],

@@ -112,15 +112,30 @@ TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
     2: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(8, 128, 4)),
     4: SmallMConfig(GemvTiles(16, 128, 4), GemvTiles(8, 128, 4)),
 }
-_TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
+# With the norm folded into gate/up (bf16 experts, MINI_SGLANG_MOE_NORM_FOLD): gate/up at
+# (2, 512, 1) for one to four tokens, chosen from register counts (sm90, Qwen3-30B-A3B's
+# shapes; benchmarks/kernel_resources.py --norm), not yet timed. The norm's loads and sums
+# take TUNED's (2, 1024, 1) from 72 to 114 registers a thread: 17 programs per SM, so of its
+# 3,072 programs at batch 1 only 2,244 are resident on 132 SMs (two waves), where
+# (2, 512, 1) needs 64 (32 per SM, one wave); TUNED's (4, 512, 1) needs 96 (21 per SM).
+TUNED_NORM: dict[int, SmallMConfig] = {
+    m: SmallMConfig(GemvTiles(2, 512, 1), TUNED[m].down) for m in (1, 2, 4)
+}
+_TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK, "norm": TUNED_NORM}
 
 
-def default_config(tokens: int, quant: str | None) -> SmallMConfig:
+def tuned_configs(kind: str | None) -> dict[int, SmallMConfig]:
+    """The tuned tiles by batch bucket for launches of `kind`: None for bf16/fp16 experts,
+    "norm" for those with the RMSNorm folded into gate/up, else an Fp8Experts.kind ({} where
+    nothing is tuned for it)."""
+    return _TUNED_BY_QUANT.get(kind, {})
+
+
+def default_config(tokens: int, kind: str | None) -> SmallMConfig:
     """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
-    config is given: for experts in format `quant` (None: bf16/fp16; else Fp8Experts.kind)
-    the tuned entry for the batch's power-of-two bucket, else DEFAULT_CONFIG."""
-    tuned = _TUNED_BY_QUANT.get(quant, {})
-    return tuned.get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
+    config is given: tuned_configs(kind)'s entry for the batch's power-of-two bucket, else
+    DEFAULT_CONFIG."""
+    return tuned_configs(kind).get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
 
 
 def use_small_m(tokens: int) -> bool:
@@ -200,14 +215,16 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             x_s = x_scale_ptr + token * stride_xsm
         acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        # NORM's sum of squares, reduced per tile: a [BLOCK_K] accumulator kept in registers
+        # takes gate/up at (2, 1024, 1) to 158 registers a thread (114 this way)
+        squares = 0.0
         for k0 in range(0, H, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < H
             w_ok = n_ok[:, None] & k_ok[None, :]
             xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
             if NORM:
-                squares += xk * xk
+                squares += tl.sum(xk * xk, axis=0)
                 xk = xk * tl.load(norm_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
             xk = xk[None, :]
             g = tl.load(gate_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
@@ -226,7 +243,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             acc_g = acc_g * a_s * tl.load(gate_s, mask=n_ok, other=0.0)
             acc_u = acc_u * a_s * tl.load(up_s, mask=n_ok, other=0.0)
         if NORM:
-            inv_rms = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / H + eps)
+            inv_rms = 1.0 / tl.sqrt(squares / H + eps)
             acc_g = acc_g * inv_rms
             acc_u = acc_u * inv_rms
         # rounded to the activation dtype first, as the grouped GEMM's epilogue does
@@ -372,7 +389,8 @@ def fused_experts_gemv(
     if tokens == 0:
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
-    config = config or default_config(tokens, fp8.kind if fp8 is not None else None)
+    kind = fp8.kind if fp8 is not None else "norm" if norm is not None else None
+    config = config or default_config(tokens, kind)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
