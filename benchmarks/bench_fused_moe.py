@@ -86,7 +86,7 @@ SWEEP = [
 ]  # fmt: skip
 
 
-def quant_name(args) -> str | None:
+def launch_kind(args) -> str | None:
     """The launch kind fused_moe_gemv.default_config takes: --dtype's format, or "norm"."""
     if args.norm:
         return "norm"
@@ -114,7 +114,7 @@ def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int, gemv: b
     return weights + acts
 
 
-def sweep_gemv(call, iters: int, quant: str | None, m: int) -> tuple:
+def sweep_gemv(call, iters: int, kind: str | None, m: int) -> tuple:
     """(fastest SmallMConfig, its ms) for call() (the layer on the GEMV path at a batch of m
     tokens): kernel 1's SWEEP candidates with kernel 2's default tiles, then kernel 2's
     with kernel 1's best (fused_moe_gemv.default_config is swapped for each timing and
@@ -122,7 +122,7 @@ def sweep_gemv(call, iters: int, quant: str | None, m: int) -> tuple:
     default = fused_moe_gemv.default_config
 
     def time_config(config: SmallMConfig) -> float:
-        fused_moe_gemv.default_config = lambda tokens, quant: config
+        fused_moe_gemv.default_config = lambda tokens, kind: config
         try:
             return cuda_time_ms(call, iters, graph=True)
         except Exception:  # tiles the compiler rejects on this card
@@ -130,7 +130,7 @@ def sweep_gemv(call, iters: int, quant: str | None, m: int) -> tuple:
         finally:
             fused_moe_gemv.default_config = default
 
-    start = default(m, quant)
+    start = default(m, kind)
     best = (start, time_config(start))
     for which in ("gate_up", "down"):
         for cand in SWEEP:
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rows.append(report(args, layer, spec, peaks, m, ids, ms, small_m, path))
         if args.small_m_sweep and m <= max(args.small_m):
             fused_moe_gemv.MAX_TOKENS = m
-            config, ms = sweep_gemv(call, args.iters, quant_name(args), m)
+            config, ms = sweep_gemv(call, args.iters, launch_kind(args), m)
             rows.append(report(args, layer, spec, peaks, m, ids, ms, m, "gemv-sweep", config))
             print(f"{'':>13} best tiles {rows[-1]['config']}")
     if args.result_filename:
@@ -235,7 +235,7 @@ def report(
     tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
     tflops = tflops / (ms / 1e3) / 1e12
     if gemv:
-        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, quant_name(args)))
+        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, launch_kind(args)))
     else:
         gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
         block = None if spec is None else spec.weight_block_size
