@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fused_moe.py [--experts 128 --top-k 8 --hidden 2048 --inter 768]
         [--tp 1] [--dtype bf16|fp8|fp8-block] [--batch-sizes 1 2 4 ...]
-        [--small-m 0 8] [--small-m-sweep] [--norm] [--result-filename out.jsonl]
+        [--small-m 0 8] [--small-m-sweep] [--result-filename out.jsonl]
 
 Defaults are Qwen3-30B-A3B's expert shapes (one layer, tp 1). Each batch size is timed as a
 CUDA-graph replay (kernels' GPU time, as in a decode step); the weights (1.2 GB in bf16) do
@@ -29,11 +29,6 @@ only at batch sizes up to T. Rows carry `small_m` and `path` ("grouped" or "gemv
 also times the GEMV path's kernels with other tiles (SWEEP: kernel 1's, then kernel 2's
 with kernel 1's best) at every batch size up to the largest T and reports the fastest
 (rows with `path` "gemv-sweep"): what TUNED in fused_moe_gemv.py should become.
-
-`--norm` (bf16) times the layer as MINI_SGLANG_MOE_NORM_FOLD=1 runs it at decode: the gate/up
-kernel normalises x itself (an RMSNorm folded in) and the down kernel adds into x, the
-residual stream; only batch sizes the GEMV path serves are timed, and the sweep starts from
-TUNED_NORM (what it should become).
 """
 
 from __future__ import annotations
@@ -86,10 +81,8 @@ SWEEP = [
 ]  # fmt: skip
 
 
-def launch_kind(args) -> str | None:
-    """The launch kind fused_moe_gemv.default_config takes: --dtype's format, or "norm"."""
-    if args.norm:
-        return "norm"
+def quant_name(args) -> str | None:
+    """--dtype as fused_moe_gemv.default_config names the experts' format."""
     return None if args.dtype == "bf16" else args.dtype
 
 
@@ -114,23 +107,25 @@ def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int, gemv: b
     return weights + acts
 
 
-def sweep_gemv(call, iters: int, kind: str | None, m: int) -> tuple:
-    """(fastest SmallMConfig, its ms) for call() (the layer on the GEMV path at a batch of m
-    tokens): kernel 1's SWEEP candidates with kernel 2's default tiles, then kernel 2's
-    with kernel 1's best (fused_moe_gemv.default_config is swapped for each timing and
-    restored). It starts from the tiles the layer launches by default at this batch."""
+def sweep_gemv(
+    layer: FusedMoE, x: torch.Tensor, logits: torch.Tensor, iters: int, quant: str | None
+) -> tuple:
+    """(fastest SmallMConfig, its ms) for the layer on the GEMV path at this batch: kernel 1's
+    SWEEP candidates with kernel 2's default tiles, then kernel 2's with kernel 1's best
+    (fused_moe_gemv.default_config is swapped for each timing and restored). It starts
+    from the tiles the layer launches by default at this batch."""
     default = fused_moe_gemv.default_config
 
     def time_config(config: SmallMConfig) -> float:
-        fused_moe_gemv.default_config = lambda tokens, kind: config
+        fused_moe_gemv.default_config = lambda tokens, quant: config
         try:
-            return cuda_time_ms(call, iters, graph=True)
+            return cuda_time_ms(lambda: layer(x, logits), iters, graph=True)
         except Exception:  # tiles the compiler rejects on this card
             return float("inf")
         finally:
             fused_moe_gemv.default_config = default
 
-    start = default(m, kind)
+    start = default(x.shape[0], quant)
     best = (start, time_config(start))
     for which in ("gate_up", "down"):
         for cand in SWEEP:
@@ -157,14 +152,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="GEMV-path thresholds to time (0: grouped path; default MINI_SGLANG_MOE_SMALL_M)",
     )  # fmt: skip
     p.add_argument("--small-m-sweep", action="store_true", help="also sweep the GEMV tiles")
-    p.add_argument(
-        "--norm", action="store_true",
-        help="bf16: the RMSNorm folded into gate/up, the sum added into x (GEMV path only)",
-    )  # fmt: skip
     p.add_argument("--result-filename", default=None)
     args = p.parse_args(argv)
-    if args.norm and args.dtype != "bf16":
-        p.error("--norm folds only into bf16 experts")
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     spec = DTYPES[args.dtype]
@@ -180,12 +169,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     layer.load_full(layer.w13_weight, w13)  # quantized while loading for FP8
     layer.load_full(layer.w2_weight, w2)
     del w13, w2
-    norm = None
-    if args.norm:
-        from mini_sglang.layers.layernorm import RMSNorm
-
-        fused_moe_gemv.FOLD_NORM = True
-        norm = RMSNorm(args.hidden).to(device="cuda", dtype=torch.bfloat16)
     peaks = card_peaks(spec is not None)
     name = torch.cuda.get_device_name()
     print(
@@ -197,24 +180,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         x = torch.randn(m, args.hidden, dtype=torch.bfloat16, device="cuda")
         logits = torch.randn(m, args.experts, device="cuda")
         _, ids = torch.topk(logits, args.top_k, dim=-1)
-        # --norm: as the decoder calls it, x the residual stream the experts add into
-        call = (
-            (lambda x=x, logits=logits: layer(x, logits))
-            if norm is None
-            else (lambda x=x, logits=logits: layer(x, logits, residual=x, norm=norm))
-        )
         for small_m in args.small_m:
             if 0 < small_m < m and 0 in args.small_m:  # the grouped path: timed at T 0
                 continue
             fused_moe_gemv.MAX_TOKENS = small_m
-            if norm is not None and not fused_moe_gemv.can_fold_norm(m):
-                continue
             path = "gemv" if fused_moe_gemv.use_small_m(m) else "grouped"
-            ms = cuda_time_ms(call, args.iters, graph=True)
+            ms = cuda_time_ms(lambda x=x, logits=logits: layer(x, logits), args.iters, graph=True)
             rows.append(report(args, layer, spec, peaks, m, ids, ms, small_m, path))
         if args.small_m_sweep and m <= max(args.small_m):
             fused_moe_gemv.MAX_TOKENS = m
-            config, ms = sweep_gemv(call, args.iters, launch_kind(args), m)
+            config, ms = sweep_gemv(layer, x, logits, args.iters, quant_name(args))
             rows.append(report(args, layer, spec, peaks, m, ids, ms, m, "gemv-sweep", config))
             print(f"{'':>13} best tiles {rows[-1]['config']}")
     if args.result_filename:
@@ -235,7 +210,7 @@ def report(
     tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
     tflops = tflops / (ms / 1e3) / 1e12
     if gemv:
-        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, launch_kind(args)))
+        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, quant_name(args)))
     else:
         gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
         block = None if spec is None else spec.weight_block_size
@@ -247,7 +222,7 @@ def report(
         device=name, m=m, us=round(ms * 1e3, 2), gb_s=round(gbs, 1),
         tflop_s=round(tflops, 2), config=cfg, experts=args.experts, top_k=args.top_k,
         hidden=args.hidden, inter=layer.intermediate_per_partition, dtype=args.dtype,
-        small_m=small_m, path=path, norm=args.norm,
+        small_m=small_m, path=path,
     )  # fmt: skip
     share = ""
     if peaks is not None:

@@ -5,7 +5,6 @@ run.
 
     python benchmarks/kernel_resources.py                      # tuned / default tiles, sm90
     python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
-    python benchmarks/kernel_resources.py --norm        # gate_up with the RMSNorm folded in
     python benchmarks/kernel_resources.py --attention   # the fused decode attention kernel
 
 Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down) per tile config,
@@ -152,18 +151,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="BLOCK_N,BLOCK_K,num_warps[,num_stages] of both expert kernels (default: TUNED's and the default)",
     )  # fmt: skip
     p.add_argument("--fp8", action="store_true", help="FP8 experts, block-wise [128, 128] scales")
-    p.add_argument(
-        "--norm", action="store_true",
-        help="gate_up with the post-attention RMSNorm folded in (NORM; bf16 experts only)",
-    )  # fmt: skip
     p.add_argument("--out", default=None, help="append the rows to this JSONL file")
     p.add_argument(
         "--attention", action="store_true",
         help="the fused decode attention kernel instead",
     )  # fmt: skip
     args = p.parse_args(argv)
-    if args.norm and args.fp8:
-        p.error("--norm folds only into bf16 experts; drop --fp8")
     if args.attention:
         rows = _attention_rows(args.arch)
         for r in rows:
@@ -176,8 +169,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.tiles:
         tiles = [fused_moe_gemv.GemvTiles(*map(int, t.split(","))) for t in args.tiles]
     else:
-        kind = "fp8-block" if args.fp8 else "norm" if args.norm else None
-        tuned = fused_moe_gemv.tuned_configs(kind)
+        tuned = fused_moe_gemv.TUNED_FP8_BLOCK if args.fp8 else fused_moe_gemv.TUNED
         configs = [*tuned.values(), fused_moe_gemv.DEFAULT_CONFIG]
         tiles = list(dict.fromkeys(t for c in configs for t in (c.gate_up, c.down)))
     gate_up, down = fused_moe_gemv._build_kernels()
@@ -185,7 +177,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     group = (128, 128) if args.fp8 else (1, 0)
     consts = dict(
         TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
-        GROUP_K=group[1], ADD_OUT=True, NORM=args.norm, PDL=True,
+        GROUP_K=group[1], ADD_OUT=True, PDL=True,
     )  # fmt: skip
     rows = []
     for t in tiles:
@@ -205,15 +197,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
     for r in rows:
         print(
-            f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''}"
-            f"{' norm' if args.norm else ''} {r['kernel']:>12} "
+            f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''} {r['kernel']:>12} "
             f"tiles={r['tiles']} warps={r['warps']} stages={r['stages']}: {r['regs']} registers, "
             f"{r['stack']} B stack, {r['shared']} B shared, {r['barriers']} barriers, "
             f"{r['ctas_per_sm']} per SM, global loads {r['loads_before_wait']} before / "
             f"{r['loads_after_wait']} after the PDL wait"
         )
     if args.out:
-        common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8, "norm": args.norm}
+        common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8}
         with open(args.out, "a") as f:
             f.writelines(json.dumps(common | r) + "\n" for r in rows)
     return rows

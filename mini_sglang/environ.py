@@ -177,10 +177,6 @@ class Envs:
     MINI_SGLANG_DISABLE_GEMV_MLP_NORM_FOLD = _flag(
         "1: the post-attention RMSNorm stays a kernel where a persistent gate_up GEMV could fold it."
     )
-    MINI_SGLANG_MOE_NORM_FOLD = _flag(
-        "1: MoE layers at decode fold the post-attention RMSNorm into the router's GEMV and the "
-        "expert kernels (no norm kernel runs); not yet timed on a GPU, hence opt-in."
-    )
     MINI_SGLANG_GEMV_PDL_CREDIT_US = EnvFloat(
         1.0, "Microseconds of credit a PDL-launched Triton GEMV gets when timed against cuBLAS."
     )

@@ -33,15 +33,12 @@ import torch
 torch.set_num_threads(1)
 
 
-def use_interpreted_gemvs(
-    monkeypatch, one_row: tuple | None = None, rows: tuple = (16, 32, 4)
-) -> None:
+def use_interpreted_gemvs(monkeypatch, one_row: tuple | None = None) -> None:
     """Every fused small-batch GEMV (small_m_gemm.norm_fusion_config's users) runs the Triton
-    kernel for batches of <= 8 rows with config `rows` (default: 16-row blocks, two K blocks
-    at hidden 64), in Triton's interpreter on CPU (skips where the interpreter is off:
-    tests/gpu runs the compiled kernels); larger batches take the fallbacks. one_row: the
-    config for one-row batches instead (e.g. a persistent one, which lets gate_up_proj fold
-    the post-attention norm: small_m_gemm.rmsnorm_silu_mul_fold)."""
+    kernel for batches of <= 8 rows, in Triton's interpreter on CPU (skips where the
+    interpreter is off: tests/gpu runs the compiled kernels); larger batches take the
+    fallbacks. one_row: the config for one-row batches instead (e.g. a persistent one, which
+    lets gate_up_proj fold the post-attention norm: small_m_gemm.rmsnorm_silu_mul_fold)."""
     import os
 
     from mini_sglang.layers import small_m_gemm
@@ -54,7 +51,7 @@ def use_interpreted_gemvs(
     def config(x: torch.Tensor, w: torch.Tensor, variant: tuple) -> tuple | None:
         if one_row is not None and x.shape[0] == 1:
             return one_row
-        return rows if x.shape[0] <= 8 else None
+        return (16, 32, 4) if x.shape[0] <= 8 else None  # 2+ K blocks at hidden 64
 
     monkeypatch.setattr(small_m_gemm, "norm_fusion_config", config)
 

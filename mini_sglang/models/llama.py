@@ -7,7 +7,7 @@ before RoPE. Everything else (RMSNorm, SwiGLU MLP, RoPE, tied embeddings) is sha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -86,17 +86,6 @@ class LlamaMLP(nn.Module):
     def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """residual += forward(x), with the add in down_proj's epilogue where it can be."""
         self.down_proj.forward_add_(self.gate_up_proj.forward_silu_mul(x, self.act_fn), residual)
-
-    def norm_fold(self, x: torch.Tensor, norm: RMSNorm) -> Callable[[torch.Tensor], None] | None:
-        """For a residual stream like x (its values are not read): a function doing
-        forward_add_(norm(r), r) with the norm inside gate_up_proj's GEMV
-        (rmsnorm_silu_mul_fold) and the add in down_proj's epilogue; None where gate_up_proj
-        cannot fold it. Asked before r holds its value, so a layer can choose its dataflow
-        (o_proj adding into r, or the add-RMSNorm kernel) first."""
-        gate_up = self.gate_up_proj.rmsnorm_silu_mul_fold(x, norm)
-        if gate_up is None:
-            return None
-        return lambda r: self.down_proj.forward_add_(gate_up(r), r)
 
     def forward_after_add_rmsnorm(
         self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
@@ -249,9 +238,8 @@ class LlamaDecoderLayer(nn.Module):
     def build_mlp(
         self, config, layer_id: int, quant_config: QuantizationConfig | None, prefix: str
     ) -> nn.Module:
-        """The feed-forward block: a module with forward(x), forward_add_(x, residual)
-        (residual += forward(x)) and norm_fold(x, norm) (LlamaMLP's); MoE decoders return a
-        sparse block here."""
+        """The feed-forward block: a module with forward(x) and forward_add_(x, residual)
+        (residual += forward(x)); MoE decoders return a sparse block here."""
         return LlamaMLP(
             config.hidden_size, config.intermediate_size, quant_config=quant_config, prefix=prefix
         )
@@ -288,24 +276,25 @@ class LlamaDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """The layer where norms_in_gemvs holds; returns the residual stream, updated in place
         except where a step falls back to torch's RMSNorm (CPU), which adds out of place.
-        qkv_proj normalises it inside its GEMV and the MLP adds into it in its last kernel, so
-        the input add-RMSNorm kernel does not run. The post-attention one runs too where the
-        MLP cannot fold it (its norm_fold: a dense MLP only into a persistent gate_up GEMV,
-        whose programs load the norm's weight once; in the grid GEMV every program loads it
-        again, which cost more than it saved: Llama-3.1-8B batch 1, H100, 5.61 vs 5.48
-        ms/token; docs/performance/decode-gemv.md; a MoE block into its router's GEMV and
-        its expert kernels). Where it folds, o_proj adds into the residual in its epilogue
-        and the MLP normalises the residual itself, so no norm kernel runs."""
+        qkv_proj normalises it inside its GEMV and down_proj adds into it in its epilogue, so
+        the input add-RMSNorm kernel does not run. The post-attention one runs too where
+        gate_up_proj cannot fold it (rmsnorm_silu_mul_fold: only a persistent GEMV, whose
+        programs load the norm's weight once; in the grid GEMV every program loads it again,
+        which cost more than it saved: Llama-3.1-8B batch 1, H100, 5.61 vs 5.48 ms/token;
+        docs/performance/decode-gemv.md). Where it folds, o_proj adds into the residual in
+        its epilogue and gate_up_proj normalises the residual, so no norm kernel runs."""
         attn, mlp = self.self_attn, self.mlp
         norm = self.post_attention_layernorm
         qkv = attn.qkv_proj.forward_rmsnorm(residual, self.input_layernorm)
-        fold = mlp.norm_fold(residual, norm)
+        fold = None
+        if isinstance(mlp, LlamaMLP):
+            fold = mlp.gate_up_proj.rmsnorm_silu_mul_fold(residual, norm)
         if fold is None:
             hidden, residual = norm(attn.forward_qkv(positions, qkv, fb), residual)
             mlp.forward_add_(hidden, residual)
             return residual
         attn.o_proj.forward_add_(attn.attend(positions, qkv, fb), residual)
-        fold(residual)
+        mlp.down_proj.forward_add_(fold(residual), residual)
         return residual
 
 

@@ -15,7 +15,7 @@ A family's checkpoint names for an expert's projections are MoeForCausalLM's
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,7 +33,6 @@ from mini_sglang.models.llama import (
 from mini_sglang.models.weight_loading import load_checkpoint_weights
 
 if TYPE_CHECKING:
-    from mini_sglang.layers.layernorm import RMSNorm
     from mini_sglang.layers.quantization.base import QuantizationConfig
 
 
@@ -101,27 +100,6 @@ class SparseMoeBlock(nn.Module):
             scale = torch.sigmoid(F.linear(x, self.shared_expert_gate.weight))
             out = out + scale * self.shared_expert(x)
         return tensor_model_parallel_all_reduce(out) if get_tp_size() > 1 else out
-
-    def norm_fold(self, x: torch.Tensor, norm: RMSNorm) -> Callable[[torch.Tensor], None] | None:
-        """For a residual stream like x (shape, device; its values are not read): a function
-        doing forward_add_(norm(r), r) for r with norm inside the kernels, the router's GEMV
-        (small_m_gemm.linear_rmsnorm) and the experts' gate/up kernel each normalising r, so
-        no norm kernel runs; None where one of them cannot (a shared expert, tensor
-        parallelism, the grouped expert GEMM, quantized experts, no GEMV for the router).
-        Asked before r holds its value, as LlamaMLP.norm_fold."""
-        if self.shared_expert is not None or get_tp_size() > 1:
-            return None
-        if not self.experts.quant_method.can_fold_norm(x):
-            return None
-        router = self.gate.weight
-        if small_m_gemm.norm_fusion_config(x, router, ("norm",)) is None:
-            return None
-
-        def fold(r: torch.Tensor) -> None:
-            logits = small_m_gemm.linear_rmsnorm(r, router, norm.weight, norm.variance_epsilon)
-            self.experts(r, logits, residual=r, norm=norm)
-
-        return fold
 
     def forward_add_(self, x: torch.Tensor, residual: torch.Tensor) -> None:
         """residual += forward(x); without a shared expert or tensor parallelism the experts

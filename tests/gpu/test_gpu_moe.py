@@ -82,36 +82,6 @@ def test_moe_top5_logprobs_match_hf(tiny_moe, backend):
     _check_top5_against_hf(sched, outputs, hf, late=1)
 
 
-def test_moe_norm_fold_top5_logprobs_match_hf(tiny_moe, monkeypatch):
-    """MINI_SGLANG_MOE_NORM_FOLD=1 (SparseMoeBlock.norm_fold): the same check with the
-    post-attention norm folded into the router's GEMV and the gate/up expert kernel at
-    decode, CUDA graphs on. Qwen2-MoE's shared expert declines the fold; the other two must
-    take it in some layer call (decode batches of up to fused_moe_gemv.MAX_TOKENS rows). The
-    router's GEMV is forced to a Triton config (the fold needs one; at these tiny shapes the
-    start-up timing might pick cuBLAS)."""
-    import json
-
-    from mini_sglang.layers import small_m_gemm
-    from mini_sglang.layers.moe import fused_moe_gemv
-    from mini_sglang.models.sparse_moe import SparseMoeBlock
-
-    model_path, hf = tiny_moe
-    cfg = json.loads((Path(model_path) / "config.json").read_text())
-    router = (cfg.get("num_experts") or cfg["num_local_experts"], cfg["hidden_size"])
-    monkeypatch.setattr(small_m_gemm, "_choice", dict(small_m_gemm._choice))
-    monkeypatch.setitem(small_m_gemm._FORCED, router, small_m_gemm.candidates(("norm",))[0])
-    monkeypatch.setattr(fused_moe_gemv, "FOLD_NORM", True)
-    served = []
-    norm_fold = SparseMoeBlock.norm_fold
-    monkeypatch.setattr(
-        SparseMoeBlock, "norm_fold", lambda *a: served.append((f := norm_fold(*a)) is not None) or f
-    )
-    sched, outputs = _make_gpu_scheduler(model_path)
-    assert sched.tp_worker.model_runner.graph_runner is not None, "CUDA graphs are off"
-    _check_top5_against_hf(sched, outputs, hf, late=1)
-    assert any(served) == ("shared_expert_intermediate_size" not in cfg), served
-
-
 def _problem(tokens: int, E: int, k: int, H: int, inter: int, dtype, seed: int = 0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, H, device="cuda", generator=gen).to(dtype)

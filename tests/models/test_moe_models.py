@@ -8,10 +8,6 @@ family must get right: Qwen3-MoE q/k norm and top-4 of 8 renormalised; Qwen2-MoE
 the sigmoid-gated shared expert, top-2 not renormalised and a dense layer (mlp_only_layers);
 Mixtral the block_sparse_moe / w1-w3 names and always-renormalised top-2 of 4.
 
-The decode dataflow with the post-attention norm folded into the router's GEMV and the
-expert kernels (MINI_SGLANG_MOE_NORM_FOLD) runs those kernels in Triton's interpreter and must
-give the same first 16 tokens.
-
 Then the Qwen2-MoE model runs on two gloo ranks (CPU) started with --tp-size 2 --ep-size 2
 (whole experts per rank), and again on the same ranks split by TP alone (every expert's
 intermediate dimension split), and must give transformers' first 16 tokens both times.
@@ -33,13 +29,11 @@ from tests.conftest import (
     make_scheduler,
     randomize_norms_and_biases,
     run_prompts,
-    use_interpreted_gemvs,
 )
 
 ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral"]
 MAX_NEW_TOKENS = 32
 TP_TOKENS = 16  # per request in the two-rank runs (their start-up dominates the test)
-FOLD_TOKENS = 16  # per request through the interpreted kernels of the norm fold
 LOGITS_ATOL = 1e-3
 PROMPTS = [
     "Hello world, this is",
@@ -134,48 +128,6 @@ def test_prefill_logits_and_greedy_match_hf(tiny: TinyMoe) -> None:
         ref_gen = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(ref_out)]
         assert res.input_logprobs[1:] == pytest.approx(ref_in, abs=LOGITS_ATOL), i
         assert res.output_logprobs == pytest.approx(ref_gen, abs=LOGITS_ATOL), i
-    assert_memory_all_free(sched)
-
-
-def test_norm_fold_dataflow_matches_hf(tiny_models, monkeypatch) -> None:
-    """MINI_SGLANG_MOE_NORM_FOLD's decode layer (llama.forward_norms_in_gemvs with
-    SparseMoeBlock.norm_fold): o_proj adds the attention into the residual, the router's
-    GEMV normalises the residual in its prologue (small_m_gemm.linear_rmsnorm), the gate/up
-    expert kernel normalises it again itself and the down kernel adds the experts into it,
-    so no norm kernel runs. Batches of up to fused_moe_gemv.MAX_TOKENS rows run these
-    kernels in Triton's interpreter, larger ones (prefill) the torch reference and the norm
-    kernel; FOLD_TOKENS greedy tokens of prompts joining at different steps against
-    transformers'. Qwen3-MoE only: the interpreter runs about ten kernels a decode step, and
-    the fold's code is the same for Mixtral (top-2 of 4) and for Qwen2-MoE declines it (its
-    shared expert; SparseMoeBlock.norm_fold)."""
-    import mini_sglang.models.llama as llama
-    from mini_sglang.layers.moe import fused_moe_gemv, method
-    from mini_sglang.models.sparse_moe import SparseMoeBlock
-
-    tiny = tiny_models["qwen3_moe"]
-    # 64-row blocks: a quarter of the interpreted programs of the default's (its launches
-    # are most of this test's time), still two K blocks at hidden 64
-    use_interpreted_gemvs(monkeypatch, rows=(64, 32, 4))
-    monkeypatch.setattr(llama, "norms_in_gemvs", lambda x: True)
-    monkeypatch.setattr(fused_moe_gemv, "FOLD_NORM", True)
-    monkeypatch.setattr(method, "triton_serves", lambda x: fused_moe_gemv.use_small_m(len(x)))
-    # Few programs for the interpreter: gate/up one block of the 32 intermediate columns a
-    # pair, down one of the 64 hidden columns a token; two K steps each.
-    tiles = fused_moe_gemv.SmallMConfig(
-        fused_moe_gemv.GemvTiles(32, 32, 1), fused_moe_gemv.GemvTiles(64, 16, 1)
-    )
-    monkeypatch.setattr(fused_moe_gemv, "default_config", lambda tokens, kind: tiles)
-    decisions = []  # each layer's norm_fold answer: the fold must have served
-    norm_fold = SparseMoeBlock.norm_fold
-    monkeypatch.setattr(
-        SparseMoeBlock, "norm_fold", lambda *a: decisions.append(f := norm_fold(*a)) or f
-    )
-    sched = make_scheduler(tiny.path)
-    results = run_prompts(sched, tiny.prompts, FOLD_TOKENS, stagger=lambda i: 3 * i)
-    for i, (res, ref) in enumerate(zip(results, tiny.hf_outputs)):
-        assert res.output_ids == ref[:FOLD_TOKENS], f"prompt {i}: {res.output_ids} != HF {ref}"
-    # prefill batches (more rows than the GEMV path takes) keep the norm kernel
-    assert any(f is not None for f in decisions) and any(f is None for f in decisions)
     assert_memory_all_free(sched)
 
 

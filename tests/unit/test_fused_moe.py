@@ -445,57 +445,15 @@ def test_experts_add_into_the_residual() -> None:
     torch.testing.assert_close(residual, base + layer(x, logits), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tokens", [1, 3])
-def test_small_m_gemv_folds_the_rmsnorm(tokens, monkeypatch) -> None:
-    """With `norm`, the gate/up kernel normalises x itself: the result is the experts of
-    RMSNorm(x) * weight (in fp32) added into the residual, here x itself, as the decoder
-    passes it; dropped pairs still add nothing. The fold is offered only where
-    MINI_SGLANG_MOE_NORM_FOLD is set, to unquantized experts on CUDA, for the batches this
-    path serves."""
-    from mini_sglang.layers.layernorm import RMSNorm
-    from mini_sglang.layers.moe.method import UnquantizedFusedMoEMethod
-
-    gen = torch.Generator().manual_seed(11 + tokens)
-    experts, k, hidden, inter = 8, 3, 40, 16
-    x = torch.randn(tokens, hidden, generator=gen) * 3.0
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
-    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.2
-    weights = torch.rand(tokens, k, generator=gen)
-    ids = _ids(tokens, experts, k, gen)
-    norm = RMSNorm(hidden, eps=1e-5)
-    norm.weight.data = 1.0 + torch.randn(hidden, generator=gen) * 0.5
-    x, w13, w2, weights, ids, norm = (t.to(DEVICE) for t in (x, w13, w2, weights, ids, norm))
-    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight
-    dropped = torch.where(ids % 2 == 1, -1, ids)
-    for case in (ids, dropped):
-        want = x + fused_experts_torch(normed, w13, w2, weights, case)
-        residual = x.clone()
-        got = fused_experts_gemv(
-            residual, w13, w2, weights, case, config=GEMV_TILES, residual=residual, norm=norm
-        )
-        assert got is residual
-        torch.testing.assert_close(residual, want, atol=1e-5, rtol=1e-5)
-    method = UnquantizedFusedMoEMethod()
-    assert envs.MINI_SGLANG_MOE_NORM_FOLD.default is False
-    monkeypatch.setattr(fused_moe_gemv, "FOLD_NORM", False)
-    assert not method.can_fold_norm(x)
-    monkeypatch.setattr(fused_moe_gemv, "FOLD_NORM", True)
-    assert method.can_fold_norm(x) == (DEVICE.type == "cuda")
-    assert not method.can_fold_norm(
-        torch.empty(fused_moe_gemv.MAX_TOKENS + 1, hidden, device=DEVICE)
-    )
-
-
 def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
     """Batches of up to 4 tokens by default; with a threshold, fused_experts_triton (no
     config) returns exactly the GEMV path's result for batches up to it, launched with the
-    tiles tuned for the batch's bucket (bf16/fp16 experts, those with the norm folded in, and
-    block-wise FP8 experts) or the default tiles (per-channel FP8)."""
+    tiles tuned for the batch's bucket (bf16/fp16 and block-wise FP8 experts) or the default
+    tiles (per-channel FP8)."""
     assert envs.MINI_SGLANG_MOE_SMALL_M.default == 4
     for quant, tuned in (
         (None, fused_moe_gemv.TUNED),
         ("fp8-block", fused_moe_gemv.TUNED_FP8_BLOCK),
-        ("norm", fused_moe_gemv.TUNED_NORM),
     ):
         assert [fused_moe_gemv.default_config(m, quant) for m in (1, 2, 3, 4)] == [
             tuned[1],

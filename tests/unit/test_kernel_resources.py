@@ -61,18 +61,3 @@ def test_attention_kernel_loads_before_its_wait(tmp_path: Path) -> None:
     assert row["loads_before_wait"] > 0 and row["loads_after_wait"] > 0
     assert 0 < row["regs"] <= 255 and row["ctas_per_sm"] > 0
     assert len(stdout.strip().splitlines()) == 1
-
-
-def test_norm_fold_tiles_keep_gate_up_resident(tmp_path: Path) -> None:
-    """--norm: gate/up with the post-attention RMSNorm folded in. Its loads and sums cost
-    registers: at TUNED's batch-1 tile fewer programs fit an SM than the 32 that the
-    narrower K tiles of TUNED_NORM (what fused_experts_gemv launches with a norm) keep, so
-    the norm tiles leave every program of a batch-1 layer resident at once."""
-    from mini_sglang.layers.moe import fused_moe_gemv
-
-    tiles = [fused_moe_gemv.TUNED[1].gate_up, fused_moe_gemv.TUNED_NORM[1].gate_up]
-    args = [f"{t.block_n},{t.block_k},{t.num_warps}" for t in tiles]
-    rows, _ = _rows(tmp_path, "--norm", "--tiles", *args)
-    gate_up = [r for r in rows if r["kernel"] == "gate_up"]
-    assert [r["norm"] for r in rows] == [True] * len(rows)
-    assert gate_up[0]["ctas_per_sm"] < gate_up[1]["ctas_per_sm"] == 32

@@ -45,16 +45,11 @@ import torch
 from mini_sglang.environ import envs
 
 if TYPE_CHECKING:
-    from mini_sglang.layers.layernorm import RMSNorm
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
 
 # Batches of at most this many tokens take this path in fused_experts_triton (0: never).
 # Read once at import; benchmarks set the attribute to compare both paths in one process.
 MAX_TOKENS = envs.MINI_SGLANG_MOE_SMALL_M.get()
-# Whether can_fold_norm may say yes (MINI_SGLANG_MOE_NORM_FOLD=1). Off by default until an
-# A/B on a GPU shows the fold gains: the same norm folded into the router alone (then
-# written out for the experts) lost 0.05 ms/token at batch 1 (docs/performance/moe.md).
-FOLD_NORM = envs.MINI_SGLANG_MOE_NORM_FOLD.get()
 
 _kernels: tuple | None = None
 
@@ -112,41 +107,20 @@ TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
     2: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(8, 128, 4)),
     4: SmallMConfig(GemvTiles(16, 128, 4), GemvTiles(8, 128, 4)),
 }
-# With the norm folded into gate/up (bf16 experts, MINI_SGLANG_MOE_NORM_FOLD): gate/up at
-# (2, 512, 1) for one to four tokens, chosen from register counts (sm90, Qwen3-30B-A3B's
-# shapes; benchmarks/kernel_resources.py --norm), not yet timed. The norm's loads and sums
-# take TUNED's (2, 1024, 1) from 72 to 114 registers a thread: 17 programs per SM, so of its
-# 3,072 programs at batch 1 only 2,244 are resident on 132 SMs (two waves), where
-# (2, 512, 1) needs 64 (32 per SM, one wave); TUNED's (4, 512, 1) needs 96 (21 per SM).
-TUNED_NORM: dict[int, SmallMConfig] = {
-    m: SmallMConfig(GemvTiles(2, 512, 1), TUNED[m].down) for m in (1, 2, 4)
-}
-_TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK, "norm": TUNED_NORM}
+_TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
 
-def tuned_configs(kind: str | None) -> dict[int, SmallMConfig]:
-    """The tuned tiles by batch bucket for launches of `kind`: None for bf16/fp16 experts,
-    "norm" for those with the RMSNorm folded into gate/up, else an Fp8Experts.kind ({} where
-    nothing is tuned for it)."""
-    return _TUNED_BY_QUANT.get(kind, {})
-
-
-def default_config(tokens: int, kind: str | None) -> SmallMConfig:
+def default_config(tokens: int, quant: str | None) -> SmallMConfig:
     """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
-    config is given: tuned_configs(kind)'s entry for the batch's power-of-two bucket, else
-    DEFAULT_CONFIG."""
-    return tuned_configs(kind).get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
+    config is given: for experts in format `quant` (None: bf16/fp16; else Fp8Experts.kind)
+    the tuned entry for the batch's power-of-two bucket, else DEFAULT_CONFIG."""
+    tuned = _TUNED_BY_QUANT.get(quant, {})
+    return tuned.get(1 << (tokens - 1).bit_length(), DEFAULT_CONFIG)
 
 
 def use_small_m(tokens: int) -> bool:
     """True if a batch of `tokens` tokens takes this path (1 <= tokens <= MAX_TOKENS)."""
     return 0 < tokens <= MAX_TOKENS
-
-
-def can_fold_norm(tokens: int) -> bool:
-    """True if fused_experts_gemv may take a `norm` for a batch of `tokens` tokens: this
-    path serves the batch and MINI_SGLANG_MOE_NORM_FOLD is set (FOLD_NORM)."""
-    return FOLD_NORM and use_small_m(tokens)
 
 
 def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches count here too
@@ -163,8 +137,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         x_scale_ptr,
         w_scale_ptr,
         ids_ptr,
-        norm_ptr,
-        eps,
         INTER,
         H,
         stride_xm,
@@ -180,16 +152,12 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
-        NORM: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
         program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
         e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
         [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue).
-        NORM: x[token] is read as RMSNorm(x[token]) * norm (weight norm_ptr [H], epsilon
-        eps): each dot takes x * norm, and the token's 1 / rms, from the sum of squares of
-        the same x tiles, scales both accumulators after the K loop (unquantized x only).
         PDL: launched as a programmatic dependent; every read here (the ids first, which
         pick the weights) waits for the kernel before, and so does the launch of the down
         kernel, which reads the ids before its own wait."""
@@ -215,18 +183,11 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             x_s = x_scale_ptr + token * stride_xsm
         acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        # NORM's sum of squares, reduced per tile: a [BLOCK_K] accumulator kept in registers
-        # takes gate/up at (2, 1024, 1) to 158 registers a thread (114 this way)
-        squares = 0.0
         for k0 in range(0, H, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < H
             w_ok = n_ok[:, None] & k_ok[None, :]
-            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
-            if NORM:
-                squares += tl.sum(xk * xk, axis=0)
-                xk = xk * tl.load(norm_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-            xk = xk[None, :]
+            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
             g = tl.load(gate_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
             u = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
             part_g = tl.sum(g * xk, axis=1)
@@ -242,10 +203,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             a_s = tl.load(x_s)
             acc_g = acc_g * a_s * tl.load(gate_s, mask=n_ok, other=0.0)
             acc_u = acc_u * a_s * tl.load(up_s, mask=n_ok, other=0.0)
-        if NORM:
-            inv_rms = 1.0 / tl.sqrt(squares / H + eps)
-            acc_g = acc_g * inv_rms
-            acc_u = acc_u * inv_rms
         # rounded to the activation dtype first, as the grouped GEMM's epilogue does
         gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
         up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
@@ -368,16 +325,12 @@ def fused_experts_gemv(
     fp8: Fp8Experts | None = None,
     config: SmallMConfig | None = None,
     residual: torch.Tensor | None = None,
-    norm: RMSNorm | None = None,
 ) -> torch.Tensor:
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
     nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
     tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
-    sum is added into it in the down kernel's epilogue and residual is returned. `norm`
-    (unquantized experts only): the experts take norm(x), normalised inside the gate/up
-    kernel (fp32, not rounded to x's dtype as the norm kernel's output is); x may then be
-    `residual` itself, which the down kernel writes only after gate/up has read it. Both
+    sum is added into it in the down kernel's epilogue and residual is returned. Both
     kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
     import triton
 
@@ -389,8 +342,7 @@ def fused_experts_gemv(
     if tokens == 0:
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
-    kind = fp8.kind if fp8 is not None else "norm" if norm is not None else None
-    config = config or default_config(tokens, kind)
+    config = config or default_config(tokens, fp8.kind if fp8 is not None else None)
     gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
@@ -398,7 +350,6 @@ def fused_experts_gemv(
     x = x.contiguous()
     group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
     group = group_k or None
-    assert norm is None or fp8 is None, "the norm folds only into unquantized experts"
     a, a_scale, w_scale = x, x, w13  # unread placeholders without FP8
     if fp8 is not None:
         a, a_scale = fp8.quantize(x, group)
@@ -412,8 +363,6 @@ def fused_experts_gemv(
         a_scale,
         w_scale,
         ids,
-        x if norm is None else norm.weight,  # unread without NORM
-        0.0 if norm is None else norm.variance_epsilon,
         inter,
         hidden,
         a.stride(0),
@@ -429,7 +378,6 @@ def fused_experts_gemv(
         GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
-        NORM=norm is not None,
         PDL=pdl,
         **config.gate_up.launch_options(),
         launch_pdl=pdl,

@@ -29,16 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.align import moe_align_block_size
 from mini_sglang.layers.moe.kernel_config import get_config
-
-if TYPE_CHECKING:
-    from mini_sglang.layers.layernorm import RMSNorm
 
 _triton_kernel = None
 
@@ -275,7 +271,6 @@ def fused_experts_triton(
     config: dict[str, int] | None = None,
     fp8: Fp8Experts | None = None,
     residual: torch.Tensor | None = None,
-    norm: RMSNorm | None = None,
 ) -> torch.Tensor:
     """fused_experts_torch's result (see the module for the steps). `dropped_pairs`: some ids
     may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
@@ -285,17 +280,15 @@ def fused_experts_triton(
     fused_moe_gemv.MAX_TOKENS tokens (MINI_SGLANG_MOE_SMALL_M) run fused_moe_gemv's two
     kernels instead, unless `config` asks for the grouped GEMM's tiles. With `residual`
     ([tokens, H], x's dtype) the result is added into it in place (in that path, in the down
-    kernel's epilogue) and residual is returned. `norm`: the experts take norm(x), folded
-    into fused_moe_gemv's gate/up kernel (only there: can_fold_norm says where)."""
+    kernel's epilogue) and residual is returned."""
     tokens, k = topk_ids.shape
     E, two_i, _ = w13.shape
     if tokens == 0:  # nothing to launch (a grid of zero programs is an error)
         return torch.zeros_like(x) if residual is None else residual
     if config is None and fused_moe_gemv.use_small_m(tokens):
         return fused_moe_gemv.fused_experts_gemv(
-            x, w13, w2, topk_weights, topk_ids, fp8=fp8, residual=residual, norm=norm
+            x, w13, w2, topk_weights, topk_ids, fp8=fp8, residual=residual
         )
-    assert norm is None, "the norm folds only into fused_moe_gemv's kernels"
     if config is None:
         dtype = x.dtype if fp8 is None else torch.float8_e4m3fn
         block_shape = None if fp8 is None else fp8.block

@@ -41,7 +41,6 @@ from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMo
 from mini_sglang.layers.moe.router import select_experts
 
 if TYPE_CHECKING:
-    from mini_sglang.layers.layernorm import RMSNorm
     from mini_sglang.layers.quantization.base import QuantizationConfig
 
 _UNQUANTIZED = UnquantizedFusedMoEMethod()
@@ -188,14 +187,11 @@ class FusedMoE(nn.Module):
         hidden: torch.Tensor,
         router_logits: torch.Tensor,
         residual: torch.Tensor | None = None,
-        norm: RMSNorm | None = None,
     ) -> torch.Tensor:
         """The experts' output for hidden [tokens, H] routed by router_logits [tokens, E]
         (all-reduced where reduce_results at tp > 1); with `residual` it is added into
         residual in place (in the last expert kernel where no all-reduce comes between) and
-        residual is returned. `norm`: the experts take norm(hidden), normalised in their
-        first kernel; only where quant_method.can_fold_norm(hidden) (hidden may then be
-        residual itself)."""
+        residual is returned."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         topk_ids = self._local_ids(topk_ids)
         all_reduce = self.reduce_results and get_tp_size() > 1
@@ -206,7 +202,6 @@ class FusedMoE(nn.Module):
             topk_ids,
             dropped_pairs=self.ep_size > 1,
             residual=None if all_reduce else residual,
-            norm=norm,
         )
         if all_reduce:
             out = tensor_model_parallel_all_reduce(out)

@@ -18,9 +18,6 @@ the layer as parameters. Contract:
 - `apply(layer, x, topk_weights, topk_ids, dropped_pairs)` returns, for every token, the
   routing-weighted sum of its experts' outputs (experts_torch.py states it exactly), in
   x's dtype. topk_ids are local expert ids; negative ids (`dropped_pairs`) add nothing.
-- `can_fold_norm(x)`: whether `apply` may take `norm` for inputs like x (shape, device;
-  values not read). With `norm` (an RMSNorm), x is the un-normalised input and the experts
-  compute on norm(x), normalised inside their first kernel, so no norm kernel runs.
 - `dequantized_weights(layer)` returns (w13, w2) as the float values the layer multiplies
   by (the reference of the tests and of weight read-back).
 
@@ -31,18 +28,12 @@ from the model's QuantizationConfig (`get_moe_method`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from mini_sglang.layers.kernels import triton
-from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
-
-if TYPE_CHECKING:
-    from mini_sglang.layers.layernorm import RMSNorm
 
 
 def make_expert_param(
@@ -81,26 +72,14 @@ class FusedMoEMethodBase:
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
-        norm: RMSNorm | None = None,
     ) -> torch.Tensor:
         """The routing-weighted sum of each token's experts, [tokens, H] in x's dtype; with
         `residual` ([tokens, H], x's dtype) it is added into residual in place (fused into
-        the last kernel where the kernels can) and residual is returned. `norm`: only where
-        can_fold_norm(x) (see the module); x may then be residual itself."""
+        the last kernel where the kernels can) and residual is returned."""
         raise NotImplementedError
-
-    def can_fold_norm(self, x: torch.Tensor) -> bool:
-        return False
 
     def dequantized_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         return layer.w13_weight.data, layer.w2_weight.data
-
-
-def triton_serves(x: torch.Tensor) -> bool:
-    """Whether UnquantizedFusedMoEMethod computes the experts for x with the Triton kernels
-    (fused_experts_triton; CUDA, triton importable) rather than fused_experts_torch. The
-    CPU tests replace it to run the kernels in Triton's interpreter."""
-    return x.is_cuda and triton is not None
 
 
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
@@ -130,9 +109,8 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
-        norm: RMSNorm | None = None,
     ) -> torch.Tensor:
-        if triton_serves(x):
+        if x.is_cuda and triton is not None:
             return fused_experts_triton(
                 x,
                 layer.w13_weight,
@@ -141,13 +119,6 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
                 topk_ids,
                 dropped_pairs=dropped_pairs,
                 residual=residual,
-                norm=norm,
             )
-        assert norm is None, "the norm folds only into the Triton kernels"
         out = fused_experts_torch(x, layer.w13_weight, layer.w2_weight, topk_weights, topk_ids)
         return out if residual is None else residual.add_(out)
-
-    def can_fold_norm(self, x: torch.Tensor) -> bool:
-        """Where the Triton kernels serve x, for the batches fused_moe_gemv's kernels serve
-        (its can_fold_norm: MINI_SGLANG_MOE_NORM_FOLD set)."""
-        return triton_serves(x) and fused_moe_gemv.can_fold_norm(x.shape[0])

@@ -24,7 +24,6 @@ same function up to summation order. A checkpoint's static `input_scale` is not 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -43,9 +42,6 @@ from mini_sglang.layers.quantization.fp8_kernels import (
     quantize_rows,
     triton_fp8_supported,
 )
-
-if TYPE_CHECKING:
-    from mini_sglang.layers.layernorm import RMSNorm
 
 
 def quantize_activations(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,10 +161,7 @@ class Fp8MoEMethod(FusedMoEMethodBase):
         topk_ids: torch.Tensor,
         dropped_pairs: bool,
         residual: torch.Tensor | None = None,
-        norm: RMSNorm | None = None,
     ) -> torch.Tensor:
-        # can_fold_norm stays the base's False: the experts take x already quantized
-        assert norm is None, "the norm folds only into unquantized experts"
         if x.is_cuda and triton is not None:
             w13_scale, w2_scale = self._scales(layer)
             w13, w2, quantize = layer.w13_weight, layer.w2_weight, quantize_activations
