@@ -56,13 +56,20 @@ FP8_BLOCKS = {"fp8": None, "fp8-block": (128, 128)}
 def search_space(
     m: int, top_k: int, experts: int, max_bk: int | None = None
 ) -> list[dict[str, int]]:
-    """Candidate configs for batch m: 16-row blocks while an expert gets at most 16 pairs on
-    average (decode), else block rows up to twice that with grouped order; N and K tiles,
-    warps and stages swept where the staged tiles fit in shared memory (about 90 distinct
-    configs over the default batch sizes: each compiles once, minutes in all)."""
+    """Candidate configs for batch m. While an expert gets at most 16 pairs on average
+    (decode; the weight stream decides): 16-row blocks, and 32-row ones from 8 pairs on,
+    where a 16-row block often leaves a second block of the same expert re-reading its
+    weights (Poisson(16) pairs exceed 16 for 43% of experts; SGLang's shipped H100 and
+    H200 files for this shape pick 32 rows at 256 tokens), with 4 or 8 warps. Beyond: block
+    rows up to twice the pairs with grouped order. N and K tiles, warps and stages swept
+    where the staged tiles fit in shared memory (about 170 distinct configs over the
+    default batch sizes: each compiles once, some minutes in all)."""
     per_expert = m * top_k / experts
-    if per_expert <= 16:  # memory bound: the weight stream decides
-        space = itertools.product((16,), (1,), (32, 64, 128), (64, 128, 256), (4,), (2, 3, 4, 5))
+    if per_expert <= 16:
+        block_ms = (16, 32) if per_expert >= 8 else (16,)
+        space = itertools.product(
+            block_ms, (1,), (32, 64, 128), (64, 128, 256), (4, 8), (2, 3, 4, 5)
+        )
     else:
         block_ms = [bm for bm in (32, 64, 128) if bm <= 2 * per_expert]
         space = itertools.product(block_ms, (16,), (64, 128, 256), (64, 128), (4, 8), (2, 3, 4))
