@@ -198,6 +198,11 @@ class Envs:
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
+    MINI_SGLANG_MOE_CONFIG_DIR = EnvStr(
+        "",
+        "A folder of tuned fused-MoE kernel configs (benchmarks/tune_fused_moe.py --out-dir), "
+        "looked up before those shipped in mini_sglang/layers/moe/configs/.",
+    )
     # Multimodal inputs (TokenizerManager)
     SGLANG_IO_WORKERS = EnvInt(4, "Threads that load and preprocess images of requests.")
     MINI_SGLANG_MAX_IMAGE_BYTES = EnvInt(

@@ -419,8 +419,15 @@ for step in "${steps[@]}"; do
       # $OUT/moe_configs (after every batch size): commit the file under
       # mini_sglang/layers/moe/configs/. MOE_TUNE_ARGS: other shapes, or FP8 experts with
       # --dtype fp8 / fp8-block (see the script).
+      # Also packed as $OUT/moe_configs.tgz: one plain name to copy, where the files' own hold
+      # '=' and ','.
+      # To time them in the model before committing them, point MINI_SGLANG_MOE_CONFIG_DIR at
+      # the folder in an A/B arm (one call, the folder outside $OUT), e.g.
+      #   MOE_TUNE_ARGS="--out-dir /tmp/mc" MODELS=qwen3-30b-a3b AB_ARMS=";MINI_SGLANG_MOE_CONFIG_DIR=/tmp/mc" ... moe_tune nano_ab
       python benchmarks/tune_fused_moe.py --out-dir "$OUT/moe_configs" ${MOE_TUNE_ARGS:-} 2>&1 \
-        | tee "$OUT/moe_tune.log" | grep -vE " skip " | tail -16 ;;
+        | tee "$OUT/moe_tune.log" | grep -vE " skip " | tail -16
+      dir=$(sed -n 's|^wrote \(.*\)/[^/]*$|\1|p' "$OUT/moe_tune.log" | tail -1)
+      [ -n "$dir" ] && tar czf "$OUT/moe_configs.tgz" -C "$dir" . ;;
     save_jit)
       # pack the JIT caches (flashinfer's and Triton's) into $OUT; put both .tgz files into
       # $JIT_CACHE_DIR for later runs on a fresh machine (Triton's is restored above,

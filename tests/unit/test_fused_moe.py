@@ -229,6 +229,26 @@ def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch) -> None:
     assert cfg == tuned["64"]
     cfg = kernel_config.get_config(40, 8, 64, 2, torch.bfloat16, torch.device("cpu"))
     assert cfg == kernel_config.default_config(40, 8, 2)
+    # MINI_SGLANG_MOE_CONFIG_DIR: its file wins over the shipped one; a card (or shape) it
+    # lacks still finds the shipped file, as does a folder that does not exist
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / name).write_text(json.dumps({"64": tuned["1"]}))
+    monkeypatch.setenv("MINI_SGLANG_MOE_CONFIG_DIR", str(local))
+    kernel_config.get_config.cache_clear()
+    assert kernel_config.get_config(40, 8, 32, 2, torch.bfloat16, torch.device("cpu")) == tuned["1"]
+    monkeypatch.setattr(kernel_config, "device_name", lambda device: "NVIDIA H100")
+    kernel_config.get_config.cache_clear()
+    (tmp_path / name.replace("H200", "H100")).write_text(json.dumps(tuned))
+    assert (
+        kernel_config.get_config(40, 8, 32, 2, torch.bfloat16, torch.device("cpu")) == tuned["64"]
+    )
+    monkeypatch.setenv("MINI_SGLANG_MOE_CONFIG_DIR", str(tmp_path / "absent"))
+    monkeypatch.setattr(kernel_config, "device_name", lambda device: "NVIDIA H200")
+    kernel_config.get_config.cache_clear()
+    assert (
+        kernel_config.get_config(40, 8, 32, 2, torch.bfloat16, torch.device("cpu")) == tuned["64"]
+    )
     kernel_config.load_configs.cache_clear()
     kernel_config.get_config.cache_clear()
 
@@ -237,7 +257,8 @@ def test_shipped_kernel_configs_load() -> None:
     """Every tuned file that ships parses (a malformed one would fall back to the defaults
     silently) and covers the tuner's batch sizes, with the tile sizes the kernel accepts."""
     names = sorted(f for f in os.listdir(kernel_config.CONFIG_DIR) if f.endswith(".json"))
-    assert "E=128,N=768,topk=8,dtype=bfloat16,device_name=NVIDIA_H200.json" in names
+    for card in ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"):
+        assert f"E=128,N=768,topk=8,dtype=bfloat16,device_name={card}.json" in names
     for name in names:
         table = kernel_config.load_configs(name, kernel_config.CONFIG_DIR)
         assert table is not None, name

@@ -9,6 +9,7 @@ add `,block_shape=[bn,bk]` before the device). Each file maps a batch size M (to
 {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
 "num_stages"}; a batch takes the entry of the nearest M. Without a file the heuristic
 `default_config` is used, so a missing or unreadable file only costs speed.
+MINI_SGLANG_MOE_CONFIG_DIR names a folder searched first (a card or shape tuned locally).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import logging
 import os
 
 import torch
+
+from mini_sglang.environ import envs
 
 logger = logging.getLogger("mini_sglang")
 
@@ -93,7 +96,23 @@ def load_configs(file_name: str, config_dir: str) -> dict[int, dict[str, int]] |
     except (OSError, ValueError, KeyError, TypeError) as e:
         logger.warning("Ignoring fused MoE config %s: %s", path, e)
         return None
+    if table:
+        logger.info("Using fused MoE kernel configs from %s", path)
     return table or None
+
+
+def config_dirs() -> list[str]:
+    """Where tuned files are looked up, in order: MINI_SGLANG_MOE_CONFIG_DIR (if set), then
+    the shipped CONFIG_DIR."""
+    override = envs.MINI_SGLANG_MOE_CONFIG_DIR.get()
+    if override and not os.path.isdir(override):
+        _warn_missing_dir(override)
+    return [d for d in (override, CONFIG_DIR) if d]
+
+
+@functools.cache
+def _warn_missing_dir(path: str) -> None:
+    logger.warning("MINI_SGLANG_MOE_CONFIG_DIR=%s is not a folder; using the shipped configs", path)
 
 
 @functools.cache
@@ -111,10 +130,10 @@ def get_config(
     device: torch.device,
     block_shape: tuple[int, int] | None = None,
 ) -> dict[str, int]:
-    """The kernel configuration for M tokens: the tuned entry of the nearest batch size when
-    a file for this shape and device ships, else default_config."""
+    """The kernel configuration for M tokens: the tuned entry of the nearest batch size from
+    the first file for this shape and device in config_dirs(), else default_config."""
     name = config_file_name(E, N, top_k, dtype, device_name(device), block_shape)
-    table = load_configs(name, CONFIG_DIR)
+    table = next(filter(None, (load_configs(name, d) for d in config_dirs())), None)
     if table is None:
         return default_config(M, E, top_k)
     return table[min(table, key=lambda m: (abs(m - M), m))]
