@@ -182,7 +182,9 @@ def describe_exit(proc: mp.Process) -> str:
 def check_tp_size(server_args: Any) -> None:
     """Raise StartupError unless --tp-size splits the model evenly across the ranks: its
     attention heads, its key-value heads (each rank holds a share, or a replica when there
-    are fewer than ranks) and its MLP width. Reads only the model's config."""
+    are fewer than ranks) and its MLP width; and, for a mixture of experts, unless
+    --ep-size splits its experts and the tp / ep ranks that share an expert split that
+    expert's intermediate size (layers/moe/layer.py). Reads only the model's config."""
     tp = server_args.tp_size
     if tp == 1:
         return
@@ -190,8 +192,9 @@ def check_tp_size(server_args: Any) -> None:
     from mini_sglang.model_config import ModelConfig
 
     cfg = ModelConfig.from_server_args(server_args)
+    hf = cfg.hf_config
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-    intermediate = getattr(cfg.hf_config, "intermediate_size", None)
+    intermediate = getattr(hf, "intermediate_size", None)
     flag = f"--tp-size {tp}"
     if heads % tp:
         raise StartupError(f"{flag} does not divide the model's {heads} attention heads")
@@ -199,8 +202,34 @@ def check_tp_size(server_args: Any) -> None:
         raise StartupError(
             f"{flag} and the model's {kv_heads} key-value heads: one must divide the other"
         )
-    if isinstance(intermediate, int) and intermediate % tp:
+    moe = bool(getattr(hf, "num_experts", None) or getattr(hf, "num_local_experts", None))
+    # A Mixtral config's intermediate_size is its experts' (checked below, split tp / ep ways)
+    dense_mlp = not moe or getattr(hf, "moe_intermediate_size", None) is not None
+    if dense_mlp and isinstance(intermediate, int) and intermediate % tp:
         raise StartupError(f"{flag} does not divide the model's intermediate size {intermediate}")
+    if moe:
+        _check_moe_split(hf, tp, server_args.ep_size)
+
+
+def _check_moe_split(hf_config: Any, tp: int, ep: int) -> None:
+    """check_tp_size's part for a mixture-of-experts config."""
+    # Local: the model package imports the layers (torch kernels); only an MoE TP launch.
+    from mini_sglang.models.sparse_moe import moe_settings
+
+    moe = moe_settings(hf_config)
+    experts, inter, per_expert = moe["num_experts"], moe["intermediate_size"], tp // ep
+    if experts % ep:
+        raise StartupError(f"--ep-size {ep} does not divide the model's {experts} experts")
+    if inter % per_expert:
+        raise StartupError(
+            f"--tp-size {tp} / --ep-size {ep} = {per_expert} ranks share each expert and do not "
+            f"divide its intermediate size {inter}; choose sizes whose quotient divides it"
+        )
+    shared = getattr(hf_config, "shared_expert_intermediate_size", 0) or 0
+    if shared % tp:
+        raise StartupError(
+            f"--tp-size {tp} does not divide the model's shared expert intermediate size {shared}"
+        )
 
 
 def check_quantization(server_args: Any) -> None:

@@ -7,6 +7,7 @@ seconds importing on one core before it fails), and each test checks one of them
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
@@ -65,6 +66,17 @@ def _no_weights_dir(tiny_model: TinyModel, tmp_path: Path) -> str:
     return str(tmp_path)
 
 
+def _three_experts_dir(tiny_model: TinyModel, tmp_path: Path) -> str:
+    """The tiny model's files with a config.json declaring a Mixtral of 3 experts (the
+    check reads only the config; no weights load)."""
+    shutil.copytree(tiny_model.path, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+               num_local_experts=3, num_experts_per_tok=2)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
 def _corrupt_gguf(tmp_path: Path) -> str:
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF" + b"\x00" * 64)  # the magic, then a truncated header
@@ -82,6 +94,7 @@ def launches(
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        moe = _three_experts_dir(tiny_model, tmp / "three_experts")
         cases = {
             "port-in-use": ["--model-path", tiny_model.path, "--port", str(port)],
             "missing-path": ["--model-path", missing],
@@ -89,6 +102,7 @@ def launches(
             "no-weights": ["--model-path", _no_weights_dir(tiny_model, tmp / "no_weights")],
             "corrupt-gguf": ["--model-path", _corrupt_gguf(tmp)],
             "tp-size-3": ["--model-path", tiny_model.path, "--tp-size", "3", "--device", "cpu"],
+            "ep-size-2": ["--model-path", moe, "--tp-size=2", "--ep-size=2", "--device=cpu"],
             "invalid-value": ["--mem-fraction-static", "2", "--device", "cpu"],
             "debug-level": ["--model-path", missing, "--log-level", "debug"],
             "unsupported-flag": ["--enable-p2p-check", "--model-path", missing],
@@ -132,6 +146,11 @@ def test_tp_size_that_does_not_divide_the_heads_is_one_line(launches):
     # The tiny model has 4 attention heads (the default model 9: --tp-size 2 says so too).
     line = _one_error_line(launches["tp-size-3"])
     assert line == "launch_server: error: --tp-size 3 does not divide the model's 4 attention heads"
+
+
+def test_ep_size_that_does_not_divide_the_experts_is_one_line(launches):
+    line = _one_error_line(launches["ep-size-2"])
+    assert line == "launch_server: error: --ep-size 2 does not divide the model's 3 experts"
 
 
 def test_invalid_value_is_one_line(launches):
