@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 
 import pytest
@@ -203,7 +204,7 @@ def test_expert_params_mapping_names() -> None:
     assert len(mapping) == 6
 
 
-def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch) -> None:
+def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch, caplog) -> None:
     name = kernel_config.config_file_name(8, 32, 2, torch.bfloat16, "NVIDIA H200")
     assert name == "E=8,N=32,topk=2,dtype=bfloat16,device_name=NVIDIA_H200.json"
     fp8 = kernel_config.config_file_name(8, 32, 2, torch.float8_e4m3fn, "H", (128, 128))
@@ -227,8 +228,12 @@ def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(kernel_config, "device_name", lambda device: "NVIDIA H200")
     cfg = kernel_config.get_config(40, 8, 32, 2, torch.bfloat16, torch.device("cpu"))
     assert cfg == tuned["64"]
-    cfg = kernel_config.get_config(40, 8, 64, 2, torch.bfloat16, torch.device("cpu"))
-    assert cfg == kernel_config.default_config(40, 8, 2)
+    with caplog.at_level(logging.WARNING, logger="mini_sglang"):
+        for m in (40, 41):  # no file for N=64: the heuristic, and one warning naming the file
+            cfg = kernel_config.get_config(m, 8, 64, 2, torch.bfloat16, torch.device("cpu"))
+            assert cfg == kernel_config.default_config(m, 8, 2)
+    warned = [r.getMessage() for r in caplog.records if "default fused MoE" in r.getMessage()]
+    assert len(warned) == 1 and "E=8,N=64,topk=2,dtype=bfloat16" in warned[0], warned
     # MINI_SGLANG_MOE_CONFIG_DIR: its file wins over the shipped one; a card (or shape) it
     # lacks still finds the shipped file, as does a folder that does not exist
     local = tmp_path / "local"

@@ -111,6 +111,17 @@ def config_dirs() -> list[str]:
 
 
 @functools.cache
+def _warn_untuned(name: str, dirs: tuple[str, ...]) -> None:
+    """Once per shape and card, as SGLang warns: the heuristic tiles serve, often slower."""
+    logger.warning(
+        "Using the default fused MoE kernel config; performance might be sub-optimal. No %s "
+        "in %s: tune one with benchmarks/tune_fused_moe.py (docs/moe.md)",
+        name,
+        " or ".join(dirs),
+    )
+
+
+@functools.cache
 def _warn_missing_dir(path: str) -> None:
     logger.warning("MINI_SGLANG_MOE_CONFIG_DIR=%s is not a folder; using the shipped configs", path)
 
@@ -133,7 +144,9 @@ def get_config(
     """The kernel configuration for M tokens: the tuned entry of the nearest batch size from
     the first file for this shape and device in config_dirs(), else default_config."""
     name = config_file_name(E, N, top_k, dtype, device_name(device), block_shape)
-    table = next(filter(None, (load_configs(name, d) for d in config_dirs())), None)
+    dirs = config_dirs()
+    table = next(filter(None, (load_configs(name, d) for d in dirs)), None)
     if table is None:
+        _warn_untuned(name, tuple(dirs))
         return default_config(M, E, top_k)
     return table[min(table, key=lambda m: (abs(m - M), m))]
