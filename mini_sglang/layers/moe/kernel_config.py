@@ -101,13 +101,13 @@ def load_configs(file_name: str, config_dir: str) -> dict[int, dict[str, int]] |
     return table or None
 
 
-def config_dirs() -> list[str]:
+def config_dirs() -> tuple[str, ...]:
     """Where tuned files are looked up, in order: MINI_SGLANG_MOE_CONFIG_DIR (if set), then
     the shipped CONFIG_DIR."""
     override = envs.MINI_SGLANG_MOE_CONFIG_DIR.get()
     if override and not os.path.isdir(override):
         _warn_missing_dir(override)
-    return [d for d in (override, CONFIG_DIR) if d]
+    return tuple(d for d in (override, CONFIG_DIR) if d)
 
 
 @functools.cache
@@ -147,6 +147,6 @@ def get_config(
     dirs = config_dirs()
     table = next(filter(None, (load_configs(name, d) for d in dirs)), None)
     if table is None:
-        _warn_untuned(name, tuple(dirs))
+        _warn_untuned(name, dirs)
         return default_config(M, E, top_k)
     return table[min(table, key=lambda m: (abs(m - M), m))]
