@@ -1,8 +1,8 @@
 """Tune the fused MoE kernel's tile sizes per batch size and write the config file the layer
 looks up (mini_sglang/layers/moe/kernel_config.py).
 
-    python benchmarks/tune_fused_moe.py [--experts 128 --top-k 8 --hidden 2048 --inter 768]
-        [--tp 1 | --ep 1] [--dtype bf16|fp8|fp8-block] [--batch-sizes 1 2 4 ...]
+    python benchmarks/tune_fused_moe.py [--model DIR | --experts 128 --top-k 8 --hidden 2048
+        --inter 768] [--tp 1 | --ep 1] [--dtype bf16|fp8|fp8-block] [--batch-sizes 1 2 4 ...]
         [--out-dir mini_sglang/layers/moe/configs]
 
 Defaults: Qwen3-30B-A3B at tp 1 on this card. For each batch size M every candidate of the
@@ -11,9 +11,11 @@ GEMMs share one config, as at run time), with routing drawn at random as a route
 the fastest is kept. Candidates are checked against the torch reference once (a wrong
 result is an error, not a fast config). The file is named for (E local, N = I / tp, top-k,
 bf16, this device) and holds {M: config}; commit it under mini_sglang/layers/moe/configs/.
-Mixtral-8x7B: --experts 8 --top-k 2 --hidden 4096 --inter 14336. `--dtype fp8` tunes FP8
-experts with per-channel scales (`--quantization fp8`), `fp8-block` with 128 x 128 block
-scales (Qwen3-30B-A3B-FP8; K tiles of at most 128); their files are named
+Mixtral-8x7B: --experts 8 --top-k 2 --hidden 4096 --inter 14336, or --model DIR: the shape
+from a model directory's config.json (e.g. benchmarks/models/mixtral-8x7b; shape flags
+given as well win). `--dtype fp8` tunes FP8 experts with per-channel scales
+(`--quantization fp8`), `fp8-block` with 128 x 128 block scales (Qwen3-30B-A3B-FP8; K
+tiles of at most 128); their files are named
 dtype=float8_e4m3fn (and block_shape=[128,128]), and candidates are checked against the
 dequantized reference with the same activation quantization (relative error).
 """
@@ -144,8 +146,26 @@ def tune_one(
     return best, best_ms
 
 
-def main(argv: list[str] | None = None) -> str:
+def model_shape(model_dir: str) -> dict[str, int]:
+    """The tuner's shape defaults (experts, top_k, hidden, inter: each expert's intermediate
+    size before TP) from a model directory's config.json, Qwen-MoE or Mixtral fields alike."""
+    from transformers import AutoConfig
+
+    from mini_sglang.models.sparse_moe import moe_settings
+
+    config = AutoConfig.from_pretrained(model_dir)
+    moe = moe_settings(config)
+    return dict(
+        experts=moe["num_experts"],
+        top_k=config.num_experts_per_tok,
+        hidden=config.hidden_size,
+        inter=moe["intermediate_size"],
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", help="model directory whose config.json gives the shape")
     p.add_argument("--experts", type=int, default=128)
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--hidden", type=int, default=2048)
@@ -156,9 +176,29 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=BATCH_SIZES)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--out-dir", default=kernel_config.CONFIG_DIR)
-    args = p.parse_args(argv)
-    local_experts = args.experts // args.ep
-    n = args.inter * args.ep // args.tp  # ranks per expert group share the intermediate
+    model = p.parse_known_args(argv)[0].model
+    if model is not None:
+        p.set_defaults(**model_shape(model))
+    return p.parse_args(argv)
+
+
+def rank_shape(args: argparse.Namespace) -> tuple[int, int]:
+    """(experts a rank holds, each expert's intermediate size on it): the E and N of the
+    config file's name. The tp / ep ranks of an expert group split its intermediate size,
+    e.g. Mixtral-8x7B (8 experts, 14336) at --tp 2: (8, 7168); at --tp 2 --ep 2: (4, 14336).
+    Exits where the split is uneven, as the server's launch check does."""
+    per_expert = args.tp // args.ep
+    if args.tp % args.ep or args.experts % args.ep or args.inter % per_expert:
+        raise SystemExit(
+            f"--tp {args.tp} / --ep {args.ep} does not split {args.experts} experts of "
+            f"intermediate size {args.inter} evenly"
+        )
+    return args.experts // args.ep, args.inter // per_expert
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse_args(argv)
+    local_experts, n = rank_shape(args)
     args.first_expert = 0
     torch.manual_seed(0)
     w13 = torch.randn(local_experts, 2 * n, args.hidden, device="cuda") * args.hidden**-0.5
@@ -178,6 +218,7 @@ def main(argv: list[str] | None = None) -> str:
     )
     os.makedirs(args.out_dir, exist_ok=True)
     path = os.path.join(args.out_dir, name)
+    print(f"tuning {path}", flush=True)
     table = {}
     for m in args.batch_sizes:
         cfg, ms = tune_one(m, args, w13, w2, fp8, ref_weights)

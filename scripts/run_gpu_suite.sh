@@ -415,18 +415,27 @@ for step in "${steps[@]}"; do
       python benchmarks/bench_embedding.py --model "${EMBED_MODELS:-qwen3-0.6b,bert-base}" --device cuda \
         --out "$OUT/embedding.jsonl" 2>&1 | tee "$OUT/embedding.log" | tail -12 ;;
     moe_tune)
-      # tuned fused-MoE tile sizes for Qwen3-30B-A3B (tp 1) on this card, written to
-      # $OUT/moe_configs (after every batch size): commit the file under
-      # mini_sglang/layers/moe/configs/. MOE_TUNE_ARGS: other shapes, or FP8 experts with
-      # --dtype fp8 / fp8-block (see the script).
+      # tuned fused-MoE tile sizes on this card, written to $OUT/moe_configs (after every
+      # batch size): commit the files under mini_sglang/layers/moe/configs/. MOE_TUNE_SHAPES:
+      # ';'-separated tuner arguments, one shape each (default: one, Qwen3-30B-A3B at tp 1),
+      # e.g. "--tp 2;--model benchmarks/models/mixtral-8x7b --tp 2;--dtype fp8-block";
+      # MOE_TUNE_ARGS go to every shape, MOE_TUNE_TIMEOUT (seconds) bounds each (a shape cut
+      # short leaves the batch sizes it finished: its file lacks the rest, so don't ship it).
       # Also packed as $OUT/moe_configs.tgz: one plain name to copy, where the files' own hold
       # '=' and ','.
       # To time them in the model before committing them, point MINI_SGLANG_MOE_CONFIG_DIR at
       # the folder in an A/B arm (one call, the folder outside $OUT), e.g.
       #   MOE_TUNE_ARGS="--out-dir /tmp/mc" MODELS=qwen3-30b-a3b AB_ARMS=";MINI_SGLANG_MOE_CONFIG_DIR=/tmp/mc" ... moe_tune nano_ab
-      python benchmarks/tune_fused_moe.py --out-dir "$OUT/moe_configs" ${MOE_TUNE_ARGS:-} 2>&1 \
-        | tee "$OUT/moe_tune.log" | grep -vE " skip " | tail -16
-      dir=$(sed -n 's|^wrote \(.*\)/[^/]*$|\1|p' "$OUT/moe_tune.log" | tail -1)
+      IFS=';' read -ra shapes <<< "${MOE_TUNE_SHAPES:-};"
+      : > "$OUT/moe_tune.log"
+      for shape in "${shapes[@]}"; do
+        echo "# tune_fused_moe.py $shape" | tee -a "$OUT/moe_tune.log"
+        # shellcheck disable=SC2086  # word-split: each shape is a list of arguments
+        timeout "${MOE_TUNE_TIMEOUT:-0}" python benchmarks/tune_fused_moe.py \
+          --out-dir "$OUT/moe_configs" $shape ${MOE_TUNE_ARGS:-} 2>&1 \
+          | tee -a "$OUT/moe_tune.log" | grep -vE " skip " | tail -16
+      done
+      dir=$(sed -n 's|^tuning \(.*\)/[^/]*$|\1|p' "$OUT/moe_tune.log" | tail -1)
       [ -n "$dir" ] && tar czf "$OUT/moe_configs.tgz" -C "$dir" . ;;
     save_jit)
       # pack the JIT caches (flashinfer's and Triton's) into $OUT; put both .tgz files into
