@@ -9,7 +9,7 @@ Defaults: Qwen3-30B-A3B at tp 1 on this card. For each batch size M every candid
 search space is timed as a CUDA-graph replay of the whole expert computation (both grouped
 GEMMs share one config, as at run time), with routing drawn at random as a router would;
 the fastest is kept. Candidates are checked against the torch reference once (a wrong
-result is an error, not a fast config). The file is named for (E local, N = I / tp, top-k,
+result is an error, not a fast config). The file is named for (E local, N = I * ep / tp, top-k,
 bf16, this device) and holds {M: config}; commit it under mini_sglang/layers/moe/configs/.
 Mixtral-8x7B: --experts 8 --top-k 2 --hidden 4096 --inter 14336, or --model DIR: the shape
 from a model directory's config.json (e.g. benchmarks/models/mixtral-8x7b; shape flags
