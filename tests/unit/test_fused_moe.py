@@ -155,6 +155,11 @@ def test_fused_experts_match_reference(tokens, experts, k, hidden, inter) -> Non
     ref = fused_experts_torch(x, w13, w2, weights, dropped)
     out = fused_experts_triton(x, w13, w2, weights, dropped, dropped_pairs=True, config=TILES)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # A "down" entry: w2's GEMM on its own tiles over the same 16-row blocks
+    split = dict(TILES, down=dict(BLOCK_SIZE_N=32, BLOCK_SIZE_K=16, GROUP_SIZE_M=1,
+                                  num_warps=4, num_stages=2))  # fmt: skip
+    out = fused_experts_triton(x, w13, w2, weights, dropped, dropped_pairs=True, config=split)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 def _set_rank(monkeypatch, rank: int, tp: int, ep: int) -> None:
@@ -218,6 +223,18 @@ def test_kernel_config_lookup_and_fallback(tmp_path, monkeypatch, caplog) -> Non
     (tmp_path / name).write_text(json.dumps(tuned))
     table = kernel_config.load_configs(name, str(tmp_path))
     assert table[1]["BLOCK_SIZE_N"] == 32 and table[64]["num_warps"] == 8
+    assert kernel_config.gemm_configs(table[64]) == (tuned["64"], tuned["64"])
+    # A "down" entry sets the second GEMM's tiles; its block rows stay the first's
+    down = dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+    (tmp_path / "split.json").write_text(json.dumps({"8": dict(tuned["64"], down=down)}))
+    first, second = kernel_config.gemm_configs(
+        kernel_config.load_configs("split.json", str(tmp_path))[8]
+    )
+    assert first == tuned["64"] and second == dict(down, BLOCK_SIZE_M=32)
+    (tmp_path / "bad_down.json").write_text(
+        json.dumps({"8": dict(tuned["64"], down={"num_warps": 4})})
+    )
+    assert kernel_config.load_configs("bad_down.json", str(tmp_path)) is None
     (tmp_path / "bad.json").write_text("{not json")
     assert kernel_config.load_configs("bad.json", str(tmp_path)) is None
     assert kernel_config.load_configs("absent.json", str(tmp_path)) is None
@@ -274,9 +291,10 @@ def test_shipped_kernel_configs_load() -> None:
         table = kernel_config.load_configs(name, kernel_config.CONFIG_DIR)
         assert table is not None, name
         assert {1, 8, 64, 256, 4096} <= set(table), name
-        for cfg in table.values():
-            assert all(cfg[k] & (cfg[k] - 1) == 0 for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N",
-                                                              "BLOCK_SIZE_K"))  # fmt: skip
+        for entry in table.values():
+            for cfg in kernel_config.gemm_configs(entry):
+                assert all(cfg[k] & (cfg[k] - 1) == 0 for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N",
+                                                                  "BLOCK_SIZE_K"))  # fmt: skip
 
 
 # ---- FP8 experts ---------------------------------------------------------------------------

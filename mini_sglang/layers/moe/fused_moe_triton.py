@@ -34,7 +34,7 @@ import torch
 
 from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.align import moe_align_block_size
-from mini_sglang.layers.moe.kernel_config import get_config
+from mini_sglang.layers.moe.kernel_config import gemm_configs, get_config
 
 _triton_kernel = None
 
@@ -274,7 +274,8 @@ def fused_experts_triton(
 ) -> torch.Tensor:
     """fused_experts_torch's result (see the module for the steps). `dropped_pairs`: some ids
     may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
-    tuned / default tile sizes (the tuning script and tests use it). With `fp8` the experts
+    tuned / default tile sizes, in a config file entry's form (kernel_config; the tuning
+    script and tests use it). With `fp8` the experts
     are FP8 and both GEMMs run w8a8 (x, then the SiLU-and-mul output, quantized
     dynamically; see Fp8Experts); the result has x's dtype. Batches of at most
     fused_moe_gemv.MAX_TOKENS tokens (MINI_SGLANG_MOE_SMALL_M) run fused_moe_gemv's two
@@ -293,6 +294,7 @@ def fused_experts_triton(
         dtype = x.dtype if fp8 is None else torch.float8_e4m3fn
         block_shape = None if fp8 is None else fp8.block
         config = get_config(tokens, E, w2.shape[2], k, dtype, x.device, block_shape)
+    up_config, down_config = gemm_configs(config)
     align = moe_align_block_size(topk_ids, config["BLOCK_SIZE_M"], E)
     weights = topk_weights.reshape(-1).contiguous()
     x = x.contiguous()
@@ -303,7 +305,7 @@ def fused_experts_triton(
     if fp8 is not None:
         a, a_scale = fp8.quantize(x, group)
         scales = (a_scale, fp8.w13_scale)
-    _grouped_gemm(a, w13, act, weights, align, k, True, False, config, scales, block)
+    _grouped_gemm(a, w13, act, weights, align, k, True, False, up_config, scales, block)
     # Dropped pairs' rows are never written, and the sum below must read them as zero.
     alloc = torch.zeros if dropped_pairs else torch.empty
     down = alloc(tokens * k, w2.shape[1], dtype=x.dtype, device=x.device)
@@ -311,6 +313,6 @@ def fused_experts_triton(
     if fp8 is not None:
         a, a_scale = fp8.quantize(act, group)
         scales = (a_scale, fp8.w2_scale)
-    _grouped_gemm(a, w2, down, weights, align, 1, False, True, config, scales, block)
+    _grouped_gemm(a, w2, down, weights, align, 1, False, True, down_config, scales, block)
     out = down.view(tokens, k, -1).sum(dim=1)
     return out if residual is None else residual.add_(out)

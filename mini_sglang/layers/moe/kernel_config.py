@@ -7,8 +7,13 @@ experts a rank holds, N its intermediate size per expert (after TP) and name the
 name with spaces as underscores (FP8 experts: dtype=float8_e4m3fn, and block-wise scales
 add `,block_shape=[bn,bk]` before the device). Each file maps a batch size M (tokens, as a string) to
 {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
-"num_stages"}; a batch takes the entry of the nearest M. Without a file the heuristic
-`default_config` is used, so a missing or unreadable file only costs speed.
+"num_stages"}, the tiles of both grouped GEMMs, optionally with "down": the same keys but
+BLOCK_SIZE_M, for the second GEMM (w2) where its best tiles differ from the first's (its K
+is the intermediate size, the first's the hidden size; both share BLOCK_SIZE_M, as they
+share one alignment of the pairs into blocks). SGLang's files have no "down"; ours are named
+apart (topk=, dtype=) so neither reads the other's. A batch takes the entry of the nearest
+M. Without a file the heuristic `default_config` is used, so a missing or unreadable file
+only costs speed.
 MINI_SGLANG_MOE_CONFIG_DIR names a folder searched first (a card or shape tuned locally).
 """
 
@@ -34,6 +39,8 @@ CONFIG_KEYS = (
     "num_warps",
     "num_stages",
 )
+# what a "down" entry may set: every key but the block rows the two GEMMs share
+DOWN_KEYS = CONFIG_KEYS[1:]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -92,13 +99,28 @@ def load_configs(file_name: str, config_dir: str) -> dict[int, dict[str, int]] |
     try:
         with open(path) as f:
             raw = json.load(f)
-        table = {int(m): {k: int(cfg[k]) for k in CONFIG_KEYS} for m, cfg in raw.items()}
+        table = {int(m): _parse_entry(cfg) for m, cfg in raw.items()}
     except (OSError, ValueError, KeyError, TypeError) as e:
         logger.warning("Ignoring fused MoE config %s: %s", path, e)
         return None
     if table:
         logger.info("Using fused MoE kernel configs from %s", path)
     return table or None
+
+
+def _parse_entry(cfg: dict) -> dict:
+    entry: dict = {k: int(cfg[k]) for k in CONFIG_KEYS}
+    if "down" in cfg:
+        entry["down"] = {k: int(cfg["down"][k]) for k in DOWN_KEYS}
+    return entry
+
+
+def gemm_configs(config: dict) -> tuple[dict[str, int], dict[str, int]]:
+    """(first GEMM's, second GEMM's) flat tile sizes of one entry: the second takes the
+    entry's "down" keys over the first's, e.g. {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, ...,
+    "down": {"BLOCK_SIZE_N": 128, ...}} runs w2 with 128-column tiles of 32-row blocks."""
+    first = {k: v for k, v in config.items() if k != "down"}
+    return first, {**first, **config.get("down", {})}
 
 
 def config_dirs() -> tuple[str, ...]:
@@ -140,8 +162,8 @@ def get_config(
     dtype: torch.dtype,
     device: torch.device,
     block_shape: tuple[int, int] | None = None,
-) -> dict[str, int]:
-    """The kernel configuration for M tokens: the tuned entry of the nearest batch size from
+) -> dict:
+    """The kernel configuration for M tokens (a file entry: see gemm_configs): the tuned entry of the nearest batch size from
     the first file for this shape and device in config_dirs(), else default_config."""
     name = config_file_name(E, N, top_k, dtype, device_name(device), block_shape)
     dirs = config_dirs()
