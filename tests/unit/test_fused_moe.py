@@ -280,13 +280,15 @@ def test_shipped_kernel_configs_load() -> None:
     silently) and covers the tuner's batch sizes, with the tile sizes the kernel accepts."""
     names = sorted(f for f in os.listdir(kernel_config.CONFIG_DIR) if f.endswith(".json"))
     for card in ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"):
-        assert f"E=128,N=768,topk=8,dtype=bfloat16,device_name={card}.json" in names
-    for shape in (
-        "E=128,N=384,topk=8,dtype=bfloat16",  # Qwen3-30B-A3B at tp 2
-        "E=128,N=768,topk=8,dtype=float8_e4m3fn",  # its experts with --quantization fp8
-        "E=8,N=14336,topk=2,dtype=bfloat16",  # Mixtral-8x7B at tp 1
-    ):
-        assert f"{shape},device_name=NVIDIA_H200.json" in names
+        for shape in (
+            "E=128,N=768,topk=8,dtype=bfloat16",  # Qwen3-30B-A3B at tp 1
+            "E=128,N=384,topk=8,dtype=bfloat16",  # at tp 2
+            "E=128,N=768,topk=8,dtype=float8_e4m3fn",  # its experts with --quantization fp8
+        ):
+            assert f"{shape},device_name={card}.json" in names
+    assert "E=8,N=14336,topk=2,dtype=bfloat16,device_name=NVIDIA_H200.json" in names  # Mixtral
+    block = "E=128,N=768,topk=8,dtype=float8_e4m3fn,block_shape=[128,128]"  # Qwen3-30B-A3B-FP8
+    assert f"{block},device_name=NVIDIA_H100_80GB_HBM3.json" in names
     for name in names:
         table = kernel_config.load_configs(name, kernel_config.CONFIG_DIR)
         assert table is not None, name
