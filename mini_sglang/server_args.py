@@ -123,6 +123,10 @@ class ServerArgs:
     tp_size: int = 1
     # Expert parallelism inside the TP group: whole experts per rank (docs/moe.md)
     ep_size: int = 1
+    # MoE kernels: "auto" and "triton" run layers/moe's fused Triton kernels (the torch
+    # reference on CPU); all-to-all dispatch is not implemented ("none": the TP all-reduce)
+    moe_runner_backend: str = "auto"
+    moe_a2a_backend: str = "none"
     pp_size: int = 1
     stream_interval: int = 1
     stream_output: bool = False

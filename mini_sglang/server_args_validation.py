@@ -41,6 +41,10 @@ KV_CACHE_DTYPE_CHOICES = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"]
 SCHEDULE_POLICY_CHOICES = ["lpm", "random", "fcfs", "dfs-weight", "lof", "priority"]
 LOAD_BALANCE_METHOD_CHOICES = ["round_robin", "shortest_queue", "minimum_tokens"]
 SAMPLING_BACKEND_CHOICES = ["flashinfer", "pytorch"]
+MOE_RUNNER_BACKEND_CHOICES = ["auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm",
+                              "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl",
+                              "cutlass"]  # fmt: skip
+MOE_A2A_BACKEND_CHOICES = ["none", "deepep", "mooncake"]
 GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]
 RADIX_EVICTION_POLICY_CHOICES = ["lru", "lfu"]
 TOKENIZER_MODE_CHOICES = ["auto", "slow"]
@@ -93,6 +97,8 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "completion_template": _given,
     "multi_item_scoring_delimiter": _given,
     "enable_return_hidden_states": bool,
+    "moe_runner_backend": lambda v: v not in ("auto", "triton"),
+    "moe_a2a_backend": lambda v: v != "none",
 }
 
 # Fields whose value must be one of a fixed list (argparse checks the CLI; this checks code).
@@ -109,6 +115,8 @@ CHOICES: dict[str, list[Any]] = {
     "prefill_attention_backend": [None, *ATTENTION_BACKEND_CHOICES],
     "decode_attention_backend": [None, *ATTENTION_BACKEND_CHOICES],
     "sampling_backend": [None, *SAMPLING_BACKEND_CHOICES],
+    "moe_runner_backend": MOE_RUNNER_BACKEND_CHOICES,
+    "moe_a2a_backend": MOE_A2A_BACKEND_CHOICES,
     "grammar_backend": [None, *GRAMMAR_BACKEND_CHOICES],
     "log_level": LOG_LEVEL_CHOICES,
     "log_level_http": [None, *LOG_LEVEL_CHOICES],

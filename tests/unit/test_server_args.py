@@ -45,6 +45,7 @@ def test_cli_defaults_match_sglang():
         model_path=MODEL, tokenizer_path=MODEL, served_model_name=MODEL, tokenizer_mode="auto",
         load_format="auto", dtype="float32", kv_cache_dtype="auto", quantization=None,
         host="127.0.0.1", port=30000, nccl_port=None, tp_size=1, ep_size=1, pp_size=1, dp_size=1,
+        moe_runner_backend="auto", moe_a2a_backend="none",
         load_balance_method="round_robin", max_prefill_tokens=16384, schedule_policy="fcfs",
         schedule_conservativeness=1.0, page_size=1, radix_eviction_policy="lru", cpu_offload_gb=0,
         max_running_requests=None, max_queued_requests=None, max_total_tokens=None,
@@ -241,6 +242,8 @@ def test_resolved_server_args_are_frozen():
         (["--schedule-policy", "priority"], "schedule_policy", "fcfs"),
         (["--attention-backend", "fa3"], "attention_backend", "torch_native"),
         (["--device", "xpu"], "device", "cpu"),
+        (["--moe-runner-backend", "flashinfer_cutlass"], "moe_runner_backend", "auto"),
+        (["--moe-a2a-backend", "deepep"], "moe_a2a_backend", "none"),
     ],
 )
 def test_unsupported_flag_warns_and_is_ignored(caplog, argv, field, reset):
@@ -250,6 +253,19 @@ def test_unsupported_flag_warns_and_is_ignored(caplog, argv, field, reset):
     flag = "--" + field.replace("_", "-")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(flag in w and "not supported" in w and "ignored" in w for w in warnings), warnings
+
+
+def test_moe_runner_backend_triton_is_what_runs(caplog, capsys):
+    """The fused Triton MoE kernel is mini-sglang's only MoE runner: asking for it by name
+    (as SGLang's Qwen3-MoE recipes do) keeps the value and warns about nothing; a name
+    SGLang does not know either is an argparse error."""
+    with caplog.at_level(logging.WARNING):
+        a = prepare_server_args(["--model-path", MODEL, "--moe-runner-backend", "triton"])
+    assert a.moe_runner_backend == "triton"
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    with pytest.raises(SystemExit) as e:
+        prepare_server_args(["--model-path", MODEL, "--moe-runner-backend", "fused"])
+    assert e.value.code == 2 and "--moe-runner-backend" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["fp8_e4m3", "fp8_e5m2", "bf16"])
