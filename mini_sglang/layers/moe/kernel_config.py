@@ -90,7 +90,7 @@ def default_config(M: int, E: int, top_k: int) -> dict[str, int]:
 
 
 @functools.cache
-def load_configs(file_name: str, config_dir: str) -> dict[int, dict[str, int]] | None:
+def load_configs(file_name: str, config_dir: str) -> dict[int, dict] | None:
     """The tuned table {M: config} of one shipped file, or None (absent or malformed: logged
     once, and the caller falls back to default_config)."""
     path = os.path.join(config_dir, file_name)
