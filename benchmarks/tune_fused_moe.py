@@ -157,8 +157,8 @@ def tune_one(
         if ms < per_rows.get(bm, (None, float("inf")))[1]:
             per_rows[bm] = (cfg, ms)
     assert per_rows, f"no config ran at M={m}"
-    single_ms = min(ms for _, ms in per_rows.values())
-    best, best_ms = min(per_rows.values(), key=lambda c: c[1])
+    best, single_ms = min(per_rows.values(), key=lambda c: c[1])
+    best_ms = single_ms
     for bm, (first, _) in per_rows.items():
         for cfg in space:
             if cfg["BLOCK_SIZE_M"] != bm or cfg == first:

@@ -275,9 +275,9 @@ def fused_experts_triton(
     """fused_experts_torch's result (see the module for the steps). `dropped_pairs`: some ids
     may be negative (experts of other ranks; their pairs add nothing). `config` overrides the
     tuned / default tile sizes, in a config file entry's form (kernel_config; the tuning
-    script and tests use it). With `fp8` the experts
-    are FP8 and both GEMMs run w8a8 (x, then the SiLU-and-mul output, quantized
-    dynamically; see Fp8Experts); the result has x's dtype. Batches of at most
+    script and tests use it). With `fp8` the experts are FP8 and both GEMMs run w8a8 (x,
+    then the SiLU-and-mul output, quantized dynamically; see Fp8Experts); the result has
+    x's dtype. Batches of at most
     fused_moe_gemv.MAX_TOKENS tokens (MINI_SGLANG_MOE_SMALL_M) run fused_moe_gemv's two
     kernels instead, unless `config` asks for the grouped GEMM's tiles. With `residual`
     ([tokens, H], x's dtype) the result is added into it in place (in that path, in the down

@@ -118,9 +118,12 @@ def _parse_entry(cfg: dict) -> dict:
 def gemm_configs(config: dict) -> tuple[dict[str, int], dict[str, int]]:
     """(first GEMM's, second GEMM's) flat tile sizes of one entry: the second takes the
     entry's "down" keys over the first's, e.g. {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, ...,
-    "down": {"BLOCK_SIZE_N": 128, ...}} runs w2 with 128-column tiles of 32-row blocks."""
+    "down": {"BLOCK_SIZE_N": 128, ...}} runs w2 with 128-column tiles of 32-row blocks. An
+    entry without "down" is returned as both, uncopied (it runs per eager forward)."""
+    if "down" not in config:
+        return config, config
     first = {k: v for k, v in config.items() if k != "down"}
-    return first, {**first, **config.get("down", {})}
+    return first, {**first, **config["down"]}
 
 
 def config_dirs() -> tuple[str, ...]:
@@ -163,8 +166,9 @@ def get_config(
     device: torch.device,
     block_shape: tuple[int, int] | None = None,
 ) -> dict:
-    """The kernel configuration for M tokens (a file entry: see gemm_configs): the tuned entry of the nearest batch size from
-    the first file for this shape and device in config_dirs(), else default_config."""
+    """The kernel configuration for M tokens (a file entry: see gemm_configs): the tuned
+    entry of the nearest batch size from the first file for this shape and device in
+    config_dirs(), else default_config. Cached: callers must not modify it."""
     name = config_file_name(E, N, top_k, dtype, device_name(device), block_shape)
     dirs = config_dirs()
     table = next(filter(None, (load_configs(name, d) for d in dirs)), None)
