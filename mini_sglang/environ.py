@@ -198,6 +198,12 @@ class Envs:
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
+    MINI_SGLANG_MOE_GEMV_TILES = EnvStr(
+        "",
+        "Forced MoE expert-GEMV tiles per batch bucket, for experiments: entries "
+        "\"bucket=gate_up[:down]\" separated by ';' or '/', each tile \"block_n,block_k,warps"
+        '[,stages[,programs_per_sm]]" (stages 0: Triton\'s default), e.g. "1=2,0,8,1,4".',
+    )
     MINI_SGLANG_MOE_CONFIG_DIR = EnvStr(
         "",
         "A folder of tuned fused-MoE kernel configs (benchmarks/tune_fused_moe.py --out-dir), "
