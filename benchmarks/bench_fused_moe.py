@@ -70,9 +70,7 @@ BATCH_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 # (8, 128, 8) it needs 66 registers a thread: 3 programs, 24 warps per SM; at (16, 256,
 # 16) 88, one program per SM, and its 128 programs at one token are one wave on 132 SMs
 # where the shipped (8, 256, 8, 3) makes 256 programs of one per SM, two waves;
-# benchmarks/kernel_resources.py), one-warp tiles of kernel 1, and kernel 1 on its
-# persistent grid (block_k 0: whole rows; the fifth value is programs per SM, at most what
-# its registers allow on sm90 by kernel_resources.py; bf16 only).
+# benchmarks/kernel_resources.py), and one-warp tiles of kernel 1.
 SWEEP = [
     (2, 1024, 4), (4, 512, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8), (16, 128, 4),
     (2, 512, 8), (4, 256, 8), (8, 128, 8), (2, 256, 4),
@@ -80,8 +78,6 @@ SWEEP = [
     (8, 128, 8, 3), (8, 256, 8, 3), (4, 512, 8, 3),
     (8, 128, 16), (4, 256, 16), (16, 128, 16), (16, 256, 16), (8, 512, 16),
     (1, 2048, 1), (2, 1024, 1), (4, 512, 1), (2, 2048, 1),
-    (2, 0, 8, 1, 4), (2, 0, 8, 1, 3), (2, 0, 4, 1, 6), (2, 0, 4, 1, 4), (1, 0, 8, 1, 5),
-    (1, 0, 8, 1, 4), (4, 0, 8, 1, 2), (4, 0, 4, 1, 4), (1, 0, 4, 1, 6),
 ]  # fmt: skip
 
 
@@ -133,8 +129,6 @@ def sweep_gemv(
     best = (start, time_config(start))
     for which in ("gate_up", "down"):
         for cand in SWEEP:
-            if GemvTiles(*cand).persistent and (which == "down" or quant is not None):
-                continue
             tiles = {"gate_up": best[0].gate_up, "down": best[0].down, which: GemvTiles(*cand)}
             config = SmallMConfig(**tiles)
             ms = time_config(config)

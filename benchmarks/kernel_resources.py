@@ -148,8 +148,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument(
         "--tiles", nargs="*", default=None,
-        help="BLOCK_N,BLOCK_K,num_warps[,num_stages[,programs_per_sm]] of both expert kernels "
-        "(default: TUNED's and the default); persistent tiles: kernel 1's persistent grid only",
+        help="BLOCK_N,BLOCK_K,num_warps[,num_stages] of both expert kernels (default: TUNED's and the default)",
     )  # fmt: skip
     p.add_argument("--fp8", action="store_true", help="FP8 experts, block-wise [128, 128] scales")
     p.add_argument("--out", default=None, help="append the rows to this JSONL file")
@@ -173,7 +172,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         tuned = fused_moe_gemv.TUNED_FP8_BLOCK if args.fp8 else fused_moe_gemv.TUNED
         configs = [*tuned.values(), fused_moe_gemv.DEFAULT_CONFIG]
         tiles = list(dict.fromkeys(t for c in configs for t in (c.gate_up, c.down)))
-    gate_up, gate_up_rows, down = fused_moe_gemv._build_kernels()
+    gate_up, down = fused_moe_gemv._build_kernels()
     k, e = args.top_k, args.experts
     group = (128, 128) if args.fp8 else (1, 0)
     consts = dict(
@@ -182,16 +181,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )  # fmt: skip
     rows = []
     for t in tiles:
-        # persistent tiles: kernel 1's persistent grid at one token, whole rows of H 2048
-        kernels = (("gate_up_rows", gate_up_rows),) if t.persistent else (
-            ("gate_up", gate_up), ("down", down)
-        )  # fmt: skip
-        for name, fn in kernels:
+        for name, fn in (("gate_up", gate_up), ("down", down)):
             # as launched: block-wise scales cap BLOCK_K at a scale group
             bn, bk = fused_moe_gemv._tiles(t, group[1])
             c = dict(consts, BLOCK_N=bn, BLOCK_K=bk)
-            if t.persistent:
-                c.update(BLOCK_K=bk or 2048, PAIRS_POW2=triton.next_power_of_2(k), ONE_TOKEN=True)
             res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch, t.num_stages)
             rows.append({"kernel": name, "warps": t.num_warps, "stages": t.num_stages,
                          "tiles": [bn, bk], **res})  # fmt: skip

@@ -202,7 +202,7 @@ class Envs:
         "",
         "Forced MoE expert-GEMV tiles per batch bucket, for experiments: entries "
         "\"bucket=gate_up[:down]\" separated by ';' or '/', each tile \"block_n,block_k,warps"
-        '[,stages[,programs_per_sm]]" (stages 0: Triton\'s default), e.g. "1=2,0,8,1,4".',
+        '[,stages]" (stages 0: Triton\'s default), e.g. "1=4,512,4:4,256,8".',
     )
     MINI_SGLANG_MOE_CONFIG_DIR = EnvStr(
         "",

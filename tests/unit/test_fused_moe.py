@@ -438,21 +438,16 @@ def test_fp8_layer_loads_each_format_and_splits(monkeypatch, fmt: str, tp: int, 
 # several steps over hidden 40 (a short last one), kernel 2's one step covers inter 16..32
 # (launched with an explicit num_stages).
 GEMV_TILES = SmallMConfig(GemvTiles(16, 16, 4), GemvTiles(16, 32, 4, 2))
-# Kernel 1 on its persistent grid: 2 programs (2 "SMs" in the interpreter, one each) stride
-# over the pairs' 4-column row blocks, whole rows (hidden 40 and 32 padded to 64 and 32).
-PERSISTENT_TILES = SmallMConfig(GemvTiles(4, 0, 4, programs_per_sm=1), GEMV_TILES.down)
 
 
-@pytest.mark.parametrize("tiles", [GEMV_TILES, PERSISTENT_TILES], ids=["grid", "persistent"])
 @pytest.mark.parametrize(
     "tokens,experts,k,hidden,inter",
     [(1, 8, 2, 40, 16), (3, 16, 8, 32, 24), (3, 8, 2, 40, 32), (1, 8, 3, 32, 16)],
 )
-def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter, tiles) -> None:
+def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter) -> None:
     """Both kernels against fused_experts_torch (top-3: kernel 2 pads the token's experts to
-    4 slots), kernel 1 on its grid and on its persistent grid (one token: x loaded once;
-    three: per row block); then with one token's first pair and every odd expert's pairs
-    dropped (EP), which must add nothing."""
+    4 slots); then with one token's first pair and every odd expert's pairs dropped (EP),
+    which must add nothing."""
     gen = torch.Generator().manual_seed(tokens * experts + k)
     x = torch.randn(tokens, hidden, generator=gen)
     w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.2
@@ -464,7 +459,7 @@ def test_small_m_gemv_matches_reference(tokens, experts, k, hidden, inter, tiles
     dropped[0, 0] = -1
     for case in (ids, dropped):
         ref = fused_experts_torch(x, w13, w2, weights, case)
-        out = fused_experts_gemv(x, w13, w2, weights, case, config=tiles)
+        out = fused_experts_gemv(x, w13, w2, weights, case, config=GEMV_TILES)
         torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -523,11 +518,10 @@ def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
         assert fused_moe_gemv.default_config(8, quant) == fused_moe_gemv.DEFAULT_CONFIG
     assert fused_moe_gemv.default_config(1, "fp8") == fused_moe_gemv.DEFAULT_CONFIG
     # MINI_SGLANG_MOE_GEMV_TILES replaces kernel 1's tiles, or both, for its buckets
-    forced = fused_moe_gemv._parse_forced("1=2,0,8,1,4/4=4,512,1:8,128,8,3")
+    forced = fused_moe_gemv._parse_forced("1=2,2048,8,1/4=4,512,1:8,128,8,3")
     monkeypatch.setattr(fused_moe_gemv, "_FORCED", forced)
     one = fused_moe_gemv.default_config(1, None)
-    assert one == SmallMConfig(GemvTiles(2, 0, 8, 1, 4), fused_moe_gemv.TUNED[1].down)
-    assert one.gate_up.persistent and not one.down.persistent
+    assert one == SmallMConfig(GemvTiles(2, 2048, 8, 1), fused_moe_gemv.TUNED[1].down)
     assert fused_moe_gemv.default_config(3, "fp8") == SmallMConfig(
         GemvTiles(4, 512, 1), GemvTiles(8, 128, 8, 3)
     )

@@ -57,23 +57,14 @@ _kernels: tuple | None = None
 
 @dataclass(frozen=True)
 class GemvTiles:
-    """One kernel's launch shape: BLOCK_N output columns per program (per row block where
-    persistent), BLOCK_K-wide tiles of the reduction dimension, num_warps, num_stages (None:
-    Triton's default) for the compiler's software pipelining of the K loop, and
-    programs_per_sm (0: one program per row block; see `persistent`)."""
+    """One kernel's launch shape: BLOCK_N output columns per program, BLOCK_K-wide tiles of
+    the reduction dimension, num_warps, and num_stages (None: Triton's default) for the
+    compiler's software pipelining of the K loop."""
 
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int | None = None
-    programs_per_sm: int = 0
-
-    @property
-    def persistent(self) -> bool:
-        """Kernel 1 on a persistent grid (gate_up_rows_kernel): programs_per_sm programs per
-        SM, each striding over row blocks of whole rows (block_k 0: H rounded up to a power
-        of two). bf16/fp16 experts only; kernel 2 has no persistent form."""
-        return self.programs_per_sm > 0
 
     def launch_options(self) -> dict:
         """The launch's num_warps / num_stages keyword arguments."""
@@ -121,16 +112,16 @@ _TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
 
 def _parse_tiles(spec: str) -> GemvTiles:
-    """ "block_n,block_k,warps[,stages[,programs_per_sm]]" (stages 0: Triton's default)."""
-    bn, bk, warps, stages, per_sm = ([int(v) for v in spec.split(",")] + [0, 0])[:5]
-    return GemvTiles(bn, bk, warps, stages or None, per_sm)
+    """ "block_n,block_k,warps[,stages]" (stages 0: Triton's default)."""
+    bn, bk, warps, stages = ([int(v) for v in spec.split(",")] + [0])[:4]
+    return GemvTiles(bn, bk, warps, stages or None)
 
 
 def _parse_forced(spec: str) -> dict[int, tuple[GemvTiles, GemvTiles | None]]:
     """MINI_SGLANG_MOE_GEMV_TILES, for experiments: ';'- or '/'-separated
     "bucket=gate_up[:down]" entries that replace the tiles of that batch bucket (a power of
-    two) in every format, e.g. "1=2,0,8,1,4" runs kernel 1 on its persistent grid at one
-    token (BLOCK_N 2, whole rows, 8 warps, 1 stage, 4 programs per SM), kernel 2 as tuned."""
+    two) in every format, e.g. "1=4,512,4" runs kernel 1 at one token with BLOCK_N 4,
+    BLOCK_K 512 and 4 warps, kernel 2 as tuned."""
     forced = {}
     for entry in filter(None, re.split("[;/]", spec)):
         bucket, tiles = entry.split("=")
@@ -247,91 +238,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         tl.store(act_ptr + pair * stride_am + rn, y.to(act_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
-    def gate_up_rows_kernel(
-        x_ptr,
-        w_ptr,
-        act_ptr,
-        ids_ptr,
-        INTER,
-        H,
-        PAIRS,
-        stride_xm,
-        stride_we,
-        stride_wn,
-        stride_am,
-        TOP_K: tl.constexpr,
-        PAIRS_POW2: tl.constexpr,
-        ONE_TOKEN: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
-        """gate_up_kernel's act (bf16/fp16 experts) from a persistent grid: the PAIRS * NB row
-        blocks (NB = cdiv(INTER, BLOCK_N)) are dealt round-robin, program p of G computing
-        blocks p, p + G, p + 2G, ...; block b is pair b // NB's columns
-        (b % NB) * BLOCK_N .. + BLOCK_N - 1, read as whole rows (BLOCK_K >= H). E.g. one
-        token, top-8, INTER 768, BLOCK_N 2: 8 * 384 = 3072 blocks; with G = 528, program 5
-        computes block 5 (pair 0, columns 10, 11), block 533 (pair 1, columns 298, 299), ...
-        The pairs' ids are loaded once after the wait (they pick the weights, so nothing
-        loads before it) and, with ONE_TOKEN, x too; block b + G's weights are loaded before
-        block b is summed, so a program always has a load in flight. A pair whose id is
-        negative is masked out of the loads and its act row is never written."""
-        if PDL:
-            gdc_wait()
-        pid = tl.program_id(0)
-        step = tl.num_programs(0)
-        nb = tl.cdiv(INTER, BLOCK_N)
-        nblocks = PAIRS * nb
-        rp = tl.arange(0, PAIRS_POW2)
-        ids = tl.load(ids_ptr + rp, mask=rp < PAIRS, other=-1)
-        rb = tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        k_ok = rk < H
-        if ONE_TOKEN:  # [1, BLOCK_K]: loaded in the weight tiles' layout, no conversion
-            xk = tl.load(x_ptr + rk[None, :], mask=k_ok[None, :], other=0.0).to(tl.float32)
-        # block b's gate rows [BLOCK_N, BLOCK_K] (up rows INTER rows further), its columns and
-        # which of them hold a kept pair's rows; b >= nblocks (pair >= PAIRS: id -1) loads
-        # nothing
-        pair = pid // nb
-        rn = (pid % nb) * BLOCK_N + rb
-        expert = tl.max(tl.where(rp == pair, ids, -1), axis=0)
-        ok = rn < tl.where(expert >= 0, INTER, 0)  # a dropped pair: no column
-        rows = w_ptr + tl.maximum(expert, 0).to(tl.int64) * stride_we + rn[:, None] * stride_wn
-        g = tl.load(rows + rk[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
-        u = tl.load(rows + INTER * stride_wn + rk[None, :], mask=ok[:, None] & k_ok[None, :],
-                    other=0.0)  # fmt: skip
-        for b in range(pid, nblocks, step):
-            if PDL:  # noqa: SIM102  # PDL is a constexpr, b a tensor: kept apart for Triton
-                # As small_m_gemm's persistent GEMV: the down kernel launches once every
-                # program has reached its last block, not onto SMs this grid still streams on.
-                if b + step >= nblocks:
-                    gdc_launch_dependents()
-            nxt = b + step
-            n_pair = nxt // nb
-            n_rn = (nxt % nb) * BLOCK_N + rb
-            n_expert = tl.max(tl.where(rp == n_pair, ids, -1), axis=0)
-            n_ok = n_rn < tl.where(n_expert >= 0, INTER, 0)
-            n_rows = (
-                w_ptr + tl.maximum(n_expert, 0).to(tl.int64) * stride_we
-                + n_rn[:, None] * stride_wn
-            )  # fmt: skip
-            n_mask = n_ok[:, None] & k_ok[None, :]
-            g_next = tl.load(n_rows + rk[None, :], mask=n_mask, other=0.0)
-            u_next = tl.load(n_rows + INTER * stride_wn + rk[None, :], mask=n_mask, other=0.0)
-            if not ONE_TOKEN:
-                token = (pair // TOP_K).to(tl.int64)
-                xk = tl.load(x_ptr + token * stride_xm + rk[None, :], mask=k_ok[None, :], other=0.0)
-                xk = xk.to(tl.float32)
-            acc_g = tl.sum(g.to(tl.float32) * xk, axis=1)
-            acc_u = tl.sum(u.to(tl.float32) * xk, axis=1)
-            # rounded to the activation dtype first, as gate_up_kernel
-            gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
-            up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
-            y = gate / (1.0 + tl.exp(-gate)) * up
-            tl.store(act_ptr + pair * stride_am + rn, y.to(act_ptr.dtype.element_ty), mask=ok)
-            pair, rn, ok, g, u = n_pair, n_rn, n_ok, g_next, u_next
-
-    @triton.jit
     def down_kernel(
         act_ptr,
         w_ptr,
@@ -422,7 +328,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             out += tl.load(out_row, mask=n_ok, other=0.0).to(tl.float32)
         tl.store(out_row, out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
-    return gate_up_kernel, gate_up_rows_kernel, down_kernel
+    return gate_up_kernel, down_kernel
 
 
 def _get_kernels() -> tuple:
@@ -436,45 +342,6 @@ def _tiles(tiles: GemvTiles, group_k: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_K) for a launch; block-wise scales need one scale group per K step."""
     block_k = math.gcd(tiles.block_k, group_k) if group_k else tiles.block_k
     return tiles.block_n, block_k
-
-
-def _gate_up_persistent(
-    kernel, x: torch.Tensor, w13: torch.Tensor, act: torch.Tensor, ids: torch.Tensor,
-    tiles: GemvTiles, pdl: bool,
-) -> None:  # fmt: skip
-    """Launch gate_up_rows_kernel: act [pairs, I] from x [M, H] (bf16/fp16 experts) on
-    min(row blocks, SMs * tiles.programs_per_sm) programs, whole rows a tile."""
-    import triton
-
-    from mini_sglang.layers.small_m_gemm import _sm_count
-
-    tokens, hidden = x.shape
-    pairs, inter = act.shape
-    block_k = tiles.block_k or triton.next_power_of_2(hidden)
-    if block_k < hidden:
-        raise ValueError(f"persistent gate_up tiles read whole rows: block_k {block_k} < {hidden}")
-    blocks = pairs * triton.cdiv(inter, tiles.block_n)
-    kernel[(min(blocks, _sm_count(x.device) * tiles.programs_per_sm),)](
-        x,
-        w13,
-        act,
-        ids,
-        inter,
-        hidden,
-        pairs,
-        x.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        act.stride(0),
-        TOP_K=pairs // tokens,
-        PAIRS_POW2=triton.next_power_of_2(pairs),
-        ONE_TOKEN=tokens == 1,
-        BLOCK_N=tiles.block_n,
-        BLOCK_K=block_k,
-        PDL=pdl,
-        **tiles.launch_options(),
-        launch_pdl=pdl,
-    )
 
 
 def fused_experts_gemv(
@@ -504,7 +371,7 @@ def fused_experts_gemv(
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
     config = config or default_config(tokens, fp8.kind if fp8 is not None else None)
-    gate_up_kernel, gate_up_rows_kernel, down_kernel = _get_kernels()
+    gate_up_kernel, down_kernel = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
     weights = topk_weights.reshape(-1).contiguous()
@@ -516,38 +383,33 @@ def fused_experts_gemv(
         a, a_scale = fp8.quantize(x, group)
         w_scale = fp8.w13_scale
     act = torch.empty(tokens * k, inter, dtype=x.dtype, device=x.device)
-    if config.gate_up.persistent:
-        if fp8 is not None:
-            raise ValueError("persistent gate_up tiles take bf16/fp16 experts, not FP8")
-        _gate_up_persistent(gate_up_rows_kernel, x, w13, act, ids, config.gate_up, pdl)
-    else:
-        bn, bk = _tiles(config.gate_up, group_k)
-        gate_up_kernel[(triton.cdiv(inter, bn), tokens * k)](
-            a,
-            w13,
-            act,
-            a_scale,
-            w_scale,
-            ids,
-            inter,
-            hidden,
-            a.stride(0),
-            w13.stride(0),
-            w13.stride(1),
-            act.stride(0),
-            a_scale.stride(0),
-            w_scale.stride(0),
-            w_scale.stride(1),
-            TOP_K=k,
-            FP8=fp8 is not None,
-            GROUP_N=group_n,
-            GROUP_K=group_k,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            PDL=pdl,
-            **config.gate_up.launch_options(),
-            launch_pdl=pdl,
-        )
+    bn, bk = _tiles(config.gate_up, group_k)
+    gate_up_kernel[(triton.cdiv(inter, bn), tokens * k)](
+        a,
+        w13,
+        act,
+        a_scale,
+        w_scale,
+        ids,
+        inter,
+        hidden,
+        a.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        act.stride(0),
+        a_scale.stride(0),
+        w_scale.stride(0),
+        w_scale.stride(1),
+        TOP_K=k,
+        FP8=fp8 is not None,
+        GROUP_N=group_n,
+        GROUP_K=group_k,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PDL=pdl,
+        **config.gate_up.launch_options(),
+        launch_pdl=pdl,
+    )
     a, a_scale, w_scale = act, act, w2
     if fp8 is not None:
         a, a_scale = fp8.quantize(act, group)

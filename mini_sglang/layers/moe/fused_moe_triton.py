@@ -39,6 +39,12 @@ from mini_sglang.layers.moe.kernel_config import gemm_configs, get_config
 _triton_kernel = None
 
 
+# FP8 only: K elements an sm90 tensor-core dot (wgmma, 64-row blocks and up) accumulates in
+# its reduced-precision accumulator before adding into the fp32 one; None: Triton's default
+# (the whole K loop per channel, one K step block-wise; SGLang's kernel runs the same).
+FP8_PROMOTE_K: int | None = None
+
+
 def _kernel():  # noqa: C901  # the kernel's constexpr branches count here too
     global _triton_kernel
     if _triton_kernel is None:
@@ -78,6 +84,7 @@ def _kernel():  # noqa: C901  # the kernel's constexpr branches count here too
             BLOCK_SIZE_N: tl.constexpr,
             BLOCK_SIZE_K: tl.constexpr,
             GROUP_SIZE_M: tl.constexpr,
+            PROMOTE_K: tl.constexpr,
         ):
             """C[pair] = A[pair // A_ROWS_PER_TOKEN] @ B[expert(pair)]^T (* weight[pair]).
             A [rows, K] row-major, B [E, N, K] with unit stride along K, C [pairs, N]. With
@@ -129,11 +136,11 @@ def _kernel():  # noqa: C901  # the kernel's constexpr branches count here too
                     if IEEE:
                         acc += tl.dot(a, b, input_precision="ieee") * a_s * b_s
                     else:
-                        acc += tl.dot(a, b) * a_s * b_s
+                        acc += tl.dot(a, b, max_num_imprecise_acc=PROMOTE_K) * a_s * b_s
                 elif IEEE:
                     acc += tl.dot(a, b, input_precision="ieee")
                 else:
-                    acc += tl.dot(a, b)
+                    acc += tl.dot(a, b, max_num_imprecise_acc=PROMOTE_K)
                 if SILU_MUL:
                     u = tl.load(up_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
                     if FP8 and GROUP_K > 0:
@@ -141,11 +148,11 @@ def _kernel():  # noqa: C901  # the kernel's constexpr branches count here too
                         if IEEE:
                             acc_up += tl.dot(a, u, input_precision="ieee") * a_s * u_s
                         else:
-                            acc_up += tl.dot(a, u) * a_s * u_s
+                            acc_up += tl.dot(a, u, max_num_imprecise_acc=PROMOTE_K) * a_s * u_s
                     elif IEEE:
                         acc_up += tl.dot(a, u, input_precision="ieee")
                     else:
-                        acc_up += tl.dot(a, u)
+                        acc_up += tl.dot(a, u, max_num_imprecise_acc=PROMOTE_K)
                     up_ptrs += BLOCK_SIZE_K
                 a_ptrs += BLOCK_SIZE_K
                 b_ptrs += BLOCK_SIZE_K
@@ -258,6 +265,7 @@ def _grouped_gemm(
         GROUP_N=group_n,
         GROUP_K=group_k,
         **config,
+        PROMOTE_K=FP8_PROMOTE_K if scales is not None else None,
     )
 
 
