@@ -235,6 +235,7 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     ],
 )
 def test_fp8_fused_experts_match_reference(tokens, E, k, H, inter, block):
+    from mini_sglang.layers.moe import kernel_config
     from mini_sglang.layers.moe.experts_torch import fused_experts_torch
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton
     from mini_sglang.layers.moe.router import select_experts
@@ -250,9 +251,26 @@ def test_fp8_fused_experts_match_reference(tokens, E, k, H, inter, block):
     ref = fused_experts_torch(x, w13d, w2d, w, ids, act_qdq=lambda t: qdq_activations(t, group))
     plain = fused_experts_torch(x, w13d, w2d, w, ids)  # activations not quantized
     out = fused_experts_triton(x, w13q, w2q, w, ids, fp8=fp8)
-    # float32 activations: the reference's function to summation noise
-    assert _rel(out, ref) < 2e-3, (_rel(out, ref), _rel(plain, ref))
+    # float32 activations: the reference's function to summation noise, except where sm90
+    # runs the FP8 dots as wgmma (tiles of 64 rows and up, as the tuned files pick from 512
+    # tokens): Triton lets those accumulate in the tensor cores' reduced precision (its sm90
+    # default max_num_imprecise_acc; SGLang's kernel runs the same), 0.35% from the reference
+    # at 512 tokens on an H100. The 32-row tiles the heuristic picked there (mma.sync, fp32
+    # accumulation) still meet the tight bound.
+    tiles = kernel_config.gemm_configs(
+        kernel_config.get_config(tokens, E, inter, k, torch.float8_e4m3fn, x.device, block)
+    )
+    fast_acc = torch.cuda.get_device_capability() == (9, 0) and any(
+        t["BLOCK_SIZE_M"] >= 64 for t in tiles
+    )
+    tol = 1e-2 if fast_acc else 2e-3
+    assert _rel(out, ref) < tol, (_rel(out, ref), _rel(plain, ref))
     assert _rel(plain, ref) > 5 * _rel(out, ref)  # activation quantization is what matched
+    if fast_acc:
+        rows32 = dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=8,
+                      num_warps=4, num_stages=3)  # fmt: skip
+        exact = fused_experts_triton(x, w13q, w2q, w, ids, fp8=fp8, config=rows32)
+        assert _rel(exact, ref) < 2e-3, _rel(exact, ref)
     # bf16 activations: the SiLU-and-mul output is stored in bf16 before it is quantized,
     # which moves ~2% of its values to a neighbouring FP8 value (~1-2% relative error)
     xb = x.bfloat16()
@@ -264,7 +282,7 @@ def test_fp8_fused_experts_match_reference(tokens, E, k, H, inter, block):
     dropped = torch.where(ids >= E // 2, -1, ids)  # EP: the upper half is another rank's
     ref = fused_experts_torch(x, w13d, w2d, w, dropped, act_qdq=lambda t: qdq_activations(t, group))
     out = fused_experts_triton(x, w13q, w2q, w, dropped, dropped_pairs=True, fp8=fp8)
-    assert _rel(out, ref) < 2e-3, _rel(out, ref)
+    assert _rel(out, ref) < tol, _rel(out, ref)
 
 
 @needs_fp8
