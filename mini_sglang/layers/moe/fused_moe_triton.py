@@ -265,7 +265,10 @@ def _grouped_gemm(
         GROUP_N=group_n,
         GROUP_K=group_k,
         **config,
-        PROMOTE_K=FP8_PROMOTE_K if scales is not None else None,
+        # at most one K step: Triton rejects a larger max_num_imprecise_acc than a dot's K
+        PROMOTE_K=None
+        if scales is None or FP8_PROMOTE_K is None
+        else min(FP8_PROMOTE_K, config["BLOCK_SIZE_K"]),
     )
 
 
