@@ -17,6 +17,16 @@ decode kernels, and a prefill rate, and adds them up for:
 
 Norms, RoPE, activations, sampling and every gap between kernels are left out, so the
 result is a bound no engine on these kernels can beat, not an estimate.
+
+Without measured GEMMs, `--weights-tb-s` bounds any kernel: a decode step of M tokens reads
+each weight it uses once at that bandwidth. For a mixture of experts a layer reads the
+experts its M tokens chose: with each token taking k of E experts, E * (1 - (1 - k/E)^M)
+of them on average (uniform routing). Example, Qwen3-30B-A3B (E 128, k 8): 8 experts at
+M = 1, 62 at M = 16, 126 (98%) at M = 64. `--prefill-tok-s` is then the rate the bound
+allows prefill, e.g. the card's dense bf16 peak over 2 x the active parameters:
+
+    python benchmarks/roofline.py --model qwen3-30b-a3b --weights-tb-s 4.8 \\
+        --attention-tb-s 4.8 --prefill-tok-s 150000
 """
 
 from __future__ import annotations
@@ -64,6 +74,31 @@ def kv_bytes_per_token(model: str) -> int:
     return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 2
 
 
+def weight_step_us(model: str, tb_s: float, max_m: int) -> dict[int, float]:
+    """Microseconds to read one decode step's weights at tb_s TB/s, for M = 1 .. max_m
+    (bf16; a mixture of experts reads the experts its M tokens chose, module docstring)."""
+    c = config(model)
+    h, layers = c["hidden_size"], c["num_hidden_layers"]
+    qh, kvh = c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim") or h // qh
+    experts = c.get("num_experts") or c.get("num_local_experts") or 0
+    inter = c.get("moe_intermediate_size") or c["intermediate_size"]
+    attn = (qh + 2 * kvh) * d * h + qh * d * h
+    shared = 3 * h * c.get("shared_expert_intermediate_size", 0)
+    expert = 3 * h * inter
+    table = {}
+    for m in range(1, max_m + 1):
+        if experts:
+            k = c["num_experts_per_tok"]
+            read = experts * (1 - (1 - k / experts) ** m)
+            mlp = experts * h + read * expert + shared  # the router, the chosen experts
+        else:
+            mlp = expert
+        params = layers * (attn + mlp) + c["vocab_size"] * h  # the LM head
+        table[m] = 2 * params / (tb_s * 1e6)
+    return table
+
+
 def batch1_bound_ms(gemm: dict[int, float], kv_tok: int, tb_s: float, in_len: int, out_len: int):
     mean_ctx = in_len + out_len / 2
     return (interpolate(gemm, 1) + kv_tok * mean_ctx / tb_s / 1e6) / 1000
@@ -91,16 +126,21 @@ def nano_vllm_bound(gemm: dict[int, float], kv_tok: int, tb_s: float, prefill_to
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="llama-3.1-8b")
-    ap.add_argument("--linear", required=True, help="bench_linear.py --out JSONL")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--linear", help="bench_linear.py --out JSONL")
+    src.add_argument("--weights-tb-s", type=float, help="weights read once at this TB/s")
     ap.add_argument("--attention-tb-s", type=float, required=True, help="KV read bandwidth")
     ap.add_argument("--prefill-tok-s", type=float, required=True, help="prefill rate")
     args = ap.parse_args()
-    gemm = gemm_step_us(args.linear, args.model)
+    if args.linear:
+        gemm = gemm_step_us(args.linear, args.model)
+    else:
+        gemm = weight_step_us(args.model, args.weights_tb_s, len(nano_vllm_workload()[0]))
     kv_tok = kv_bytes_per_token(args.model)
     ms = batch1_bound_ms(gemm, kv_tok, args.attention_tb_s, 128, 1024)
     print(
         f"{args.model}: decode GEMMs per step (us) by batch: "
-        + ", ".join(f"{m}: {us:.0f}" for m, us in gemm.items())
+        + ", ".join(f"{m}: {us:.0f}" for m, us in gemm.items() if m & (m - 1) == 0)
     )
     print(f"batch 1, in 128, out 1024: >= {ms:.3f} ms/token")
     pre, g, kv, out = nano_vllm_bound(gemm, kv_tok, args.attention_tb_s, args.prefill_tok_s)
