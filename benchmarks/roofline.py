@@ -22,7 +22,7 @@ Without measured GEMMs, `--weights-tb-s` bounds any kernel: a decode step of M t
 each weight it uses once at that bandwidth. For a mixture of experts a layer reads the
 experts its M tokens chose: with each token taking k of E experts, E * (1 - (1 - k/E)^M)
 of them on average (uniform routing). Example, Qwen3-30B-A3B (E 128, k 8): 8 experts at
-M = 1, 62 at M = 16, 126 (98%) at M = 64. `--prefill-tok-s` is then the rate the bound
+M = 1, 82 at M = 16, 126 (98%) at M = 64. `--prefill-tok-s` is then the rate the bound
 allows prefill, e.g. the card's dense bf16 peak over 2 x the active parameters:
 
     python benchmarks/roofline.py --model qwen3-30b-a3b --weights-tb-s 4.8 \\
@@ -139,7 +139,7 @@ def main() -> None:
     kv_tok = kv_bytes_per_token(args.model)
     ms = batch1_bound_ms(gemm, kv_tok, args.attention_tb_s, 128, 1024)
     print(
-        f"{args.model}: decode GEMMs per step (us) by batch: "
+        f"{args.model}: decode {'GEMMs' if args.linear else 'weight reads'} per step (us) by batch: "
         + ", ".join(f"{m}: {us:.0f}" for m, us in gemm.items() if m & (m - 1) == 0)
     )
     print(f"batch 1, in 128, out 1024: >= {ms:.3f} ms/token")
