@@ -138,8 +138,9 @@ def main() -> None:
         gemm = weight_step_us(args.model, args.weights_tb_s, len(nano_vllm_workload()[0]))
     kv_tok = kv_bytes_per_token(args.model)
     ms = batch1_bound_ms(gemm, kv_tok, args.attention_tb_s, 128, 1024)
+    what = "GEMMs" if args.linear else "weight reads"
     print(
-        f"{args.model}: decode {'GEMMs' if args.linear else 'weight reads'} per step (us) by batch: "
+        f"{args.model}: decode {what} per step (us) by batch: "
         + ", ".join(f"{m}: {us:.0f}" for m, us in gemm.items() if m & (m - 1) == 0)
     )
     print(f"batch 1, in 128, out 1024: >= {ms:.3f} ms/token")
