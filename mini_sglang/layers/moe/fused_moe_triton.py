@@ -41,7 +41,9 @@ _triton_kernel = None
 
 # FP8 only: K elements an sm90 tensor-core dot (wgmma, 64-row blocks and up) accumulates in
 # its reduced-precision accumulator before adding into the fp32 one; None: Triton's default
-# (the whole K loop per channel, one K step block-wise; SGLang's kernel runs the same).
+# (the whole K loop per channel, one K step block-wise; SGLang's kernel runs the same). For
+# benchmarks/fp8_moe_accumulation.py: the loss is inside a K step (128 changes nothing) and
+# 32 halves it for 2-32% more time (docs/moe.md), so the kernel runs the default.
 FP8_PROMOTE_K: int | None = None
 
 
