@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import torch
 
-# The one-program Triton version holds [experts x pairs] masks in registers: it serves
-# decode-sized batches (where launch count matters), torch the rest.
-TRITON_MAX_PAIRS = 256
+# Pairs per program of the Triton version: its rank step compares a chunk's pairs with each
+# other ([CHUNK, CHUNK] in registers, as the [experts, CHUNK] masks), so the chunk stays a
+# tile that 8 warps hold; more pairs take more programs (and a counting launch before them).
+CHUNK = 256
 TRITON_MAX_EXPERTS = 256
 
-_triton_kernel = None
+_triton_kernels = None
 
 
 def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -63,63 +64,113 @@ def moe_align_block_size_torch(
     return buf[:max_padded], expert_ids, ends[-1:].to(torch.int32)
 
 
-def _kernel():
-    global _triton_kernel
-    if _triton_kernel is None:
+def _kernels():
+    global _triton_kernels
+    if _triton_kernels is None:
         import triton  # deferred: the CPU path never needs it
         import triton.language as tl
 
         @triton.jit
-        def align_kernel(
+        def count_kernel(
+            ids_ptr, counts_ptr, n, num_experts, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr
+        ):
+            """counts[g, e]: chunk g's kept pairs of expert e."""
+            offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+            e = tl.load(ids_ptr + offs, mask=offs < n, other=-1)
+            e = tl.where(e < num_experts, e, -1)  # dropped, as negative ids are
+            hit = e[None, :] == tl.arange(0, BLOCK_E)[:, None]
+            counts = tl.sum(hit.to(tl.int32), axis=1)
+            tl.store(counts_ptr + tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E), counts)
+
+        @triton.jit
+        def place_kernel(
             ids_ptr,
+            counts_ptr,
             sorted_ptr,
             expert_ids_ptr,
             post_pad_ptr,
             n,
             num_experts,
             max_padded,
+            num_chunks,
             BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr,
+            CHUNK: tl.constexpr,
             BLOCK_E: tl.constexpr,
+            BLOCK_G: tl.constexpr,
             FILL: tl.constexpr,
+            SINGLE: tl.constexpr,
         ):
-            offs = tl.arange(0, BLOCK_N)
+            """Program g writes chunk g's pairs at their places, and its share of the
+            padding, of expert_ids and (g 0) num_post_padded: every write lands where no other
+            program writes, so nothing waits on another program.
+
+            A pair's place: its expert's group start, plus the expert's pairs in earlier
+            chunks, plus those earlier in its own chunk. Example (module docstring's ids,
+            CHUNK 2): chunk 0 holds pairs 0, 1 (experts 1, 0), chunk 1 pairs 2, 3 (experts
+            1, 2); starts [0, 2, 4]; pair 2 goes to 2 (expert 1's start) + 1 (pair 0, in
+            chunk 0) + 0 = 3."""
+            g = tl.program_id(0)
+            experts = tl.arange(0, BLOCK_E)
+            offs = g * CHUNK + tl.arange(0, CHUNK)
             live = offs < n
             e = tl.load(ids_ptr + offs, mask=live, other=-1)
             live = live & (e >= 0) & (e < num_experts)
-            experts = tl.arange(0, BLOCK_E)
-            hit = (e[None, :] == experts[:, None]) & live[None, :]  # [E, N]
-            counts = tl.sum(hit.to(tl.int32), axis=1)
-            padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+            hit = (e[None, :] == experts[:, None]) & live[None, :]  # [BLOCK_E, CHUNK]
+            if SINGLE:  # one chunk: the totals are its own counts
+                total = tl.sum(hit.to(tl.int32), axis=1)
+                before = tl.zeros([BLOCK_E], tl.int32)
+            else:
+                total = tl.zeros([BLOCK_E], tl.int32)
+                before = tl.zeros([BLOCK_E], tl.int32)
+                for g0 in range(0, num_chunks, BLOCK_G):
+                    rows = g0 + tl.arange(0, BLOCK_G)
+                    c = tl.load(
+                        counts_ptr + rows[:, None] * BLOCK_E + experts[None, :],
+                        mask=rows[:, None] < num_chunks,
+                        other=0,
+                    )
+                    total += tl.sum(c, axis=0)
+                    before += tl.sum(tl.where(rows[:, None] < g, c, 0), axis=0)
+            padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
             ends = tl.cumsum(padded, axis=0)
             starts = ends - padded
-            # padding everywhere first, then (after a barrier) each pair at its place
-            for i in range(0, max_padded, FILL):
-                fo = i + tl.arange(0, FILL)
-                tl.store(sorted_ptr + fo, n, mask=fo < max_padded)
-            tl.debug_barrier()
-            same = (e[:, None] == e[None, :]) & (offs[None, :] < offs[:, None]) & live[None, :]
+            local = tl.arange(0, CHUNK)
+            same = (e[:, None] == e[None, :]) & (local[None, :] < local[:, None]) & live[None, :]
             rank = tl.sum(same.to(tl.int32), axis=1)
-            start = tl.sum(tl.where(hit, starts[:, None], 0), axis=0)
-            tl.store(sorted_ptr + start + rank, offs, mask=live)
-            for b in range(0, max_padded // BLOCK_M, FILL):
+            base = tl.sum(tl.where(hit, (starts + before)[:, None], 0), axis=0)
+            tl.store(sorted_ptr + base + rank, offs, mask=live)
+            # the padding after each of this program's experts' pairs (experts g, g + G, ...)
+            fill = (starts + total)[:, None] + tl.arange(0, BLOCK_M)[None, :]
+            mine = (experts % num_chunks == g)[:, None] & (fill < ends[:, None])
+            tl.store(sorted_ptr + fill, n, mask=mine)
+            # the tail after the last group, and the blocks' experts, in strides of FILL
+            post = tl.sum(padded, axis=0)
+            for i in range(g * FILL, max_padded, num_chunks * FILL):
+                fo = i + tl.arange(0, FILL)
+                tl.store(sorted_ptr + fo, n, mask=(fo >= post) & (fo < max_padded))
+            num_blocks = max_padded // BLOCK_M
+            for b in range(g * FILL, num_blocks, num_chunks * FILL):
                 bo = b + tl.arange(0, FILL)
-                before = tl.sum((ends[:, None] <= bo[None, :] * BLOCK_M).to(tl.int32), axis=0)
-                before = tl.where(before < num_experts, before, -1)
-                tl.store(expert_ids_ptr + bo, before, mask=bo < max_padded // BLOCK_M)
-            tl.store(post_pad_ptr, tl.sum(padded, axis=0))
+                # blocks ending at or before this one's start: the index of its expert
+                expert = tl.sum((ends[:, None] <= bo[None, :] * BLOCK_M).to(tl.int32), axis=0)
+                expert = tl.where(expert < num_experts, expert, -1)
+                tl.store(expert_ids_ptr + bo, expert, mask=bo < num_blocks)
+            if g == 0:
+                tl.store(post_pad_ptr, post)
 
-        _triton_kernel = align_kernel
-    return _triton_kernel
+        _triton_kernels = count_kernel, place_kernel
+    return _triton_kernels
 
 
 def moe_align_block_size_triton(
     topk_ids: torch.Tensor, block_m: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """moe_align_block_size_torch in one Triton program; for at most TRITON_MAX_PAIRS pairs
-    and TRITON_MAX_EXPERTS experts."""
+    """moe_align_block_size_torch in Triton, for at most TRITON_MAX_EXPERTS experts: one
+    program per CHUNK pairs, after a launch that counts each chunk's pairs per expert (none
+    for a single chunk, as in a decode step of up to CHUNK / k tokens)."""
     import triton
 
+    count_kernel, place_kernel = _kernels()
     ids = topk_ids.reshape(-1).to(torch.int32)
     n = ids.numel()
     max_padded = max_padded_pairs(n, num_experts, block_m)
@@ -127,18 +178,31 @@ def moe_align_block_size_triton(
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(max_padded // block_m, dtype=torch.int32, device=dev)
     post_pad = torch.empty(1, dtype=torch.int32, device=dev)
-    _kernel()[(1,)](
+    chunk = min(CHUNK, max(16, triton.next_power_of_2(n)))
+    num_chunks = triton.cdiv(n, chunk)
+    block_e = max(16, triton.next_power_of_2(num_experts))
+    counts = sorted_ids  # unread with one chunk
+    if num_chunks > 1:
+        counts = torch.empty(num_chunks, block_e, dtype=torch.int32, device=dev)
+        count_kernel[(num_chunks,)](
+            ids, counts, n, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=8
+        )
+    place_kernel[(num_chunks,)](
         ids,
+        counts,
         sorted_ids,
         expert_ids,
         post_pad,
         n,
         num_experts,
         max_padded,
+        num_chunks,
         BLOCK_M=block_m,
-        BLOCK_N=max(16, triton.next_power_of_2(n)),
-        BLOCK_E=max(16, triton.next_power_of_2(num_experts)),
+        CHUNK=chunk,
+        BLOCK_E=block_e,
+        BLOCK_G=16,
         FILL=256,
+        SINGLE=num_chunks == 1,
         num_warps=8,
     )
     return sorted_ids, expert_ids, post_pad
@@ -148,10 +212,6 @@ def moe_align_block_size(
     topk_ids: torch.Tensor, block_m: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sorted_ids, expert_ids, num_post_padded); see the module for the contract."""
-    if (
-        topk_ids.is_cuda
-        and topk_ids.numel() <= TRITON_MAX_PAIRS
-        and num_experts <= TRITON_MAX_EXPERTS
-    ):
+    if topk_ids.is_cuda and num_experts <= TRITON_MAX_EXPERTS:
         return moe_align_block_size_triton(topk_ids, block_m, num_experts)
     return moe_align_block_size_torch(topk_ids, block_m, num_experts)
