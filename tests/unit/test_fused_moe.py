@@ -110,19 +110,13 @@ def test_router_triton_matches_torch(renormalize: bool, k: int, experts: int) ->
     assert torch.allclose(w.sum(-1), torch.ones(5, device=DEVICE)) == renormalize
 
 
-@pytest.mark.parametrize(
-    "tokens,experts,k,block",
-    # one chunk of pairs; then 2, 7 and 19 chunks of 256 (counts read in blocks of 16 chunks),
-    # Qwen2-MoE's 60 experts and Qwen3-MoE's 128 among them
-    [
-        (1, 8, 2, 16),
-        (6, 5, 2, 4),
-        (9, 16, 4, 16),
-        (40, 16, 8, 16),
-        (220, 60, 8, 32),
-        (600, 128, 8, 64),
-    ],
-)
+# (tokens, experts, k, block): one chunk of pairs; then 2, 7 and 19 chunks of 256 (the
+# counts read in blocks of 16 chunks), with Qwen2-MoE's 60 and Qwen3-MoE's 128 experts
+ALIGN_ONE_CHUNK = [(1, 8, 2, 16), (6, 5, 2, 4), (9, 16, 4, 16)]
+ALIGN_CHUNKS = [(40, 16, 8, 16), (220, 60, 8, 32), (600, 128, 8, 64)]
+
+
+@pytest.mark.parametrize("tokens,experts,k,block", ALIGN_ONE_CHUNK + ALIGN_CHUNKS)
 def test_align_block_size(tokens: int, experts: int, k: int, block: int) -> None:
     gen = torch.Generator().manual_seed(tokens)
     ids = _ids(tokens, experts, k, gen)

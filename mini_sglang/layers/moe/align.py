@@ -179,7 +179,7 @@ def moe_align_block_size_triton(
     expert_ids = torch.empty(max_padded // block_m, dtype=torch.int32, device=dev)
     post_pad = torch.empty(1, dtype=torch.int32, device=dev)
     chunk = min(CHUNK, max(16, triton.next_power_of_2(n)))
-    num_chunks = triton.cdiv(n, chunk)
+    num_chunks = max(1, triton.cdiv(n, chunk))  # no pairs: one program writes the empty result
     block_e = max(16, triton.next_power_of_2(num_experts))
     counts = sorted_ids  # unread with one chunk
     if num_chunks > 1:
