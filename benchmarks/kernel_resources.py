@@ -6,6 +6,7 @@ run.
     python benchmarks/kernel_resources.py                      # tuned / default tiles, sm90
     python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
     python benchmarks/kernel_resources.py --attention   # the fused decode attention kernel
+    python benchmarks/kernel_resources.py --align 256,8 128,8 64,4   # moe_align_block_size
 
 Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down) per tile config,
 and the router's top-k kernel at its launch's warps and at 4, at Qwen3-30B-A3B's shapes by
@@ -141,6 +142,29 @@ def _attention_rows(arch: int) -> list[dict]:
     return [row | res]
 
 
+def _align_rows(arch: int, experts: int, variants: list[str]) -> list[dict]:
+    """moe_align_block_size's two kernels (layers/moe/align.py) per CHUNK,NUM_WARPS variant:
+    the counting kernel, and the placing kernel for one chunk and for several, with 16-pair
+    blocks and `experts` experts."""
+    from mini_sglang.layers.moe import align
+
+    count, place = align._kernels()
+    block_e = max(16, triton.next_power_of_2(experts))
+    rows = []
+    for variant in variants:
+        chunk, warps = map(int, variant.split(","))
+        kernels = [("count", count, {})]
+        kernels += [(f"place, {'one chunk' if one else 'chunks'}", place, {"SINGLE": one})
+                    for one in (True, False)]  # fmt: skip
+        for name, fn, extra in kernels:
+            types = {n: "*i32" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+            consts = dict(BLOCK_M=16, CHUNK=chunk, BLOCK_E=block_e, BLOCK_G=16, FILL=256, **extra)
+            res = resources(fn, types, consts, warps, arch)
+            rows.append({"kernel": f"align {name}", "warps": warps, "stages": None,
+                         "tiles": [chunk], **res})  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for sm90")
@@ -156,16 +180,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--attention", action="store_true",
         help="the fused decode attention kernel instead",
     )  # fmt: skip
+    p.add_argument(
+        "--align", nargs="+", default=None, metavar="CHUNK,WARPS",
+        help="moe_align_block_size's kernels at these pairs per program and warps instead",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    if args.attention:
+    common = {"arch": args.arch}
+    if args.align:
+        rows = _align_rows(args.arch, args.experts, args.align)
+        for r in rows:
+            print(f"sm{args.arch} E={args.experts} {r['kernel']} chunk={r['tiles'][0]} "
+                  f"warps={r['warps']}: {r['regs']} registers, {r['stack']} B stack, "
+                  f"{r['barriers']} barriers")  # fmt: skip
+    elif args.attention:
         rows = _attention_rows(args.arch)
         for r in rows:
             print(f"sm{args.arch} {r['kernel']}: {r['regs']} registers, {r['ctas_per_sm']} per SM, "
                   f"{r['loads_before_wait']} loads before the PDL wait")  # fmt: skip
-        if args.out:
-            with open(args.out, "a") as f:
-                f.writelines(json.dumps({"arch": args.arch} | r) + "\n" for r in rows)
-        return rows
+    else:
+        rows = _expert_rows(args)
+        common |= {"experts": args.experts, "top_k": args.top_k, "fp8": args.fp8}
+    if args.out:
+        with open(args.out, "a") as f:
+            f.writelines(json.dumps(common | r) + "\n" for r in rows)
+    return rows
+
+
+def _expert_rows(args: argparse.Namespace) -> list[dict]:
+    """The expert kernels per tile config and the top-k kernel (module docstring), printed."""
     if args.tiles:
         tiles = [fused_moe_gemv.GemvTiles(*map(int, t.split(","))) for t in args.tiles]
     else:
@@ -203,10 +245,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"{r['ctas_per_sm']} per SM, global loads {r['loads_before_wait']} before / "
             f"{r['loads_after_wait']} after the PDL wait"
         )
-    if args.out:
-        common = {"arch": args.arch, "experts": e, "top_k": k, "fp8": args.fp8}
-        with open(args.out, "a") as f:
-            f.writelines(json.dumps(common | r) + "\n" for r in rows)
     return rows
 
 

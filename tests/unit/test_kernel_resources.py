@@ -61,3 +61,17 @@ def test_attention_kernel_loads_before_its_wait(tmp_path: Path) -> None:
     assert row["loads_before_wait"] > 0 and row["loads_after_wait"] > 0
     assert 0 < row["regs"] <= 255 and row["ctas_per_sm"] > 0
     assert len(stdout.strip().splitlines()) == 1
+
+
+def test_align_kernels_spill_at_the_shipped_chunk(tmp_path: Path) -> None:
+    """--align: moe_align_block_size's counting kernel and its placing kernel (one chunk,
+    several) per CHUNK,WARPS; at the shipped 256 pairs on 8 warps the placing kernel spills
+    (its [CHUNK, CHUNK] rank step; align.py's comment), at 64 on 4 warps nothing does."""
+    rows, stdout = _rows(tmp_path, "--align", "256,8", "64,4")
+    assert [(r["kernel"], r["tiles"], r["warps"]) for r in rows] == [
+        (kernel, [chunk], warps)
+        for chunk, warps in ((256, 8), (64, 4))
+        for kernel in ("align count", "align place, one chunk", "align place, chunks")
+    ]
+    assert [r["stack"] > 0 for r in rows] == [False, True, True, False, False, False]
+    assert len(stdout.strip().splitlines()) == len(rows)

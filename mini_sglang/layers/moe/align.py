@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import torch
 
-# Pairs per program of the Triton version: its rank step compares a chunk's pairs with each
-# other ([CHUNK, CHUNK] in registers, as the [experts, CHUNK] masks), so the chunk stays a
-# tile that 8 warps hold; more pairs take more programs (and a counting launch before them).
+# Pairs per program of the Triton version, and its warps: its rank step compares a chunk's
+# pairs with each other ([CHUNK, CHUNK] in registers, beside the [experts, CHUNK] masks);
+# more pairs take more programs (and a counting launch before them). Compiled for sm90, 256
+# pairs on 8 warps spill (255 registers a thread, 368-552 bytes of stack); 128 or 64 do not
+# (benchmarks/kernel_resources.py --align), but a batch of 17-32 tokens would then pay the
+# counting launch, so the timed pair stays until the others are timed (bench_moe_align.py).
 CHUNK = 256
+NUM_WARPS = 8
 TRITON_MAX_EXPERTS = 256
 
 _triton_kernels = None
@@ -185,7 +189,7 @@ def moe_align_block_size_triton(
     if num_chunks > 1:
         counts = torch.empty(num_chunks, block_e, dtype=torch.int32, device=dev)
         count_kernel[(num_chunks,)](
-            ids, counts, n, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=8
+            ids, counts, n, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=NUM_WARPS
         )
     place_kernel[(num_chunks,)](
         ids,
@@ -203,7 +207,7 @@ def moe_align_block_size_triton(
         BLOCK_G=16,
         FILL=256,
         SINGLE=num_chunks == 1,
-        num_warps=8,
+        num_warps=NUM_WARPS,
     )
     return sorted_ids, expert_ids, post_pad
 
