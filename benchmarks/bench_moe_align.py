@@ -1,12 +1,12 @@
 """Speed of moe_align_block_size alone: the torch version against the Triton one, per batch.
 
-    python benchmarks/bench_moe_align.py [--experts 128 --top-k 8]
+    python benchmarks/bench_moe_align.py [--experts 128 --top-k 8 --inter 768]
         [--tokens 32 64 128 256 512 1024 8192] [--variants 256,8 128,8 64,4]
         [--result-filename out.jsonl]
 
 Each batch of M tokens routes to top-k distinct random experts per token, with the block
-size the default tiles would take at that M (16 rows up to 128 tokens, 32 at 256, 64
-above). Both versions are timed as CUDA-graph replays (the GPU time of their kernels, as in
+size (BLOCK_SIZE_M) the layer takes at that M for bf16 experts of intermediate size
+`--inter` on this card (kernel_config.get_config: the tuned file, else the default). Both versions are timed as CUDA-graph replays (the GPU time of their kernels, as in
 a decode step), and the Triton outputs are checked equal to the torch ones (`equal`).
 `--variants CHUNK,WARPS ...` times the Triton version at other pairs per program and warps
 (align.CHUNK, align.NUM_WARPS; the first variant defaults to the shipped pair); compiled
@@ -24,13 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mini_sglang.layers.moe import align  # noqa: E402
+from mini_sglang.layers.moe import align, kernel_config  # noqa: E402
 from mini_sglang.utils.cuda_timing import cuda_time_ms  # noqa: E402
-
-
-def block_for(tokens: int) -> int:
-    """The BLOCK_SIZE_M the default tiles pick at this many tokens (kernel_config)."""
-    return 16 if tokens <= 128 else 32 if tokens <= 256 else 64
 
 
 def time_us(fn, ids: torch.Tensor, block: int, experts: int, iters: int) -> float:
@@ -42,6 +37,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--experts", type=int, default=128)
     p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--inter", type=int, default=768, help="per-expert intermediate size")
     p.add_argument("--tokens", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024, 8192])
     p.add_argument(
         "--variants", nargs="+", default=[f"{align.CHUNK},{align.NUM_WARPS}"],
@@ -56,7 +52,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for m in args.tokens:
         ids = torch.stack([torch.randperm(e, device="cuda")[:k] for _ in range(m)]).int()
-        block = block_for(m)
+        config = kernel_config.get_config(m, e, args.inter, k, torch.bfloat16, ids.device)
+        block = config["BLOCK_SIZE_M"]
         ref = align.moe_align_block_size_torch(ids, block, e)
         torch_us = time_us(align.moe_align_block_size_torch, ids, block, e, args.iters)
         row = {"tokens": m, "pairs": m * k, "block": block, "experts": e, "torch_us": torch_us}
