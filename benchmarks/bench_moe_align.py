@@ -8,14 +8,16 @@ Each batch of M tokens routes to top-k distinct random experts per token, with t
 size (BLOCK_SIZE_M) the layer takes at that M for bf16 experts of intermediate size
 `--inter` on this card (kernel_config.get_config: the tuned file, else the default). Both versions are timed as CUDA-graph replays (the GPU time of their kernels, as in
 a decode step), and the Triton outputs are checked equal to the torch ones (`equal`).
-`--variants CHUNK,WARPS ...` times the Triton version at other pairs per program and warps
-(align.CHUNK, align.NUM_WARPS; the first variant defaults to the shipped pair); compiled
-resources of the same variants: `kernel_resources.py --align`.
+`--variants CHUNK,WARPS[,SUB] ...` times the Triton version at fixed pairs per program, warps
+and rank step (SUB pairs at a time; 0 or left out ranks by comparison) beside `auto`, the
+shipped choice per batch (align.launch_shape); compiled resources of the same variants:
+`kernel_resources.py --align`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -40,8 +42,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--inter", type=int, default=768, help="per-expert intermediate size")
     p.add_argument("--tokens", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024, 8192])
     p.add_argument(
-        "--variants", nargs="+", default=[f"{align.CHUNK},{align.NUM_WARPS}"],
-        metavar="CHUNK,WARPS", help="Triton versions to time (default: the shipped one)",
+        "--variants", nargs="+", default=["auto"], metavar="CHUNK,WARPS[,SUB]",
+        help="Triton versions to time (default: auto, the shipped choice per batch)",
     )  # fmt: skip
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--result-filename", default=None)
@@ -58,11 +60,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch_us = time_us(align.moe_align_block_size_torch, ids, block, e, args.iters)
         row = {"tokens": m, "pairs": m * k, "block": block, "experts": e, "torch_us": torch_us}
         for variant in args.variants:
-            align.CHUNK, align.NUM_WARPS = map(int, variant.split(","))
-            got = align.moe_align_block_size_triton(ids, block, e)
-            row[f"triton_{variant}_us"] = time_us(
-                align.moe_align_block_size_triton, ids, block, e, args.iters
-            )
+            shape = None
+            if variant != "auto":
+                chunk, warps, sub = (list(map(int, variant.split(","))) + [0])[:3]
+                shape = chunk, sub, warps
+            fn = functools.partial(align.moe_align_block_size_triton, shape=shape)
+            got = fn(ids, block, e)
+            row[f"triton_{variant}_us"] = time_us(fn, ids, block, e, args.iters)
             row[f"triton_{variant}_equal"] = all(torch.equal(a, b) for a, b in zip(ref, got))
         triton_cols = ", ".join(
             f"triton {v} {row[f'triton_{v}_us']:.1f} us"

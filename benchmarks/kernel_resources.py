@@ -143,7 +143,8 @@ def _attention_rows(arch: int) -> list[dict]:
 
 
 def _align_rows(arch: int, experts: int, variants: list[str]) -> list[dict]:
-    """moe_align_block_size's two kernels (layers/moe/align.py) per CHUNK,NUM_WARPS variant:
+    """moe_align_block_size's two kernels (layers/moe/align.py) per CHUNK,NUM_WARPS[,SUB]
+    variant (SUB: pairs ranked at a time, 0 or left out ranks by comparison):
     the counting kernel, and the placing kernel for one chunk and for several, with 16-pair
     blocks and `experts` experts."""
     from mini_sglang.layers.moe import align
@@ -152,16 +153,16 @@ def _align_rows(arch: int, experts: int, variants: list[str]) -> list[dict]:
     block_e = max(16, triton.next_power_of_2(experts))
     rows = []
     for variant in variants:
-        chunk, warps = map(int, variant.split(","))
+        chunk, warps, sub = (list(map(int, variant.split(","))) + [0])[:3]
         kernels = [("count", count, {})]
-        kernels += [(f"place, {'one chunk' if one else 'chunks'}", place, {"SINGLE": one})
-                    for one in (True, False)]  # fmt: skip
+        kernels += [(f"place, {'one chunk' if one else 'chunks'}", place,
+                     {"SINGLE": one, "SUB": min(sub, chunk)}) for one in (True, False)]  # fmt: skip
         for name, fn, extra in kernels:
             types = {n: "*i32" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
             consts = dict(BLOCK_M=16, CHUNK=chunk, BLOCK_E=block_e, BLOCK_G=16, FILL=256, **extra)
             res = resources(fn, types, consts, warps, arch)
             rows.append({"kernel": f"align {name}", "warps": warps, "stages": None,
-                         "tiles": [chunk], **res})  # fmt: skip
+                         "tiles": [chunk, sub] if sub else [chunk], **res})  # fmt: skip
     return rows
 
 
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="the fused decode attention kernel instead",
     )  # fmt: skip
     p.add_argument(
-        "--align", nargs="+", default=None, metavar="CHUNK,WARPS",
+        "--align", nargs="+", default=None, metavar="CHUNK,WARPS[,SUB]",
         help="moe_align_block_size's kernels at these pairs per program and warps instead",
     )  # fmt: skip
     args = p.parse_args(argv)
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.align:
         rows = _align_rows(args.arch, args.experts, args.align)
         for r in rows:
-            print(f"sm{args.arch} E={args.experts} {r['kernel']} chunk={r['tiles'][0]} "
+            print(f"sm{args.arch} E={args.experts} {r['kernel']} chunk,sub={r['tiles']} "
                   f"warps={r['warps']}: {r['regs']} registers, {r['stack']} B stack, "
                   f"{r['barriers']} barriers")  # fmt: skip
     elif args.attention:

@@ -110,20 +110,29 @@ def test_router_triton_matches_torch(renormalize: bool, k: int, experts: int) ->
     assert torch.allclose(w.sum(-1), torch.ones(5, device=DEVICE)) == renormalize
 
 
-# (tokens, experts, k, block): one chunk of pairs; then 2, 7 and 19 chunks of 256 (the
+# (tokens, experts, k, block): one chunk of pairs; then 5, 28 and 75 chunks of 64 (the
 # counts read in blocks of 16 chunks), with Qwen2-MoE's 60 and Qwen3-MoE's 128 experts
 ALIGN_ONE_CHUNK = [(1, 8, 2, 16), (6, 5, 2, 4), (9, 16, 4, 16)]
 ALIGN_CHUNKS = [(40, 16, 8, 16), (220, 60, 8, 32), (600, 128, 8, 64)]
 
 
-@pytest.mark.parametrize("tokens,experts,k,block", ALIGN_ONE_CHUNK + ALIGN_CHUNKS)
-def test_align_block_size(tokens: int, experts: int, k: int, block: int) -> None:
+# (chunk, sub, warps) forced: large chunks ranked SUB pairs at a time (launch_shape picks
+# them only above 8,192 pairs), and a chunk ranked by comparison that a tail leaves partial
+ALIGN_SHAPES = [(600, 128, 8, 64, (256, 64, 8)), (220, 60, 8, 32, (512, 32, 8))]
+ALIGN_SHAPES += [(33, 16, 8, 16, (128, 0, 4))]
+
+
+@pytest.mark.parametrize(
+    "tokens,experts,k,block,shape",
+    [(*case, None) for case in ALIGN_ONE_CHUNK + ALIGN_CHUNKS] + ALIGN_SHAPES,
+)
+def test_align_block_size(tokens: int, experts: int, k: int, block: int, shape) -> None:
     gen = torch.Generator().manual_seed(tokens)
     ids = _ids(tokens, experts, k, gen)
     ids[0, 0] = -1  # a pair of an expert another rank holds
     ids = ids.to(DEVICE)
     ref = moe_align_block_size_torch(ids, block, experts)
-    got = moe_align_block_size_triton(ids, block, experts)
+    got = moe_align_block_size_triton(ids, block, experts, shape=shape)
     for a, b in zip(ref, got):
         assert torch.equal(a, b)
     sorted_ids, expert_ids, post_pad = (t.cpu() for t in ref)

@@ -63,15 +63,18 @@ def test_attention_kernel_loads_before_its_wait(tmp_path: Path) -> None:
     assert len(stdout.strip().splitlines()) == 1
 
 
-def test_align_kernels_spill_at_the_shipped_chunk(tmp_path: Path) -> None:
+def test_align_kernels_spill_only_when_ranking_large_chunks_by_comparison(
+    tmp_path: Path,
+) -> None:
     """--align: moe_align_block_size's counting kernel and its placing kernel (one chunk,
-    several) per CHUNK,WARPS; at the shipped 256 pairs on 8 warps the placing kernel spills
-    (its [CHUNK, CHUNK] rank step; align.py's comment), at 64 on 4 warps nothing does."""
-    rows, stdout = _rows(tmp_path, "--align", "256,8", "64,4")
+    several) per CHUNK,WARPS[,SUB]; ranking 256 pairs by comparison spills (its [CHUNK,
+    CHUNK] step; align.py's comment), the shipped shapes (64 pairs by comparison, larger
+    chunks 64 pairs at a time) do not."""
+    rows, stdout = _rows(tmp_path, "--align", "256,8", "64,4", "512,8,64")
     assert [(r["kernel"], r["tiles"], r["warps"]) for r in rows] == [
-        (kernel, [chunk], warps)
-        for chunk, warps in ((256, 8), (64, 4))
+        (kernel, tiles, warps)
+        for tiles, warps in (([256], 8), ([64], 4), ([512, 64], 8))
         for kernel in ("align count", "align place, one chunk", "align place, chunks")
     ]
-    assert [r["stack"] > 0 for r in rows] == [False, True, True, False, False, False]
+    assert [r["stack"] > 0 for r in rows] == [False, True, True] + [False] * 6
     assert len(stdout.strip().splitlines()) == len(rows)

@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import torch
 
-# Pairs per program of the Triton version, and its warps: its rank step compares a chunk's
-# pairs with each other ([CHUNK, CHUNK] in registers, beside the [experts, CHUNK] masks);
-# more pairs take more programs (and a counting launch before them). Compiled for sm90, 256
-# pairs on 8 warps spill (255 registers a thread, 368-552 bytes of stack); 128 or 64 do not
-# (benchmarks/kernel_resources.py --align), but a batch of 17-32 tokens would then pay the
-# counting launch, so the timed pair stays until the others are timed (bench_moe_align.py).
-CHUNK = 256
-NUM_WARPS = 8
+# How the Triton version splits n pairs into programs (one chunk each), timed on one H100 as
+# CUDA-graph replays at 128 experts, top-8 (benchmarks/bench_moe_align.py; microseconds):
+#
+#   tokens (pairs)     8 (64)  32 (256)  256 (2048)  1024 (8192)  4096 (32768)  8192 (65536)
+#   256 pairs, 8 warps    4.6      16.6        20.2         25.0          40.5         117.4
+#   128 pairs, 8 warps    4.8      10.4        10.4         22.2         100.1         357.2
+#   64 pairs, 4 warps     5.6       7.3         8.2         16.2         107.8         389.5
+#   512 pairs, SUB 64     5.1      16.2        32.1         33.6          41.2          51.5
+#
+# A chunk ranks its pairs either by comparing them with each other ([CHUNK, CHUNK] in
+# registers: spills above 128 pairs on sm90, benchmarks/kernel_resources.py --align) or, for
+# larger chunks, SUB pairs at a time by a running count per expert. Small chunks win while
+# there are at most about MAX_CHUNKS of them; past that every program's pass over all
+# chunks' counts dominates, so chunks grow to keep their number there.
+SMALL_CHUNK = 64
+MAX_CHUNKS = 128
+SUB = 64
 TRITON_MAX_EXPERTS = 256
 
 _triton_kernels = None
@@ -103,6 +112,7 @@ def _kernels():
             BLOCK_G: tl.constexpr,
             FILL: tl.constexpr,
             SINGLE: tl.constexpr,
+            SUB: tl.constexpr,
         ):
             """Program g writes chunk g's pairs at their places, and its share of the
             padding, of expert_ids and (g 0) num_post_padded: every write lands where no other
@@ -138,11 +148,23 @@ def _kernels():
             padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
             ends = tl.cumsum(padded, axis=0)
             starts = ends - padded
-            local = tl.arange(0, CHUNK)
-            same = (e[:, None] == e[None, :]) & (local[None, :] < local[:, None]) & live[None, :]
-            rank = tl.sum(same.to(tl.int32), axis=1)
-            base = tl.sum(tl.where(hit, (starts + before)[:, None], 0), axis=0)
-            tl.store(sorted_ptr + base + rank, offs, mask=live)
+            if SUB == 0:  # rank by comparing the chunk's pairs with each other
+                local = tl.arange(0, CHUNK)
+                same = (e[:, None] == e[None, :]) & (local[None, :] < local[:, None])
+                rank = tl.sum((same & live[None, :]).to(tl.int32), axis=1)
+                base = tl.sum(tl.where(hit, (starts + before)[:, None], 0), axis=0)
+                tl.store(sorted_ptr + base + rank, offs, mask=live)
+            else:  # rank by a running count per expert, SUB pairs at a time
+                seen = starts + before  # [BLOCK_E]: the next free place of each expert
+                for s in range(0, CHUNK, SUB):
+                    so = g * CHUNK + s + tl.arange(0, SUB)
+                    es = tl.load(ids_ptr + so, mask=so < n, other=-1)
+                    ls = (so < n) & (es >= 0) & (es < num_experts)
+                    hs = ((es[None, :] == experts[:, None]) & ls[None, :]).to(tl.int32)
+                    upto = tl.cumsum(hs, axis=1)  # [BLOCK_E, SUB]: pairs of e up to this one
+                    place = tl.sum(tl.where(hs > 0, seen[:, None] + upto - 1, 0), axis=0)
+                    tl.store(sorted_ptr + place, so, mask=ls)
+                    seen += tl.sum(hs, axis=1)
             # the padding after each of this program's experts' pairs (experts g, g + G, ...)
             fill = (starts + total)[:, None] + tl.arange(0, BLOCK_M)[None, :]
             mine = (experts % num_chunks == g)[:, None] & (fill < ends[:, None])
@@ -166,12 +188,31 @@ def _kernels():
     return _triton_kernels
 
 
+def launch_shape(num_pairs: int) -> tuple[int, int, int]:
+    """(pairs per program, SUB or 0 to rank by comparison, warps) for num_pairs pairs.
+
+    E.g. 64 pairs: one program of 64 on 8 warps; 2,048: 32 of 64 on 4 warps; 16,384: 128
+    of 128 on 8 warps; 65,536: 128 of 512 ranked 64 at a time on 8 warps."""
+    import triton
+
+    if num_pairs <= SMALL_CHUNK:
+        return max(16, triton.next_power_of_2(num_pairs)), 0, 8
+    chunk = max(SMALL_CHUNK, triton.next_power_of_2(triton.cdiv(num_pairs, MAX_CHUNKS)))
+    if chunk <= 2 * SMALL_CHUNK:  # ranked by comparison without spilling
+        return chunk, 0, 4 if chunk == SMALL_CHUNK else 8
+    return chunk, SUB, 8
+
+
 def moe_align_block_size_triton(
-    topk_ids: torch.Tensor, block_m: int, num_experts: int
+    topk_ids: torch.Tensor,
+    block_m: int,
+    num_experts: int,
+    shape: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """moe_align_block_size_torch in Triton, for at most TRITON_MAX_EXPERTS experts: one
-    program per CHUNK pairs, after a launch that counts each chunk's pairs per expert (none
-    for a single chunk, as in a decode step of up to CHUNK / k tokens)."""
+    program per chunk of pairs, after a launch that counts each chunk's pairs per expert
+    (none for a single chunk, as in a decode step of up to 8 tokens of top-8). `shape`
+    overrides launch_shape's (chunk, sub, warps); a chunk is a power of two."""
     import triton
 
     count_kernel, place_kernel = _kernels()
@@ -182,14 +223,15 @@ def moe_align_block_size_triton(
     sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(max_padded // block_m, dtype=torch.int32, device=dev)
     post_pad = torch.empty(1, dtype=torch.int32, device=dev)
-    chunk = min(CHUNK, max(16, triton.next_power_of_2(n)))
+    chunk, sub, warps = shape or launch_shape(n)
+    chunk = min(chunk, max(16, triton.next_power_of_2(n)))
     num_chunks = max(1, triton.cdiv(n, chunk))  # no pairs: one program writes the empty result
     block_e = max(16, triton.next_power_of_2(num_experts))
     counts = sorted_ids  # unread with one chunk
     if num_chunks > 1:
         counts = torch.empty(num_chunks, block_e, dtype=torch.int32, device=dev)
         count_kernel[(num_chunks,)](
-            ids, counts, n, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=NUM_WARPS
+            ids, counts, n, num_experts, CHUNK=chunk, BLOCK_E=block_e, num_warps=warps
         )
     place_kernel[(num_chunks,)](
         ids,
@@ -207,7 +249,8 @@ def moe_align_block_size_triton(
         BLOCK_G=16,
         FILL=256,
         SINGLE=num_chunks == 1,
-        num_warps=NUM_WARPS,
+        SUB=min(sub, chunk),
+        num_warps=warps,
     )
     return sorted_ids, expert_ids, post_pad
 
