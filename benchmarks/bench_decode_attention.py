@@ -9,6 +9,8 @@ it fills a bf16 KV pool whose slots are a random permutation (what a long-runnin
 pool looks like), plans once, then times 50 calls with CUDA events for:
   fi_tc  flashinfer BatchDecodeWithPagedKVCacheWrapper, use_tensor_cores=True
   fi_cc  the same with CUDA cores
+  fi_tc_nosplit  fi_tc planned with disable_split_kv (one program per request and head
+         group: no partial results and no merge kernel); not in the default --kernels
   triton mini-sglang's split-KV kernel (triton_ops/decode_attention.py), 8 splits
   xqa    flashinfer's XQA decode (TensorRT-LLM's; trtllm_batch_decode_with_kv_cache with
          backend "xqa"): on Hopper it runs FP8 tensor-core math over an FP8 e4m3 pool;
@@ -32,7 +34,7 @@ import torch
 
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
-KERNELS = ("fi_tc", "fi_cc", "triton", "xqa")
+KERNELS = ("fi_tc", "fi_cc", "triton", "xqa", "fi_tc_nosplit")
 DEFAULT_KERNELS = ("fi_tc", "fi_cc", "triton")
 
 
@@ -76,7 +78,7 @@ def kernel_fn(name: str, q, k, v, pool, args, workspace):
         import flashinfer
 
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_tensor_cores=name == "fi_tc"
+            workspace, "NHD", use_tensor_cores=name != "fi_cc"
         )
         wrapper.plan(
             kv_indptr.pin_memory(),
@@ -88,6 +90,7 @@ def kernel_fn(name: str, q, k, v, pool, args, workspace):
             args.page_size,
             q_data_type=q.dtype,
             kv_data_type=k.dtype,
+            disable_split_kv=name == "fi_tc_nosplit",
         )
         return lambda: wrapper.run(q, (k, v))
     if name == "xqa":
