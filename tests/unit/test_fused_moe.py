@@ -46,7 +46,11 @@ from mini_sglang.layers.moe.fused_moe_gemv import (  # noqa: E402
     SmallMConfig,
     fused_experts_gemv,
 )
-from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton  # noqa: E402
+from mini_sglang.layers.moe.fused_moe_triton import (  # noqa: E402
+    Fp8Experts,
+    fused_experts_triton,
+    moe_sum,
+)
 from mini_sglang.layers.moe.layer import FusedMoE  # noqa: E402
 from mini_sglang.layers.moe.router import select_experts_torch, select_experts_triton  # noqa: E402
 from mini_sglang.layers.quantization.fp8 import Fp8Config  # noqa: E402
@@ -175,6 +179,24 @@ def test_fused_experts_match_reference(tokens, experts, k, hidden, inter) -> Non
                                   num_warps=4, num_stages=2))  # fmt: skip
     out = fused_experts_triton(x, w13, w2, weights, dropped, dropped_pairs=True, config=split)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 8])
+def test_moe_sum_matches_torch_in_bf16(k: int) -> None:
+    """moe_sum: a token's k rows summed in fp32 and rounded once, as torch's sum over them,
+    over a hidden size no block divides; with a residual the rounded sum is added into it in
+    place. Within one bf16 step: the summation order may differ, and Triton's interpreter
+    truncates where the GPU rounds to nearest."""
+    gen = torch.Generator().manual_seed(k)
+    src = torch.randn(3 * k, 1500, generator=gen).to(DEVICE, torch.bfloat16)
+    want = src.view(3, k, 1500).sum(dim=1)
+    torch.testing.assert_close(moe_sum(src, k), want, atol=0, rtol=2**-7)
+    residual = torch.randn(3, 1500, generator=gen).to(DEVICE, torch.bfloat16)
+    base, want = residual.float(), want.float()
+    assert moe_sum(src, k, residual) is residual
+    # two roundings (the sum's, then the add's), each within one step of its value
+    bound = 2**-7 * (want.abs() + (base + want).abs()) + 1e-6
+    assert ((residual.float() - (base + want)).abs() <= bound).all()
 
 
 def _set_rank(monkeypatch, rank: int, tp: int, ep: int) -> None:
