@@ -288,7 +288,7 @@ def _sum_kernel():
             """out[t] (+)= sum_j src[t * K + j] over a token's K slots, in fp32 in slot
             order, rounded once to out's dtype; with ADD that rounded sum is added into out,
             as residual.add_(sum) would."""
-            t = tl.program_id(0)
+            t = tl.program_id(0).to(tl.int64)  # t * K * H can pass 2**31 in a long prefill
             offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
             mask = offs < H
             acc = tl.zeros([BLOCK_H], tl.float32)
