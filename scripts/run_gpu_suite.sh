@@ -274,11 +274,13 @@ for step in "${steps[@]}"; do
     profile)
       # kernel table of 20 decode steps at batch 256 (the nano-vllm workload's full batch),
       # context ~800; PROFILE_BS=1 gives the batch-1 latency target's kernels. Extra flags
-      # (e.g. an attention backend) through PROFILE_FLAGS.
+      # (e.g. an attention backend) through PROFILE_FLAGS; PROFILE_INPUT_LEN (default 768)
+      # shortens the context where 256 x 789 tokens exceed the KV pool (Qwen3-30B-A3B on
+      # an H100 holds about 65k: PROFILE_INPUT_LEN=128).
       for m in $MODELS; do
         bs=${PROFILE_BS:-256}
         python -m mini_sglang.bench_one_batch --model-path "$MODEL_ROOT/$m" --load-format dummy ${PROFILE_FLAGS:-} \
-          --batch-size $bs --input-len 768 --output-len 21 --profile "$OUT/profile_bs${bs}_$m.txt" \
+          --batch-size $bs --input-len ${PROFILE_INPUT_LEN:-768} --output-len 21 --profile "$OUT/profile_bs${bs}_$m.txt" \
           2>&1 | grep -E "Decode|Prefill|Error" | tee -a "$OUT/profile.log"
       done ;;
     kernels)
