@@ -1,13 +1,14 @@
 """Speed of moe_align_block_size alone: the torch version against the Triton one, per batch.
 
     python benchmarks/bench_moe_align.py [--experts 128 --top-k 8 --inter 768]
-        [--tokens 32 64 128 256 512 1024 8192] [--variants 256,8 128,8 64,4]
+        [--tokens 32 64 128 256 512 1024 8192] [--variants auto 256,8 64,4 512,8,64]
         [--result-filename out.jsonl]
 
 Each batch of M tokens routes to top-k distinct random experts per token, with the block
 size (BLOCK_SIZE_M) the layer takes at that M for bf16 experts of intermediate size
-`--inter` on this card (kernel_config.get_config: the tuned file, else the default). Both versions are timed as CUDA-graph replays (the GPU time of their kernels, as in
-a decode step), and the Triton outputs are checked equal to the torch ones (`equal`).
+`--inter` on this card (kernel_config.get_config: the tuned file, else the default). Both
+versions are timed as CUDA-graph replays (the GPU time of their kernels, as in a decode
+step), and the Triton outputs are checked equal to the torch ones (`equal`).
 `--variants CHUNK,WARPS[,SUB] ...` times the Triton version at fixed pairs per program, warps
 and rank step (SUB pairs at a time; 0 or left out ranks by comparison) beside `auto`, the
 shipped choice per batch (align.launch_shape); compiled resources of the same variants:
