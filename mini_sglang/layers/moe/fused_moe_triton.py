@@ -316,6 +316,7 @@ def moe_sum(src: torch.Tensor, k: int, residual: torch.Tensor | None = None) -> 
 
     rows, h = src.shape
     out = residual if residual is not None else src.new_empty(rows // k, h)
+    assert src.is_contiguous() and out.is_contiguous(), "moe_sum indexes rows as t * H"
     block_h = min(1024, triton.next_power_of_2(h))
     grid = (rows // k, triton.cdiv(h, block_h))
     _sum_kernel()[grid](src, out, h, K=k, BLOCK_H=block_h, ADD=residual is not None, num_warps=4)
