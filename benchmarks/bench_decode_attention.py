@@ -11,6 +11,11 @@ pool looks like), plans once, then times 50 calls with CUDA events for:
   fi_cc  the same with CUDA cores
   fi_tc_nosplit  fi_tc planned with disable_split_kv (one program per request and head
          group: no partial results and no merge kernel); not in the default --kernels
+  fi_tc_graph  fi_tc as a CUDA-graph decode step runs it: a use_cuda_graph wrapper over
+         fixed index buffers (flashinfer_backend's graph wrappers), whose plan may split the
+         KV where the eager plan of the same batch does not; timed as a graph replay
+  fi_tc_graph_nosplit  fi_tc_graph planned with disable_split_kv, also a graph replay
+         (compare it with fi_tc_graph: the other kernels are timed as eager launches)
   triton mini-sglang's split-KV kernel (triton_ops/decode_attention.py), 8 splits
   xqa    flashinfer's XQA decode (TensorRT-LLM's; trtllm_batch_decode_with_kv_cache with
          backend "xqa"): on Hopper it runs FP8 tensor-core math over an FP8 e4m3 pool;
@@ -34,7 +39,7 @@ import torch
 
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
-KERNELS = ("fi_tc", "fi_cc", "triton", "xqa", "fi_tc_nosplit")
+KERNELS = ("fi_tc", "fi_cc", "triton", "xqa", "fi_tc_nosplit", "fi_tc_graph", "fi_tc_graph_nosplit")
 DEFAULT_KERNELS = ("fi_tc", "fi_cc", "triton")
 
 
@@ -70,6 +75,11 @@ def reference(q, k, v, req_to_token, group: int) -> torch.Tensor:
     return torch.einsum("bhn,bnhd->bhd", s.softmax(-1), flat_v)
 
 
+def is_graph_arm(name: str) -> bool:
+    """Whether kernel `name` is planned for, and timed as, a CUDA-graph replay."""
+    return name.startswith("fi_tc_graph")
+
+
 def kernel_fn(name: str, q, k, v, pool, args, workspace):
     """A zero-argument callable that runs kernel `name` once (planned already)."""
     _, _, req_pages, req_to_token, kv_indptr, last_page_len = pool
@@ -77,12 +87,21 @@ def kernel_fn(name: str, q, k, v, pool, args, workspace):
     if name.startswith("fi_"):
         import flashinfer
 
+        indices = req_pages.reshape(-1).contiguous()
+        buffers = {}
+        if is_graph_arm(name):  # the buffers a captured graph reads, fixed before capture
+            buffers = dict(
+                use_cuda_graph=True,
+                paged_kv_indptr_buffer=kv_indptr.to(q.device),
+                paged_kv_indices_buffer=indices,
+                paged_kv_last_page_len_buffer=last_page_len.to(q.device),
+            )
         wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_tensor_cores=name != "fi_cc"
+            workspace, "NHD", use_tensor_cores=name != "fi_cc", **buffers
         )
         wrapper.plan(
             kv_indptr.pin_memory(),
-            req_pages.reshape(-1).contiguous(),
+            indices,
             last_page_len.pin_memory(),
             q_heads,
             args.kv_heads,
@@ -90,7 +109,7 @@ def kernel_fn(name: str, q, k, v, pool, args, workspace):
             args.page_size,
             q_data_type=q.dtype,
             kv_data_type=k.dtype,
-            disable_split_kv=name == "fi_tc_nosplit",
+            disable_split_kv=name.endswith("_nosplit"),
         )
         return lambda: wrapper.run(q, (k, v))
     if name == "xqa":
@@ -158,7 +177,7 @@ def main() -> None:
             for name in args.kernels:
                 fn = kernel_fn(name, q, k, v, pool, args, workspace)
                 err = (fn().float() - ref).abs().max().item() if ref is not None else float("nan")
-                us = 1000 * cuda_time_ms(fn, iters=50, warmup=5)
+                us = 1000 * cuda_time_ms(fn, iters=50, warmup=5, graph=is_graph_arm(name))
                 tbs = kv_bytes / us / 1e6
                 row += f"{us:>12.1f}{tbs:>7.2f}{err:>8.0e}"
                 if args.out:
