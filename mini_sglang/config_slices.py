@@ -64,6 +64,8 @@ class ModelRunnerConfig:
     disable_cuda_graph_padding: bool = False
     cpu_offload_gb: float = 0
     attention: AttentionConfig = AttentionConfig()
+    # None: no expert counts; else the buffer size in forward passes (-1: unbounded)
+    expert_distribution_buffer_size: int | None = None
 
     @classmethod
     def from_server_args(cls, server_args: ServerArgs) -> ModelRunnerConfig:
@@ -85,6 +87,11 @@ class ModelRunnerConfig:
             disable_cuda_graph_padding=sa.disable_cuda_graph_padding,
             cpu_offload_gb=sa.cpu_offload_gb,
             attention=AttentionConfig.from_server_args(sa),
+            expert_distribution_buffer_size=(
+                sa.expert_distribution_recorder_buffer_size
+                if sa.expert_distribution_recorder_mode
+                else None
+            ),
         )
 
 

@@ -125,6 +125,9 @@ class Envs:
     SGLANG_TORCH_PROFILER_DIR = EnvStr(
         "/tmp", "Directory for torch profiler traces when /start_profile names none."
     )
+    SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR = EnvStr(
+        "/tmp", "Directory /dump_expert_distribution_record writes its .pt file into."
+    )
     SGLANG_PROFILE_WITH_STACK = EnvBool(
         True,
         "true/1: record Python stacks in profiles; any other value turns them off.",

@@ -127,6 +127,10 @@ class ServerArgs:
     # reference on CPU); all-to-all dispatch is not implemented ("none": the TP all-reduce)
     moe_runner_backend: str = "auto"
     moe_a2a_backend: str = "none"
+    # Per-pass counts of each MoE layer's expert choices for the
+    # /start|stop|dump_expert_distribution_record routes (layers/moe/expert_distribution.py)
+    expert_distribution_recorder_mode: str | None = None
+    expert_distribution_recorder_buffer_size: int | None = None  # None: 1000 with a mode
     pp_size: int = 1
     stream_interval: int = 1
     stream_output: bool = False
@@ -262,6 +266,10 @@ class ServerArgs:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.random_seed is None:
             self.random_seed = random.randint(0, 1 << 30)
+        if self.expert_distribution_recorder_mode and (
+            self.expert_distribution_recorder_buffer_size is None
+        ):
+            self.expert_distribution_recorder_buffer_size = 1000  # SGLang's default
 
     @property
     def is_cpu(self) -> bool:

@@ -99,6 +99,8 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--ep-size", "--expert-parallel-size", "--ep"), dict(type=_I, help="The expert parallelism size: MoE experts are split into this many groups of whole experts across the TP ranks (must divide --tp-size); the rest of each expert's split is tensor parallel.")),
     (("--moe-runner-backend",), dict(type=_S, choices=MOE_RUNNER_BACKEND_CHOICES, help="The MoE kernels: auto and triton run the fused Triton MoE kernel (the only one mini-sglang has); other values are ignored with a warning.")),
     (("--moe-a2a-backend",), dict(type=_S, choices=MOE_A2A_BACKEND_CHOICES, help="The MoE all-to-all dispatch: none (the TP group's all-reduce; deepep and mooncake are not supported and are ignored with a warning).")),
+    (("--expert-distribution-recorder-mode",), dict(type=_S, help="stat (or stat_approx, the same here): count each MoE layer's expert choices per forward pass for /start_expert_distribution_record, /stop_expert_distribution_record and /dump_expert_distribution_record (per_pass and per_token are not supported and are ignored with a warning).")),
+    (("--expert-distribution-recorder-buffer-size",), dict(type=_I, help="The forward passes a dump holds (a circular buffer; default 1000 with a recorder mode); -1 keeps every pass since the start.")),
     (("--pp-size", "--pipeline-parallel-size"), dict(type=_I, help="The pipeline parallelism size (only 1 is supported).")),
     (("--stream-interval",), dict(type=_I, help="Stream every N tokens; the first token is always immediate.")),
     (("--stream-output",), dict(action=_T, help="Output as a sequence of disjoint segments.")),

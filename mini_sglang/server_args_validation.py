@@ -99,6 +99,8 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "enable_return_hidden_states": bool,
     "moe_runner_backend": lambda v: v not in ("auto", "triton"),
     "moe_a2a_backend": lambda v: v != "none",
+    # SGLang's per-pass / per-token detail records (host copies every pass)
+    "expert_distribution_recorder_mode": lambda v: v not in (None, "stat", "stat_approx"),
 }
 
 # Fields whose value must be one of a fixed list (argparse checks the CLI; this checks code).
@@ -179,6 +181,11 @@ def validate_ranges(args: ServerArgs) -> None:
     check_arg(
         args.watchdog_timeout > 0,
         f"--watchdog-timeout must be > 0, got {args.watchdog_timeout}",
+    )
+    size = args.expert_distribution_recorder_buffer_size
+    check_arg(
+        size is None or size == -1 or size >= 1,
+        f"--expert-distribution-recorder-buffer-size must be -1 (unbounded) or >= 1, got {size}",
     )
     if args.cuda_graph_bs is not None:
         check_arg(

@@ -17,6 +17,10 @@
 - GET|POST /open_session {"capacity_of_str_len": int, "session_id"?: str} -> 200 the id (a
   JSON string); an id already open is a 400. GET|POST /close_session {"session_id"} -> 200,
   empty. Generate requests name a session in session_params (managers/session_controller.py).
+- GET|POST /start_expert_distribution_record, /stop_expert_distribution_record,
+  /dump_expert_distribution_record -> 200 text "Start recording the expert distribution.\\n",
+  "Stop recording the expert distribution.\\n", "Dump expert distribution record.\\n" (the
+  record: layers/moe/expert_distribution.py); 400 where no recorder runs
 - GET|POST /configure_logging, JSON body ConfigureLoggingReq (log_requests,
   log_requests_level, ...) -> 200, empty body; a bad type or level is a 400 (see
   managers/request_logging.py)
@@ -43,6 +47,7 @@ from mini_sglang.entrypoints.server_state import ServerStateDep
 from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
     ConfigureLoggingReq,
+    ExpertDistributionReqType,
     OpenSessionReqInput,
     ProfileReqInput,
     SlowDownReqInput,
@@ -121,6 +126,32 @@ async def continue_generation(state: ServerStateDep) -> Response:
 async def freeze_gc(state: ServerStateDep) -> Response:
     await state.tokenizer_manager.communicator.freeze_gc()
     return Response("Garbage collection frozen.\n", 200)
+
+
+# /start|stop|dump_expert_distribution_record: SGLang 0.5.4's replies. Without a recorder
+# (no --expert-distribution-recorder-mode, or a model without MoE layers) SGLang's scheduler
+# raises and stops; here it is a 400 naming what to change.
+_EXPERT_DISTRIBUTION_ROUTES = (
+    ("start", ExpertDistributionReqType.START_RECORD, "Start recording the expert distribution.\n"),
+    ("stop", ExpertDistributionReqType.STOP_RECORD, "Stop recording the expert distribution.\n"),
+    ("dump", ExpertDistributionReqType.DUMP_RECORD, "Dump expert distribution record.\n"),
+)
+
+
+def _expert_distribution_route(action: ExpertDistributionReqType, reply: str):
+    async def route(state: ServerStateDep) -> Response:
+        out = await state.tokenizer_manager.communicator.expert_distribution(action)
+        if not out.success:
+            return error_response(out.message)
+        return Response(reply, 200)
+
+    return route
+
+
+for _verb, _action, _reply in _EXPERT_DISTRIBUTION_ROUTES:
+    router.api_route(f"/{_verb}_expert_distribution_record", methods=["GET", "POST"])(
+        _expert_distribution_route(_action, _reply)
+    )
 
 
 async def configure_logging(tm: Any, req: ConfigureLoggingReq) -> Response:

@@ -39,6 +39,9 @@ from mini_sglang.layers.pooler import supports_prefix_reuse
 from mini_sglang.managers.finish_reason import FINISH_ABORT
 from mini_sglang.managers.io_struct.control import (
     AbortReq,
+    ExpertDistributionReq,
+    ExpertDistributionReqOutput,
+    ExpertDistributionReqType,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     FreezeGCReq,
@@ -199,6 +202,7 @@ class Scheduler:
             GetInternalStateReq: self.get_internal_state,
             GetLoadReqInput: self.get_load,
             FreezeGCReq: self.freeze_gc,
+            ExpertDistributionReq: self.expert_distribution,
             **self.weights.dispatch(),
             **self.profiler.dispatch(),
             **self.sessions.dispatch(),
@@ -533,6 +537,26 @@ class Scheduler:
     def freeze_gc(self, recv: FreezeGCReq) -> None:
         freeze_gc("Scheduler")
         self._send_to_detokenizer(recv)  # the detokenizer freezes its own on arrival
+
+    def expert_distribution(self, recv: ExpertDistributionReq) -> ExpertDistributionReqOutput:
+        """/start|stop|dump_expert_distribution_record on this rank's recorder
+        (layers/moe/expert_distribution.py); TP rank 0 writes the dump."""
+        recorder = self.tp_worker.model_runner.expert_recorder
+        if recorder is None:
+            reason = (
+                "the model has no MoE layers"
+                if self.server_args.expert_distribution_recorder_mode
+                else "start the server with --expert-distribution-recorder-mode stat"
+            )
+            return ExpertDistributionReqOutput(False, f"No expert distribution recorder: {reason}.")
+        if recv.action == ExpertDistributionReqType.START_RECORD:
+            recorder.start()
+        elif recv.action == ExpertDistributionReqType.STOP_RECORD:
+            recorder.stop()
+        else:
+            path = recorder.dump(write=self.tp_rank == 0)
+            return ExpertDistributionReqOutput(True, path or "")
+        return ExpertDistributionReqOutput(True, "")
 
     # ---- batch selection -----------------------------------------------------------
     def get_next_batch_to_run(self) -> ScheduleBatch | None:

@@ -33,6 +33,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from mini_sglang.environ import envs
 from mini_sglang.managers.io_struct.control import (
     CloseSessionReqInput,
+    ExpertDistributionReq,
+    ExpertDistributionReqOutput,
+    ExpertDistributionReqType,
     FlushCacheReqInput,
     FlushCacheReqOutput,
     FreezeGCReq,
@@ -71,6 +74,7 @@ if TYPE_CHECKING:
 # Every reply type the scheduler sends to the TokenizerManager for a control request.
 REPLY_TYPES: tuple[type, ...] = (
     FlushCacheReqOutput,
+    ExpertDistributionReqOutput,
     GetInternalStateReqOutput,
     ProfileReqOutput,
     SlowDownReqOutput,
@@ -182,6 +186,13 @@ class TokenizerCommunicator:
         """Every scheduler rank (every replica with --dp-size) sleeps req.forward_sleep_time
         seconds before each forward from now on (null or <= 0: no more); returns once set."""
         await self._call(req, SlowDownReqOutput)
+
+    async def expert_distribution(
+        self, action: ExpertDistributionReqType
+    ) -> ExpertDistributionReqOutput:
+        """Start, stop or dump the expert distribution record on every scheduler rank;
+        success False (with the reason) where no recorder runs."""
+        return await self._call(ExpertDistributionReq(action), ExpertDistributionReqOutput)
 
     async def freeze_gc(self) -> None:
         """gc.freeze() in the scheduler (which passes it on to the detokenizer), then here; as

@@ -32,6 +32,7 @@ from mini_sglang.layers.kernels import (
     start_flashinfer_builds,
 )
 from mini_sglang.layers.kv_quant import is_fp8, resolve_kv_cache_dtype
+from mini_sglang.layers.moe.expert_distribution import ExpertDistributionRecorder
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -103,6 +104,20 @@ class ModelRunner:
             model_config.num_hidden_layers,
             getattr(model_config.hf_config, "model_type", None),
         )
+        # Before CUDA graphs are captured: the layers' count adds are captured with them.
+        self.expert_recorder = None
+        if config.expert_distribution_buffer_size is not None:
+            self.expert_recorder = ExpertDistributionRecorder.attach(
+                self.model,
+                model_config.num_hidden_layers,
+                config.expert_distribution_buffer_size,
+                self.device,
+            )
+            if self.expert_recorder is None:
+                logger.warning(
+                    "--expert-distribution-recorder-mode: the model has no MoE layers; "
+                    "nothing is recorded."
+                )
         if self.device.type == "cuda":
             if offload_bytes:
                 # The offloaded layers' device blocks sit in the caching allocator; hand them
@@ -345,13 +360,20 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch, get_embedding: bool = False):
         """The model's output: LogitsProcessorOutput, or with ``get_embedding`` (an EXTEND
         batch) the EmbeddingPoolerOutput of layers/pooler.py's contract."""
+        recorder = self.expert_recorder
+        if recorder is not None:
+            recorder.begin_forward(len(fb.input_ids))
         if get_embedding:
             self.attn_backend.init_forward_metadata(fb)
-            return self.model(fb.input_ids, fb.positions, fb, get_embedding=True)
-        if self.graph_runner is not None and self.graph_runner.can_run(fb):
-            return self.graph_runner.replay(fb)
-        self.attn_backend.init_forward_metadata(fb)
-        return self.model(fb.input_ids, fb.positions, fb)
+            out = self.model(fb.input_ids, fb.positions, fb, get_embedding=True)
+        elif self.graph_runner is not None and self.graph_runner.can_run(fb):
+            out = self.graph_runner.replay(fb)
+        else:
+            self.attn_backend.init_forward_metadata(fb)
+            out = self.model(fb.input_ids, fb.positions, fb)
+        if recorder is not None:
+            recorder.end_forward()
+        return out
 
     @torch.no_grad()
     def sample(self, logits: torch.Tensor, fb: ForwardBatch) -> SamplerOutput:

@@ -82,6 +82,39 @@ def test_moe_top5_logprobs_match_hf(tiny_moe, backend):
     _check_top5_against_hf(sched, outputs, hf, late=1)
 
 
+def test_expert_distribution_counts_skip_graph_padding(tiny_moe, tmp_path, monkeypatch):
+    """--expert-distribution-recorder-mode stat under CUDA graphs: three requests decode
+    in the batch-4 graph (one padded row), and every recorded pass counts k choices for
+    each real token only; in all, every token the model ran (no overlap)."""
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReq
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReqType as Action
+    from tests.conftest import run_prompts
+
+    model_path, _ = tiny_moe
+    monkeypatch.setenv("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", str(tmp_path))
+    sched, outputs = _make_gpu_scheduler(
+        model_path,
+        cuda_graph_bs=[4],
+        disable_overlap_schedule=True,
+        expert_distribution_recorder_mode="stat",
+        expert_distribution_recorder_buffer_size=-1,
+    )
+    sched.test_outputs = outputs
+    assert sched.tp_worker.model_runner.graph_runner is not None, "CUDA graphs are off"
+    k = sched.model_config.hf_config.num_experts_per_tok
+    prompts = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
+    new_tokens = 6
+    assert sched.expert_distribution(ExpertDistributionReq(Action.START_RECORD)).success
+    run_prompts(sched, prompts, new_tokens)
+    out = sched.expert_distribution(ExpertDistributionReq(Action.DUMP_RECORD))
+    count = torch.load(out.message)["logical_count"]
+    sparse = count.sum((0, 2)) > 0
+    per_pass = count[:, sparse].sum(2)  # [passes, sparse layers]
+    assert (per_pass == per_pass[:, :1]).all()
+    # one prefill of all three prompts, then decode steps of 3 tokens each
+    assert per_pass[:, 0].tolist() == [sum(map(len, prompts)) * k] + [3 * k] * (new_tokens - 1)
+
+
 def _problem(tokens: int, E: int, k: int, H: int, inter: int, dtype, seed: int = 0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, H, device="cuda", generator=gen).to(dtype)

@@ -16,6 +16,7 @@ intermediate dimension split), and must give transformers' first 16 tokens both 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +129,61 @@ def test_prefill_logits_and_greedy_match_hf(tiny: TinyMoe) -> None:
         ref_gen = [ref[len(prompt) - 1 + k, t].item() for k, t in enumerate(ref_out)]
         assert res.input_logprobs[1:] == pytest.approx(ref_in, abs=LOGITS_ATOL), i
         assert res.output_logprobs == pytest.approx(ref_gen, abs=LOGITS_ATOL), i
+    assert_memory_all_free(sched)
+
+
+# ---- the expert distribution record -----------------------------------------------------
+@torch.no_grad()
+def test_expert_distribution_record_counts_hf_routing(tiny_models, tmp_path, monkeypatch) -> None:
+    """--expert-distribution-recorder-mode stat through the scheduler's handler: the dump's
+    per-pass counts, summed, are transformers' top-k choices over every token the model ran
+    (prompt and all but the last output token; no overlap, whose extra step for a finished
+    request would run one more), the dense layer's row stays zero, each pass counts k per
+    token, and a dump resets the record."""
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReq
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReqType as Action
+
+    tiny = tiny_models["qwen2_moe"]  # layer 0 dense, top-2 of 8
+    monkeypatch.setenv("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", str(tmp_path / "records"))
+    sched = make_scheduler(
+        tiny.path,
+        expert_distribution_recorder_mode="stat",
+        expert_distribution_recorder_buffer_size=-1,
+        disable_overlap_schedule=True,
+    )
+
+    def call(action: Action):
+        out = sched.expert_distribution(ExpertDistributionReq(action))
+        assert out.success, out.message
+        return out.message
+
+    # Before the start and after the stop: not recorded. (Not a recorded prompt: the radix
+    # cache would spare the recorded prefill its cached tokens.)
+    run_prompts(sched, tiny.prompts[3:], 4)
+    call(Action.START_RECORD)
+    prompts = tiny.prompts[:3]
+    results = run_prompts(sched, prompts, 8, stagger=lambda i: 3 * i)
+    call(Action.STOP_RECORD)
+    run_prompts(sched, tiny.prompts[3:], 4, rid_prefix="after")
+    path = call(Action.DUMP_RECORD)
+    assert os.path.dirname(path) == str(tmp_path / "records")
+    assert os.path.basename(path).startswith("expert_distribution_recorder_")
+    record = torch.load(path)
+    assert sorted(record) == ["average_utilization_rate_over_window", "logical_count", "rank"]
+    count = record["logical_count"]
+    assert count.dtype == torch.int32 and count.shape[1:] == (2, 8)
+
+    want = torch.zeros(2, 8, dtype=torch.int64)
+    for prompt, res in zip(prompts, results):
+        ran = torch.tensor([prompt + res.output_ids[:-1]])
+        (router_logits,) = tiny.hf_model(ran, output_router_logits=True).router_logits
+        want[1] += torch.bincount(router_logits.topk(2, dim=-1).indices.reshape(-1), minlength=8)
+    assert count.sum(0).tolist() == want.tolist()
+    assert count[:, 0].sum() == 0  # the dense layer
+    per_pass = count[:, 1].sum(1)
+    assert (per_pass > 0).all() and (per_pass % 2 == 0).all()
+    # The dump reset the record: a second one holds no pass.
+    assert torch.load(call(Action.DUMP_RECORD))["logical_count"].shape[0] == 0
     assert_memory_all_free(sched)
 
 

@@ -23,6 +23,7 @@ columns and which weights quantize what they load.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -87,6 +88,9 @@ class FusedMoE(nn.Module):
             self.intermediate_per_partition,
             torch.get_default_dtype(),
         )
+        # Set by ExpertDistributionRecorder.attach (--expert-distribution-recorder-mode):
+        # called with each forward's global top-k ids.
+        self.record_experts: Callable[[torch.Tensor], None] | None = None
 
     @staticmethod
     def make_expert_params_mapping(
@@ -193,6 +197,8 @@ class FusedMoE(nn.Module):
         residual in place (in the last expert kernel where no all-reduce comes between) and
         residual is returned."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if self.record_experts is not None:
+            self.record_experts(topk_ids)
         topk_ids = self._local_ids(topk_ids)
         all_reduce = self.reduce_results and get_tp_size() > 1
         out = self.quant_method.apply(

@@ -142,6 +142,28 @@ class ProfileReqOutput(BaseReq):
     message: str
 
 
+class ExpertDistributionReqType(Enum):
+    START_RECORD = 1
+    STOP_RECORD = 2
+    DUMP_RECORD = 3
+
+
+@dataclass
+class ExpertDistributionReq(BaseReq):
+    """/start|stop|dump_expert_distribution_record -> every scheduler rank (see
+    layers/moe/expert_distribution.py)."""
+
+    action: ExpertDistributionReqType
+
+
+@dataclass
+class ExpertDistributionReqOutput(BaseReq):
+    """success False: no recorder (the flag is off, or the model has no MoE layers)."""
+
+    success: bool
+    message: str
+
+
 @dataclass
 class FreezeGCReq(BaseReq):
     """/freeze_gc: gc.freeze() in the scheduler, then in the detokenizer (the scheduler
