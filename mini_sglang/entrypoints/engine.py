@@ -36,7 +36,7 @@ from mini_sglang.entrypoints.startup import (
     wait_for_children,
 )
 from mini_sglang.managers.detokenizer_manager import run_detokenizer_process
-from mini_sglang.managers.io_struct.control import ProfileReqInput
+from mini_sglang.managers.io_struct.control import ExpertDistributionReqType, ProfileReqInput
 from mini_sglang.managers.io_struct.generate import EmbeddingReqInput, GenerateReqInput
 from mini_sglang.managers.scheduler_process import run_scheduler_process
 from mini_sglang.managers.scoring import score_request
@@ -345,6 +345,25 @@ class Engine(EngineWeightsMixin):
     def stop_profile(self) -> None:
         """Stop the profiler; every rank's trace is written when this returns."""
         self.loop.run_until_complete(self.tokenizer_manager.communicator.stop_profile())
+
+    def _expert_distribution(self, action: ExpertDistributionReqType) -> None:
+        communicator = self.tokenizer_manager.communicator
+        out = self.loop.run_until_complete(communicator.expert_distribution(action))
+        if not out.success:
+            raise ValueError(out.message)
+
+    def start_expert_distribution_record(self) -> None:
+        """Start counting each MoE layer's expert choices per forward pass (a server
+        started with expert_distribution_recorder_mode="stat"; else ValueError)."""
+        self._expert_distribution(ExpertDistributionReqType.START_RECORD)
+
+    def stop_expert_distribution_record(self) -> None:
+        self._expert_distribution(ExpertDistributionReqType.STOP_RECORD)
+
+    def dump_expert_distribution_record(self) -> None:
+        """Write the record to $SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR and reset it
+        (docs/moe.md)."""
+        self._expert_distribution(ExpertDistributionReqType.DUMP_RECORD)
 
     def freeze_gc(self) -> None:
         """gc.freeze() in this process, the scheduler and the detokenizer (/freeze_gc); call

@@ -161,6 +161,19 @@ def test_freeze_gc(engine):
         gc.unfreeze()
 
 
+def test_expert_distribution_record_needs_the_recorder(engine):
+    """A dense model's engine has no recorder: each call raises ValueError with the flag to
+    set (the counting itself: tests/server/test_expert_distribution.py), and it serves on."""
+    for call in (
+        engine.start_expert_distribution_record,
+        engine.stop_expert_distribution_record,
+        engine.dump_expert_distribution_record,
+    ):
+        with pytest.raises(ValueError, match="--expert-distribution-recorder-mode stat"):
+            call()
+    assert engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})
+
+
 def test_generate_takes_sglangs_other_keywords(engine):
     """SGLang's Engine.generate keywords: data_parallel_rank generates as usual;
     image_data on a text-only model and return_hidden_states are the /generate 400s as
