@@ -64,8 +64,9 @@ class ModelRunnerConfig:
     disable_cuda_graph_padding: bool = False
     cpu_offload_gb: float = 0
     attention: AttentionConfig = AttentionConfig()
-    # None: no expert counts; else the buffer size in forward passes (-1: unbounded)
-    expert_distribution_buffer_size: int | None = None
+    # layers/moe/expert_distribution.py: on with a mode; passes kept (-1: unbounded)
+    expert_distribution_recorder_mode: str | None = None
+    expert_distribution_recorder_buffer_size: int | None = None
 
     @classmethod
     def from_server_args(cls, server_args: ServerArgs) -> ModelRunnerConfig:
@@ -87,11 +88,8 @@ class ModelRunnerConfig:
             disable_cuda_graph_padding=sa.disable_cuda_graph_padding,
             cpu_offload_gb=sa.cpu_offload_gb,
             attention=AttentionConfig.from_server_args(sa),
-            expert_distribution_buffer_size=(
-                sa.expert_distribution_recorder_buffer_size
-                if sa.expert_distribution_recorder_mode
-                else None
-            ),
+            expert_distribution_recorder_mode=sa.expert_distribution_recorder_mode,
+            expert_distribution_recorder_buffer_size=sa.expert_distribution_recorder_buffer_size,
         )
 
 

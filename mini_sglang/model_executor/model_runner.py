@@ -32,7 +32,10 @@ from mini_sglang.layers.kernels import (
     start_flashinfer_builds,
 )
 from mini_sglang.layers.kv_quant import is_fp8, resolve_kv_cache_dtype
-from mini_sglang.layers.moe.expert_distribution import ExpertDistributionRecorder
+from mini_sglang.layers.moe.expert_distribution import (
+    DEFAULT_BUFFER_SIZE,
+    ExpertDistributionRecorder,
+)
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -106,11 +109,11 @@ class ModelRunner:
         )
         # Before CUDA graphs are captured: the layers' count adds are captured with them.
         self.expert_recorder = None
-        if config.expert_distribution_buffer_size is not None:
+        if config.expert_distribution_recorder_mode:
             self.expert_recorder = ExpertDistributionRecorder.attach(
                 self.model,
                 model_config.num_hidden_layers,
-                config.expert_distribution_buffer_size,
+                config.expert_distribution_recorder_buffer_size or DEFAULT_BUFFER_SIZE,
                 self.device,
             )
             if self.expert_recorder is None:

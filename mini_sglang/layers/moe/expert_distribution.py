@@ -49,7 +49,6 @@ from mini_sglang.layers.moe.layer import FusedMoE
 
 logger = logging.getLogger("mini_sglang")
 
-RECORDER_MODES = ("stat", "stat_approx")
 DEFAULT_BUFFER_SIZE = 1000  # SGLang's default once a mode is set
 
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
