@@ -64,7 +64,8 @@ class ModelRunnerConfig:
     disable_cuda_graph_padding: bool = False
     cpu_offload_gb: float = 0
     attention: AttentionConfig = AttentionConfig()
-    # layers/moe/expert_distribution.py: on with a mode; passes kept (-1: unbounded)
+    # layers/moe/expert_distribution.py: on with a mode; passes kept (-1: unbounded), set
+    # by ServerArgs whenever a mode is
     expert_distribution_recorder_mode: str | None = None
     expert_distribution_recorder_buffer_size: int | None = None
 

@@ -32,10 +32,7 @@ from mini_sglang.layers.kernels import (
     start_flashinfer_builds,
 )
 from mini_sglang.layers.kv_quant import is_fp8, resolve_kv_cache_dtype
-from mini_sglang.layers.moe.expert_distribution import (
-    DEFAULT_BUFFER_SIZE,
-    ExpertDistributionRecorder,
-)
+from mini_sglang.layers.moe.expert_distribution import ExpertDistributionRecorder
 from mini_sglang.layers.sampler import Sampler, SamplerOutput
 from mini_sglang.mem_cache.allocator import get_allocator
 from mini_sglang.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -113,7 +110,7 @@ class ModelRunner:
             self.expert_recorder = ExpertDistributionRecorder.attach(
                 self.model,
                 model_config.num_hidden_layers,
-                config.expert_distribution_recorder_buffer_size or DEFAULT_BUFFER_SIZE,
+                config.expert_distribution_recorder_buffer_size,
                 self.device,
             )
             if self.expert_recorder is None:

@@ -49,8 +49,6 @@ from mini_sglang.layers.moe.layer import FusedMoE
 
 logger = logging.getLogger("mini_sglang")
 
-DEFAULT_BUFFER_SIZE = 1000  # SGLang's default once a mode is set
-
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -91,7 +89,7 @@ class ExpertDistributionRecorder:
         tokens, k = topk_ids.shape
         real = torch.arange(tokens, device=topk_ids.device) < self.num_tokens
         ones = real.to(torch.int32)[:, None].expand(tokens, k).reshape(-1)
-        self.counts[layer].index_add_(0, topk_ids.reshape(-1).long(), ones)
+        self.counts[layer].index_add_(0, topk_ids.reshape(-1), ones)  # int32 ids index
 
     def begin_forward(self, num_tokens: int) -> None:
         self.num_tokens.fill_(num_tokens)
