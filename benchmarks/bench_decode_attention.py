@@ -13,9 +13,11 @@ pool looks like), plans once, then times 50 calls with CUDA events for:
          group: no partial results and no merge kernel); not in the default --kernels
   fi_tc_graph  fi_tc as a CUDA-graph decode step runs it: a use_cuda_graph wrapper over
          fixed index buffers (flashinfer_backend's graph wrappers), whose plan may split the
-         KV where the eager plan of the same batch does not; timed as a graph replay
-  fi_tc_graph_nosplit  fi_tc_graph planned with disable_split_kv, also a graph replay
-         (compare it with fi_tc_graph: the other kernels are timed as eager launches)
+         KV where the eager plan of the same batch does not; timed as a graph replay (the
+         other kernels are timed as eager launches). No graph arm plans with
+         disable_split_kv: that plan was slower here at every shape tried and could fault
+         (an illegal memory access) depending on what ran before it
+         (docs/performance/decode-attention.md)
   triton mini-sglang's split-KV kernel (triton_ops/decode_attention.py), 8 splits
   xqa    flashinfer's XQA decode (TensorRT-LLM's; trtllm_batch_decode_with_kv_cache with
          backend "xqa"): on Hopper it runs FP8 tensor-core math over an FP8 e4m3 pool;
@@ -39,7 +41,7 @@ import torch
 
 from mini_sglang.utils.cuda_timing import cuda_time_ms
 
-KERNELS = ("fi_tc", "fi_cc", "triton", "xqa", "fi_tc_nosplit", "fi_tc_graph", "fi_tc_graph_nosplit")
+KERNELS = ("fi_tc", "fi_cc", "triton", "xqa", "fi_tc_nosplit", "fi_tc_graph")
 DEFAULT_KERNELS = ("fi_tc", "fi_cc", "triton")
 
 
@@ -77,7 +79,7 @@ def reference(q, k, v, req_to_token, group: int) -> torch.Tensor:
 
 def is_graph_arm(name: str) -> bool:
     """Whether kernel `name` is planned for, and timed as, a CUDA-graph replay."""
-    return name.startswith("fi_tc_graph")
+    return name == "fi_tc_graph"
 
 
 def kernel_fn(name: str, q, k, v, pool, args, workspace):
@@ -109,7 +111,7 @@ def kernel_fn(name: str, q, k, v, pool, args, workspace):
             args.page_size,
             q_data_type=q.dtype,
             kv_data_type=k.dtype,
-            disable_split_kv=name.endswith("_nosplit"),
+            disable_split_kv=name == "fi_tc_nosplit",
         )
         return lambda: wrapper.run(q, (k, v))
     if name == "xqa":
