@@ -29,11 +29,11 @@ from mini_sglang.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from mini_sglang.layers.parameter import make_param
 from mini_sglang.layers.quantization.base import (
     QuantizationConfig,
     load_column_shard,
     load_row_shard,
-    make_param,
 )
 from mini_sglang.layers.quantization.registry import get_linear_method
 

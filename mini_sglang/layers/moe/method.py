@@ -34,21 +34,7 @@ from torch import nn
 from mini_sglang.layers.kernels import triton
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import fused_experts_triton
-
-
-def make_expert_param(
-    layer: nn.Module, name: str, data: torch.Tensor, **attrs: object
-) -> nn.Parameter:
-    """Register `data` as parameter `name` of the MoE `layer`, loaded by the layer's
-    weight_loader and carrying the attributes `attrs` (see the module doc)."""
-    param = nn.Parameter(data, requires_grad=False)
-    param.weight_loader = layer.weight_loader
-    if "quantize_into" in attrs:
-        attrs["quantize_into"].filled_by_weight = True
-    for key, value in attrs.items():
-        setattr(param, key, value)
-    layer.register_parameter(name, param)
-    return param
+from mini_sglang.layers.parameter import make_param
 
 
 class FusedMoEMethodBase:
@@ -94,12 +80,10 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         params_dtype: torch.dtype,
     ) -> None:
         i = intermediate_size_per_partition
-        make_expert_param(
+        make_param(
             layer, "w13_weight", torch.empty(num_experts, 2 * i, hidden_size, dtype=params_dtype)
         )
-        make_expert_param(
-            layer, "w2_weight", torch.empty(num_experts, hidden_size, i, dtype=params_dtype)
-        )
+        make_param(layer, "w2_weight", torch.empty(num_experts, hidden_size, i, dtype=params_dtype))
 
     def apply(
         self,

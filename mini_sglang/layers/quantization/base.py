@@ -124,19 +124,6 @@ class QuantizationConfig:
         )
 
 
-def make_param(layer: nn.Module, name: str, data: torch.Tensor, **attrs: object) -> nn.Parameter:
-    """Register `data` as parameter `name` of `layer`, loaded by the layer's weight_loader
-    and carrying the sharding attributes `attrs` (see the module doc)."""
-    param = nn.Parameter(data, requires_grad=False)
-    param.weight_loader = layer.weight_loader
-    if "quantize_into" in attrs:
-        attrs["quantize_into"].filled_by_weight = True
-    for key, value in attrs.items():
-        setattr(param, key, value)
-    layer.register_parameter(name, param)
-    return param
-
-
 def _store(param: nn.Parameter, row: int, loaded: torch.Tensor) -> None:
     """Copy loaded into param's rows [row, row + len(loaded)) (all of param where loaded has
     its shape), quantizing it first where param has `quantize_into`."""

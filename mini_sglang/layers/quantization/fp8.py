@@ -32,11 +32,8 @@ from torch import nn
 from mini_sglang.environ import envs
 from mini_sglang.layers import small_m_gemm
 from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMoEMethod
-from mini_sglang.layers.quantization.base import (
-    LinearMethodBase,
-    QuantizationConfig,
-    make_param,
-)
+from mini_sglang.layers.parameter import make_param
+from mini_sglang.layers.quantization.base import LinearMethodBase, QuantizationConfig
 from mini_sglang.layers.quantization.fp8_kernels import (
     FP8_DTYPE,
     block_fp8_linear,

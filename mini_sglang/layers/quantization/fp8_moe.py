@@ -31,7 +31,8 @@ from torch import nn
 from mini_sglang.layers.kernels import triton
 from mini_sglang.layers.moe.experts_torch import fused_experts_torch
 from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts, fused_experts_triton
-from mini_sglang.layers.moe.method import FusedMoEMethodBase, make_expert_param
+from mini_sglang.layers.moe.method import FusedMoEMethodBase
+from mini_sglang.layers.parameter import make_param
 from mini_sglang.layers.quantization.fp8_kernels import (
     FP8_DTYPE,
     dequantize_blocks,
@@ -104,12 +105,10 @@ class Fp8MoEMethod(FusedMoEMethodBase):
     ) -> None:
         E, H, i = num_experts, hidden_size, intermediate_size_per_partition
         if self.block is None:
-            w13_scale = make_expert_param(
+            w13_scale = make_param(
                 layer, "w13_weight_scale", torch.ones(E, 2 * i, dtype=torch.float32)
             )
-            w2_scale = make_expert_param(
-                layer, "w2_weight_scale", torch.ones(E, H, dtype=torch.float32)
-            )
+            w2_scale = make_param(layer, "w2_weight_scale", torch.ones(E, H, dtype=torch.float32))
             w13_scale.loaded_with_weight = w2_scale.loaded_with_weight = self.online
             quantize = quantize_rows
         else:
@@ -120,27 +119,27 @@ class Fp8MoEMethod(FusedMoEMethodBase):
                     f"size per rank ({i}) must be whole blocks; use a smaller --tp-size or "
                     "--ep-size"
                 )
-            w13_scale = make_expert_param(
+            w13_scale = make_param(
                 layer,
                 "w13_weight_scale_inv",
                 torch.ones(E, 2 * i // bn, -(-H // bk), dtype=torch.float32),
                 block_size=self.block,
             )
-            w2_scale = make_expert_param(
+            w2_scale = make_param(
                 layer,
                 "w2_weight_scale_inv",
                 torch.ones(E, -(-H // bn), -(-i // bk), dtype=torch.float32),
                 block_size=self.block,
             )
             quantize = functools.partial(quantize_blocks, block=self.block)
-        make_expert_param(
+        make_param(
             layer,
             "w13_weight",
             torch.empty(E, 2 * i, H, dtype=FP8_DTYPE),
             quantize_into=w13_scale,
             quantize=quantize,
         )
-        make_expert_param(
+        make_param(
             layer,
             "w2_weight",
             torch.empty(E, H, i, dtype=FP8_DTYPE),

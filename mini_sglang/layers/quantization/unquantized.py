@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mini_sglang.layers.quantization.base import LinearMethodBase, make_param
+from mini_sglang.layers.parameter import make_param
+from mini_sglang.layers.quantization.base import LinearMethodBase
 from mini_sglang.layers.small_m_gemm import (
     linear,
     linear_add_,
