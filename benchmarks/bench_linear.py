@@ -7,6 +7,10 @@ bandwidth. This times each projection of one layer (fused QKV, O, fused gate-up,
 the LM head at M rows, rotating through enough copies of each weight that none is served
 from L2 (50 MB on an H100), and adds them up as layers x per-layer + LM head: the GEMM part
 of a decode step, to set against bench_one_batch's ms/token.
+
+`--fp8-block` also times the attention projections with block-wise FP8 weights (128 x 128
+scales, Qwen3-FP8's format) at each M: fp8_kernels.block_fp8_linear (x quantized per group,
+the block matmul) against fused_moe_gemv.block_fp8_gemv at each FP8_BLOCK_TILES entry.
 """
 
 from __future__ import annotations
@@ -83,6 +87,38 @@ def time_triton_gemv(m: int, n: int, k: int, sweep: bool = False) -> tuple[float
     return min(timed) if timed else None
 
 
+# --fp8-block: block_fp8_gemv's candidate tiles (BLOCK_N, BLOCK_K, warps[, stages])
+FP8_BLOCK_TILES = [
+    (2, 2048, 4), (4, 1024, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (8, 256, 4),
+    (16, 256, 4), (16, 512, 8), (16, 128, 4), (32, 256, 8), (4, 2048, 8), (8, 2048, 8),
+]  # fmt: skip
+
+
+def time_fp8_block(m: int, n: int, k: int, block=(128, 128)) -> dict[str, float]:
+    """Microseconds per x [m, k] (bf16) @ w^T for a block-wise FP8 w [n, k], weights cold in
+    L2: "block_fp8_linear", and block_fp8_gemv at each FP8_BLOCK_TILES entry the compiler
+    accepts (keyed by the tiles)."""
+    from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, block_fp8_gemv
+    from mini_sglang.layers.quantization.fp8_kernels import block_fp8_linear, quantize_blocks
+
+    copies = max(2, -(-(256 << 20) // (n * k)))
+    ws = [quantize_blocks(torch.randn(n, k, device="cuda") * 0.02, block) for _ in range(copies)]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+
+    def timed(op) -> float:
+        turn = itertools.count()
+        return 1000 * cuda_time_ms(lambda: op(*ws[next(turn) % copies]), 30, copies, graph=True)
+
+    times = {"block_fp8_linear": timed(lambda w, s: block_fp8_linear(x, w, s, block))}
+    for tiles in FP8_BLOCK_TILES:
+        op = lambda w, s, t=GemvTiles(*tiles): block_fp8_gemv(x, w, s, block, tiles=t)  # noqa: E731
+        try:
+            times[str(tiles)] = timed(op)
+        except Exception:  # tiles the compiler rejects on this card
+            continue
+    return times
+
+
 def small_m_pick(m: int, n: int, k: int) -> str:
     """What small_m_gemm's own per-shape pick (cold-L2 timing, one weight) chooses here, with
     its timings of cuBLAS and of the chosen config."""
@@ -114,6 +150,11 @@ def main() -> None:
         action="store_true",
         help="time F.linear with torch's cuBLASLt backend instead of cuBLAS",
     )
+    ap.add_argument(
+        "--fp8-block",
+        action="store_true",
+        help="also time qkv and o with block-wise FP8 weights (block_fp8_gemv's tiles)",
+    )
     args = ap.parse_args()
     if args.cublaslt:
         torch.backends.cuda.preferred_blas_library("cublaslt")
@@ -142,6 +183,19 @@ def main() -> None:
         print(
             f"{m:>5} GEMMs of one decode step ({layers} layers + LM head): {step_us / 1000:.3f} ms"
         )
+        for name in ("qkv", "o") if args.fp8_block else ():
+            n, k = projections(args.model)[name]
+            times = time_fp8_block(m, n, k)
+            best = min((t for t in times if t != "block_fp8_linear"), key=times.get, default=None)
+            ranked = ", ".join(
+                f"{t} {us:.1f}" for t, us in sorted(times.items(), key=lambda i: i[1])
+            )
+            print(f"{m:>5} fp8-block {name} {n}x{k}: TB/s at the best {n * k / times[best] / 1e6:.2f}; us: {ranked}")  # fmt: skip
+            if args.out:
+                with open(args.out, "a") as f:
+                    rec = {"model": args.model, "m": m, "gemm": name, "n": n, "k": k,
+                           "fp8_block_us": times, "best": best, "card": card}  # fmt: skip
+                    f.write(json.dumps(rec) + "\n")
 
 
 if __name__ == "__main__":

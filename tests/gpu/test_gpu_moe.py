@@ -322,13 +322,14 @@ def test_fp8_fused_experts_match_reference(tokens, E, k, H, inter, block):
 @pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
 @pytest.mark.parametrize("tokens", [1, 5, 8])
 def test_small_m_gemv_fp8_matches_reference(tokens, block):
-    """FP8 experts on the GEMV path (Qwen3-30B-A3B's shapes) compute the grouped path's
-    w8a8 function: the tolerances of test_fp8_fused_experts_match_reference."""
+    """FP8 experts on the GEMV path (Qwen3-30B-A3B's shapes) compute the dequantized
+    experts on unquantized activations: the tolerances of
+    test_fp8_fused_experts_match_reference."""
     from mini_sglang.layers.moe.experts_torch import fused_experts_torch
     from mini_sglang.layers.moe.fused_moe_gemv import fused_experts_gemv
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
     from mini_sglang.layers.moe.router import select_experts
-    from mini_sglang.layers.quantization.fp8_moe import qdq_activations, quantize_activations
+    from mini_sglang.layers.quantization.fp8_moe import quantize_activations
 
     E, k, H, inter = 128, 8, 2048, 768
     x, w13, w2, logits = _problem(tokens, E, k, H, inter, torch.float32, seed=tokens)
@@ -336,12 +337,10 @@ def test_small_m_gemv_fp8_matches_reference(tokens, block):
     w2q, w2s, w2d = _quantize_experts(w2, block)
     del w13, w2
     w, ids = select_experts(logits, k, True)
-    group = block[1] if block is not None else None
     fp8 = Fp8Experts(w13s, w2s, block, quantize_activations)
 
     def ref(x, case):
-        qdq = lambda t: qdq_activations(t, group)  # noqa: E731
-        return fused_experts_torch(x.float(), w13d, w2d, w, case, act_qdq=qdq)
+        return fused_experts_torch(x.float(), w13d, w2d, w, case)
 
     dropped = torch.where(ids >= E // 2, -1, ids)
     for case in (ids, dropped):
@@ -384,12 +383,38 @@ def test_fp8_moe_layer_replays_from_a_cuda_graph(block, small_m, monkeypatch):
     w13d, w2d = layer.quant_method.dequantized_weights(layer)
     group = block[1] if block is not None else None
     replays = _graph_replays(layer, x, logits, tokens, E, k, H, inter)
+    # the grouped path quantizes the activations (w8a8), the GEMV path reads them as they are
+    qdq = (lambda t: qdq_activations(t, group)) if small_m == 0 else None
     for x_i, logits_i, static_out in replays:
         w, ids = select_experts_torch(logits_i, k, True)
-        ref = fused_experts_torch(
-            x_i.float(), w13d, w2d, w, ids, act_qdq=lambda t: qdq_activations(t, group)
-        )
+        ref = fused_experts_torch(x_i.float(), w13d, w2d, w, ids, act_qdq=qdq)
         assert _rel(static_out, ref) < 5e-2, _rel(static_out, ref)  # bf16: see above
+
+
+@needs_fp8
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("n,k", [(5120, 2048), (2048, 4096)], ids=["qkv", "o"])
+def test_block_fp8_linear_few_rows_match_dequantized(n, k, rows):
+    """Fp8BlockLinearMethod at decode batch sizes (fused_moe_gemv.block_fp8_gemv, x
+    unquantized) on Qwen3-30B-A3B-FP8's attention shapes: bf16 x against the dequantized
+    weight in float32, plain and added into the residual (o_proj's apply_add_)."""
+    from mini_sglang.layers.quantization.fp8 import BLOCK_GEMV_MAX_M, Fp8BlockLinearMethod
+    from mini_sglang.layers.quantization.fp8_kernels import dequantize_blocks, quantize_blocks
+
+    assert rows <= BLOCK_GEMV_MAX_M
+    torch.manual_seed(rows)
+    q, scale = quantize_blocks(torch.randn(n, k, device="cuda") * 0.02, FP8_BLOCK)
+    layer = torch.nn.Module()
+    layer.weight, layer.weight_scale_inv = q, scale
+    method = Fp8BlockLinearMethod(FP8_BLOCK)
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    ref = x.float() @ dequantize_blocks(q, scale, FP8_BLOCK).T
+    out = method.apply(layer, x)
+    assert out.dtype == torch.bfloat16 and _rel(out, ref) < 1e-2, _rel(out, ref)
+    residual = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
+    want = residual.float() + ref
+    assert method.apply_add_(layer, x, residual)
+    assert _rel(residual, want) < 1e-2, _rel(residual, want)
 
 
 @needs_fp8

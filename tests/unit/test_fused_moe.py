@@ -355,10 +355,17 @@ def _fp8_experts(w: torch.Tensor, block: tuple[int, int] | None):
     return q, s, deq
 
 
-def _fp8_problem(tokens: int, block: tuple[int, int] | None, experts: int = 8, k: int = 2):
+def _fp8_problem(
+    tokens: int,
+    block: tuple[int, int] | None,
+    experts: int = 8,
+    k: int = 2,
+    act_quant: bool = True,
+):
     """(x, w13 FP8, w2 FP8, weights, ids, Fp8Experts, reference(ids) -> [tokens, H]) on
-    DEVICE: the reference is fused_experts_torch on the dequantized weights with the
-    kernel's activation quantization. hidden 40: a short last group of columns."""
+    DEVICE: the reference is fused_experts_torch on the dequantized weights, with the
+    grouped kernel's activation quantization where act_quant (the GEMV path reads the
+    activations unquantized). hidden 40: a short last group of columns."""
     hidden, inter = 40, 32
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=gen)
@@ -369,7 +376,7 @@ def _fp8_problem(tokens: int, block: tuple[int, int] | None, experts: int = 8, k
     group = block[1] if block is not None else None
 
     def reference(case: torch.Tensor) -> torch.Tensor:
-        qdq = functools.partial(qdq_activations, group=group)
+        qdq = functools.partial(qdq_activations, group=group) if act_quant else None
         return fused_experts_torch(x, w13d, w2d, weights, case, act_qdq=qdq)
 
     # the interpreter has no FP8: the FP8 values in float32, as pre-sm89 GPUs get them
@@ -581,13 +588,39 @@ def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
 @needs_fp8
 @pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
 def test_small_m_gemv_fp8_matches_dequantized_reference(block) -> None:
-    """FP8 experts on the GEMV path: the w8a8 function of the grouped path (per-channel
-    scales in the epilogue, block-wise ones per 16-column K step), two tokens' top-4 of 16
+    """FP8 experts on the GEMV path: the dequantized experts applied to unquantized
+    activations (per-channel scales in the epilogue, block-wise ones folded into the 16- or
+    32-column K tiles of x, 40 columns ending in a short group), two tokens' top-4 of 16
     experts, all pairs and then some dropped; with fixed tiles and with the tuned ones
-    (config None: default_config's, whose BLOCK_K exceeds a block's columns)."""
-    x, w13q, w2q, weights, ids, fp8, reference = _fp8_problem(2, block, experts=16, k=4)
+    (config None: default_config's, whose BLOCK_K exceeds the row)."""
+    x, w13q, w2q, weights, ids, fp8, reference = _fp8_problem(
+        2, block, experts=16, k=4, act_quant=False
+    )
     assert fp8.kind == ("fp8" if block is None else "fp8-block")  # which tuned tiles it gets
     for config in (GEMV_TILES, None):
         for case in (ids, torch.where(ids % 2 == 1, -1, ids)):
             out = fused_experts_gemv(x, w13q, w2q, weights, case, fp8=fp8, config=config)
             torch.testing.assert_close(out.cpu(), reference(case.cpu()), atol=1e-4, rtol=1e-4)
+
+
+@needs_fp8
+@pytest.mark.parametrize("rows", [1, 3])
+def test_block_fp8_gemv_matches_dequantized_linear(rows) -> None:
+    """A dense layer with block-wise FP8 weights (Fp8BlockLinearMethod's few-row path): x @
+    the dequantized weight^T, 40 output rows (two whole 16-row blocks and a short one) and
+    72 columns (a short last group), for tiles narrower and wider than a block; then added
+    into a residual in place."""
+    gen = torch.Generator().manual_seed(rows)
+    block = (16, 16)
+    w = torch.randn(40, 72, generator=gen)
+    q, scale = quantize_blocks(w, block)
+    ref_w = dequantize_blocks(q, scale, block)
+    x = torch.randn(rows, 72, generator=gen)
+    q = q.float() if DEVICE.type == "cpu" else q  # the interpreter has no FP8 (see above)
+    xd, qd, sd = x.to(DEVICE), q.to(DEVICE), scale.to(DEVICE)
+    for tiles in (GemvTiles(8, 16, 4), GemvTiles(32, 64, 4)):
+        out = fused_moe_gemv.block_fp8_gemv(xd, qd, sd, block, tiles=tiles)
+        torch.testing.assert_close(out.cpu(), x @ ref_w.T, atol=1e-4, rtol=1e-4)
+    residual = torch.randn(rows, 40, generator=gen)
+    got = fused_moe_gemv.block_fp8_gemv(xd, qd, sd, block, residual=residual.to(DEVICE, copy=True))
+    torch.testing.assert_close(got.cpu(), residual + x @ ref_w.T, atol=1e-4, rtol=1e-4)

@@ -27,11 +27,16 @@ A pair whose expert id is negative (an expert another rank holds) is skipped by 
 grid depends only on (tokens, k, H, I), and nothing is read back to the host: CUDA graphs
 capture it at each batch size.
 
-FP8 experts (fused_moe_triton.Fp8Experts) compute the w8a8 function of the grouped path: x
-and the SiLU-and-mul output are quantized by fp8.quantize (per token, or per token and group
-of bk columns) before their kernel, which multiplies the FP8 values in fp32 and applies the
-activation and weight scales in its epilogue (per channel) or at each K step (block-wise;
-BLOCK_K then divides bk).
+FP8 experts (fused_moe_triton.Fp8Experts) are dequantized as they are read: x and the
+SiLU-and-mul output stay in x's dtype, each weight tile is converted to fp32, and its scales
+apply per output row in the epilogue (per channel) or, block-wise, to x's columns before
+the multiply (a program's rows lie in one scale block, so a K tile needs one scale per
+column). At these batch sizes streaming the weights is the cost; quantizing the
+activations, as the grouped path's w8a8 does, would add two kernels to the chain and round
+x to FP8 for no saving (the dense FP8 GEMV of layers/small_m_gemm.py does the same).
+
+block_fp8_gemv runs the down kernel with one expert for a dense linear layer with
+block-wise FP8 weights (Qwen3-FP8's attention projections) at these batch sizes.
 """
 
 from __future__ import annotations
@@ -98,16 +103,18 @@ TUNED: dict[int, SmallMConfig] = {
     2: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(4, 256, 8)),
     4: SmallMConfig(GemvTiles(4, 512, 1), GemvTiles(4, 256, 8)),
 }
-# FP8 experts with 128 x 128 block scales (Qwen3-30B-A3B-FP8's checkpoint format): BLOCK_K
-# is one scale group, 128 (see _tiles), so a program covers more rows instead. Same sweep,
-# against DEFAULT_CONFIG and the grouped GEMM: M=1 24.2 vs 30.1 and 28.0 us, M=2 33.1 vs
-# 50.0 and 37.7, M=4 52.6 vs 81.9 and 55.1. Per-channel FP8 experts, not swept, keep
-# DEFAULT_CONFIG.
+# FP8 experts with 128 x 128 block scales (Qwen3-30B-A3B-FP8's checkpoint format): BLOCK_N
+# divides the block's 128 rows (see _tiles). Swept on an H200 when the kernels ran w8a8 with
+# BLOCK_K capped at one scale group (128): M=1 24.2 us against 30.1 with DEFAULT_CONFIG and
+# 28.0 on the grouped path, M=2 33.1 vs 50.0 and 37.7, M=4 52.6 vs 81.9 and 55.1. Per-channel
+# FP8 experts, not swept, keep DEFAULT_CONFIG.
 TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
     1: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(4, 128, 4)),
     2: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(8, 128, 4)),
     4: SmallMConfig(GemvTiles(16, 128, 4), GemvTiles(8, 128, 4)),
 }
+# block_fp8_gemv's tiles (BLOCK_N rows of one FP8 byte each, BLOCK_K columns a step).
+DENSE_FP8_BLOCK_TILES = GemvTiles(8, 512, 4)
 _TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
 
@@ -162,7 +169,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         x_ptr,
         w_ptr,
         act_ptr,
-        x_scale_ptr,
         w_scale_ptr,
         ids_ptr,
         INTER,
@@ -171,7 +177,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_we,
         stride_wn,
         stride_am,
-        stride_xsm,
         stride_wse,
         stride_wsn,
         TOP_K: tl.constexpr,
@@ -184,8 +189,11 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
         program's BLOCK_N columns n, e = ids[pair], token = pair // TOP_K; nothing for
-        e < 0. FP8: x and w hold FP8 values; x_scale [M, 1 or H / GROUP_K], w_scale
-        [E, 2I / GROUP_N, 1 or H / GROUP_K] (GROUP_K 0: per channel, in the epilogue).
+        e < 0. FP8: w holds FP8 values, w_scale [E, 2I] per channel (GROUP_K 0, applied in
+        the epilogue) or [E, 2I / GROUP_N, ceil(H / GROUP_K)] per block (BLOCK_N divides
+        GROUP_N, so the program's gate rows share one scale row and its up rows another:
+        each K tile's x is multiplied by its columns' scales, any BLOCK_K). x is read in its
+        own dtype (weight-only dequantization).
         PDL: launched as a programmatic dependent; every read here (the ids first, which
         pick the weights) waits for the kernel before, and so does the launch of the down
         kernel, which reads the ids before its own wait."""
@@ -206,31 +214,31 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         x_row = x_ptr + token * stride_xm
         if FP8:
             w_s = w_scale_ptr + expert * stride_wse
-            gate_s = w_s + (rn // GROUP_N) * stride_wsn
-            up_s = w_s + ((rn + INTER) // GROUP_N) * stride_wsn
-            x_s = x_scale_ptr + token * stride_xsm
+            if GROUP_K > 0:  # the scale rows of the program's gate and up row blocks
+                gate_s = w_s + (pid_n * BLOCK_N // GROUP_N) * stride_wsn
+                up_s = w_s + ((pid_n * BLOCK_N + INTER) // GROUP_N) * stride_wsn
+            else:
+                gate_s = w_s + rn * stride_wsn
+                up_s = w_s + (rn + INTER) * stride_wsn
         acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < H
             w_ok = n_ok[:, None] & k_ok[None, :]
-            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+            xg = xk
+            xu = xk
+            if FP8 and GROUP_K > 0:  # each column's block scale, folded into x
+                xg = xk * tl.load(gate_s + rk // GROUP_K, mask=k_ok, other=0.0)
+                xu = xk * tl.load(up_s + rk // GROUP_K, mask=k_ok, other=0.0)
             g = tl.load(gate_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
             u = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
-            part_g = tl.sum(g * xk, axis=1)
-            part_u = tl.sum(u * xk, axis=1)
-            if FP8 and GROUP_K > 0:  # this K step's scale group
-                grp = k0 // GROUP_K
-                a_s = tl.load(x_s + grp)
-                part_g = part_g * a_s * tl.load(gate_s + grp, mask=n_ok, other=0.0)
-                part_u = part_u * a_s * tl.load(up_s + grp, mask=n_ok, other=0.0)
-            acc_g += part_g
-            acc_u += part_u
+            acc_g += tl.sum(g * xg[None, :], axis=1)
+            acc_u += tl.sum(u * xu[None, :], axis=1)
         if FP8 and GROUP_K == 0:
-            a_s = tl.load(x_s)
-            acc_g = acc_g * a_s * tl.load(gate_s, mask=n_ok, other=0.0)
-            acc_u = acc_u * a_s * tl.load(up_s, mask=n_ok, other=0.0)
+            acc_g = acc_g * tl.load(gate_s, mask=n_ok, other=0.0)
+            acc_u = acc_u * tl.load(up_s, mask=n_ok, other=0.0)
         # rounded to the activation dtype first, as the grouped GEMM's epilogue does
         gate = acc_g.to(act_ptr.dtype.element_ty).to(tl.float32)
         up = acc_u.to(act_ptr.dtype.element_ty).to(tl.float32)
@@ -242,7 +250,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         act_ptr,
         w_ptr,
         out_ptr,
-        act_scale_ptr,
         w_scale_ptr,
         ids_ptr,
         topk_weights_ptr,
@@ -252,7 +259,6 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         stride_we,
         stride_wn,
         stride_om,
-        stride_asm,
         stride_wse,
         stride_wsn,
         TOP_K: tl.constexpr,
@@ -263,6 +269,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         ADD_OUT: tl.constexpr,
+        DENSE: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
@@ -270,11 +277,13 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         accumulated in fp32 and rounded once; with ADD_OUT, out[token, n] += that sum (out
         is then the residual stream, added in fp32 and rounded once, as the dense GEMV's
         residual epilogue). All k experts' tiles are one [TOP_K_POW2, BLOCK_N, BLOCK_K]
-        load per K step, so a program has k times a GEMV's bytes in flight. FP8: act and w
-        hold FP8 values; act_scale [pairs, 1 or INTER / GROUP_K], w_scale [E, H / GROUP_N,
-        1 or INTER / GROUP_K]. PDL: launched as a programmatic dependent of gate_up_kernel,
-        once the ids are final (see there): the ids, routing weights and first w tiles load
-        before the wait for act."""
+        load per K step, so a program has k times a GEMV's bytes in flight. DENSE (TOP_K
+        1): one expert of weight 1 for every row, ids and routing weights unread: a plain
+        GEMV act @ w[0]^T. FP8: w holds FP8 values, w_scale [E, H] per channel (GROUP_K 0)
+        or [E, H / GROUP_N, ceil(INTER / GROUP_K)] per block (BLOCK_N divides GROUP_N; see
+        gate_up_kernel); act is read in its own dtype. PDL: launched as a programmatic
+        dependent of gate_up_kernel, once the ids are final (see there): the ids, routing
+        weights and first w tiles load before the wait for act."""
         if PDL:
             gdc_launch_dependents()
         pid_n = tl.program_id(0)
@@ -283,21 +292,29 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         n_ok = rn < H
         rj = tl.arange(0, TOP_K_POW2)
         pairs = token * TOP_K + rj
-        expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
-        # A dropped pair (or a padding slot) reads nothing (its act row and scales were never
-        # written) and adds 0; its expert id is clamped so that no pointer leaves the weights.
-        kept = expert >= 0
-        expert = tl.maximum(expert, 0).to(tl.int64)
+        if DENSE:
+            expert = tl.zeros((TOP_K_POW2,), dtype=tl.int64)
+            kept = rj < 1
+            route = tl.full((TOP_K_POW2,), 1.0, dtype=tl.float32)
+        else:
+            expert = tl.load(ids_ptr + pairs, mask=rj < TOP_K, other=-1)
+            # A dropped pair (or a padding slot) reads nothing (its act row was never
+            # written) and adds 0; its expert id is clamped so that no pointer leaves the
+            # weights.
+            kept = expert >= 0
+            expert = tl.maximum(expert, 0).to(tl.int64)
+            route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
         rows = (
             w_ptr + expert[:, None, None] * stride_we + rn[None, :, None].to(tl.int64) * stride_wn
         )
         rows_ok = kept[:, None, None] & n_ok[None, :, None]
         a_rows = act_ptr + pairs[:, None] * stride_am
         if FP8:
-            w_s = w_scale_ptr + expert[:, None] * stride_wse + (rn[None, :] // GROUP_N) * stride_wsn
-            w_s_ok = kept[:, None] & n_ok[None, :]
-            a_s_rows = act_scale_ptr + pairs * stride_asm
-        route = tl.load(topk_weights_ptr + pairs, mask=kept, other=0.0).to(tl.float32)
+            w_s = w_scale_ptr + expert[:, None] * stride_wse
+            if GROUP_K > 0:  # the scale row of the program's row block, per expert
+                w_s = w_s + (pid_n * BLOCK_N // GROUP_N) * stride_wsn
+            else:
+                w_s = w_s + rn[None, :] * stride_wsn
         # w's K tiles are loaded one step ahead (the first one before the wait); the step
         # after the last loads nothing (all masked)
         rk = tl.arange(0, BLOCK_K)
@@ -308,20 +325,18 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         for k0 in range(0, INTER, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             k_ok = rk < INTER
-            a = tl.load(a_rows + rk[None, :], mask=kept[:, None] & k_ok[None, :], other=0.0)
-            part = tl.sum(w.to(tl.float32) * a.to(tl.float32)[:, None, :], axis=2)
+            a_ok = kept[:, None] & k_ok[None, :]
+            a = tl.load(a_rows + rk[None, :], mask=a_ok, other=0.0).to(tl.float32)
+            if FP8 and GROUP_K > 0:  # each column's block scale, folded into act
+                a = a * tl.load(w_s + rk[None, :] // GROUP_K, mask=a_ok, other=0.0)
+            part = tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
             nk = rk + BLOCK_K
             w = tl.load(
                 rows + nk[None, None, :], mask=rows_ok & (nk < INTER)[None, None, :], other=0.0
             )
-            if FP8 and GROUP_K > 0:
-                grp = k0 // GROUP_K
-                a_s = tl.load(a_s_rows + grp, mask=kept, other=0.0)
-                part = part * a_s[:, None] * tl.load(w_s + grp, mask=w_s_ok, other=0.0)
             acc += part
         if FP8 and GROUP_K == 0:
-            a_s = tl.load(a_s_rows, mask=kept, other=0.0)
-            acc = acc * a_s[:, None] * tl.load(w_s, mask=w_s_ok, other=0.0)
+            acc = acc * tl.load(w_s, mask=kept[:, None] & n_ok[None, :], other=0.0)
         out = tl.sum(acc * route[:, None], axis=0)
         out_row = out_ptr + token * stride_om + rn
         if ADD_OUT:  # this program alone reads and writes these columns of the row
@@ -338,10 +353,30 @@ def _get_kernels() -> tuple:
     return _kernels
 
 
-def _tiles(tiles: GemvTiles, group_k: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for a launch; block-wise scales need one scale group per K step."""
-    block_k = math.gcd(tiles.block_k, group_k) if group_k else tiles.block_k
-    return tiles.block_n, block_k
+def _tiles(tiles: GemvTiles, block: tuple[int, int] | None) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for a launch; with block-wise scales a program's rows must share a
+    scale row, so BLOCK_N divides the scale block's rows."""
+    block_n = math.gcd(tiles.block_n, block[0]) if block is not None else tiles.block_n
+    return block_n, tiles.block_k
+
+
+def _scale_args(scale: torch.Tensor | None, block: tuple[int, int] | None, w: torch.Tensor) -> dict:
+    """The kernels' FP8 arguments for an FP8 weight's `scale` (None: w is not FP8; w, an
+    unread placeholder, takes its place) with `block` scales or per channel (None): the
+    scale's expert and row strides, FP8, and the block's (GROUP_N, GROUP_K) ((1, 0): per
+    channel)."""
+    if scale is None:
+        return dict(w_scale_ptr=w, stride_wse=0, stride_wsn=0, FP8=False, GROUP_N=1, GROUP_K=0)
+    assert scale.stride(-1) == 1
+    group_n, group_k = block if block is not None else (1, 0)
+    return dict(
+        w_scale_ptr=scale,
+        stride_wse=scale.stride(0),
+        stride_wsn=scale.stride(1) if block is not None else 1,
+        FP8=True,
+        GROUP_N=group_n,
+        GROUP_K=group_k,
+    )
 
 
 def fused_experts_gemv(
@@ -356,10 +391,11 @@ def fused_experts_gemv(
 ) -> torch.Tensor:
     """x [M, H], w13 [E, 2I, H], w2 [E, H, I], topk_* [M, k] -> [M, H] in x's dtype: the
     routing-weighted sum of each token's experts (see the module); negative ids add
-    nothing. `fp8`: FP8 experts, w8a8 as fused_experts_triton runs them. `config`: the
-    tiles (default_config if None). `residual` ([M, H], x's dtype, rows contiguous): the
-    sum is added into it in the down kernel's epilogue and residual is returned. Both
-    kernels launch as programmatic dependents where kernels.pdl_enabled(x)."""
+    nothing. `fp8`: FP8 experts, dequantized by their scales as they are read (x and the
+    SiLU-and-mul output stay in x's dtype). `config`: the tiles (default_config if None).
+    `residual` ([M, H], x's dtype, rows contiguous): the sum is added into it in the down
+    kernel's epilogue and residual is returned. Both kernels launch as programmatic
+    dependents where kernels.pdl_enabled(x)."""
     import triton
 
     from mini_sglang.layers.kernels import pdl_enabled
@@ -371,85 +407,112 @@ def fused_experts_gemv(
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
     config = config or default_config(tokens, fp8.kind if fp8 is not None else None)
-    gate_up_kernel, down_kernel = _get_kernels()
+    gate_up_kernel, _ = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
     weights = topk_weights.reshape(-1).contiguous()
     x = x.contiguous()
-    group_n, group_k = fp8.block if fp8 is not None and fp8.block is not None else (1, 0)
-    group = group_k or None
-    a, a_scale, w_scale = x, x, w13  # unread placeholders without FP8
-    if fp8 is not None:
-        a, a_scale = fp8.quantize(x, group)
-        w_scale = fp8.w13_scale
+    block = fp8.block if fp8 is not None else None
     act = torch.empty(tokens * k, inter, dtype=x.dtype, device=x.device)
-    bn, bk = _tiles(config.gate_up, group_k)
+    bn, bk = _tiles(config.gate_up, block)
     gate_up_kernel[(triton.cdiv(inter, bn), tokens * k)](
-        a,
+        x,
         w13,
         act,
-        a_scale,
-        w_scale,
-        ids,
-        inter,
-        hidden,
-        a.stride(0),
-        w13.stride(0),
-        w13.stride(1),
-        act.stride(0),
-        a_scale.stride(0),
-        w_scale.stride(0),
-        w_scale.stride(1),
+        ids_ptr=ids,
+        INTER=inter,
+        H=hidden,
+        stride_xm=x.stride(0),
+        stride_we=w13.stride(0),
+        stride_wn=w13.stride(1),
+        stride_am=act.stride(0),
         TOP_K=k,
-        FP8=fp8 is not None,
-        GROUP_N=group_n,
-        GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
         PDL=pdl,
+        **_scale_args(fp8.w13_scale if fp8 is not None else None, block, w13),
         **config.gate_up.launch_options(),
         launch_pdl=pdl,
     )
-    a, a_scale, w_scale = act, act, w2
-    if fp8 is not None:
-        a, a_scale = fp8.quantize(act, group)
-        w_scale = fp8.w2_scale
     if residual is not None:
         assert residual.shape == (tokens, hidden) and residual.dtype == x.dtype
         assert residual.stride(1) == 1
-    out = (
-        torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
-        if residual is None
-        else residual
-    )
-    bn, bk = _tiles(config.down, group_k)
+        out = residual
+    else:
+        out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    scale = fp8.w2_scale if fp8 is not None else None
+    _down(act, w2, scale, block, out, residual is not None, config.down, pdl, (ids, weights, k))
+    return out
+
+
+def _down(
+    act: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor | None,
+    block: tuple[int, int] | None,
+    out: torch.Tensor,
+    add_out: bool,
+    tiles: GemvTiles,
+    pdl: bool,
+    routing: tuple[torch.Tensor, torch.Tensor, int] | None,
+) -> None:
+    """down_kernel into out [rows, H] for w [E, H, K] (FP8 with `scale` where given);
+    `routing` (ids, weights, k) of the pairs, or None: DENSE, w[0] for every row of act."""
+    import triton
+
+    _, down_kernel = _get_kernels()
+    ids, weights, k = routing if routing is not None else (act, act, 1)  # unread when DENSE
+    tokens, hidden = out.shape
+    bn, bk = _tiles(tiles, block)
     down_kernel[(triton.cdiv(hidden, bn), tokens)](
-        a,
-        w2,
+        act,
+        w,
         out,
-        a_scale,
-        w_scale,
-        ids,
-        weights,
-        hidden,
-        inter,
-        a.stride(0),
-        w2.stride(0),
-        w2.stride(1),
-        out.stride(0),
-        a_scale.stride(0),
-        w_scale.stride(0),
-        w_scale.stride(1),
+        ids_ptr=ids,
+        topk_weights_ptr=weights,
+        H=hidden,
+        INTER=w.shape[2],
+        stride_am=act.stride(0),
+        stride_we=w.stride(0),
+        stride_wn=w.stride(1),
+        stride_om=out.stride(0),
         TOP_K=k,
         TOP_K_POW2=triton.next_power_of_2(k),
-        FP8=fp8 is not None,
-        GROUP_N=group_n,
-        GROUP_K=group_k,
         BLOCK_N=bn,
         BLOCK_K=bk,
-        ADD_OUT=residual is not None,
+        ADD_OUT=add_out,
+        DENSE=routing is None,
         PDL=pdl,
-        **config.down.launch_options(),
+        **_scale_args(scale, block, w),
+        **tiles.launch_options(),
         launch_pdl=pdl,
     )
+
+
+def block_fp8_gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    block: tuple[int, int],
+    residual: torch.Tensor | None = None,
+    tiles: GemvTiles | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ (w [N, K] float8_e4m3fn, one scale per block of w_scale [ceil(N / bn),
+    ceil(K / bk)])^T in x's dtype, for a few rows (decode): the down kernel with one
+    expert (DENSE), the scales folded into x as its tiles are read (x unquantized; see
+    gate_up_kernel). With `residual` ([M, N], x's dtype) the product is added into it and
+    residual returned. Launched as a programmatic dependent where kernels.pdl_enabled(x)."""
+    from mini_sglang.layers.kernels import pdl_enabled
+
+    assert w.stride(1) == 1 and w_scale.stride(1) == 1
+    x = x.contiguous()
+    m, n = x.shape[0], w.shape[0]
+    if residual is not None:
+        assert residual.shape == (m, n) and residual.dtype == x.dtype and residual.stride(1) == 1
+        out = residual
+    else:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    tiles = tiles or DENSE_FP8_BLOCK_TILES
+    pdl = pdl_enabled(x)
+    _down(x, w[None], w_scale[None], block, out, residual is not None, tiles, pdl, None)
     return out

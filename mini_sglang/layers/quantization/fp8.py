@@ -31,6 +31,7 @@ from torch import nn
 
 from mini_sglang.environ import envs
 from mini_sglang.layers import small_m_gemm
+from mini_sglang.layers.moe import fused_moe_gemv
 from mini_sglang.layers.moe.method import FusedMoEMethodBase, UnquantizedFusedMoEMethod
 from mini_sglang.layers.parameter import make_param
 from mini_sglang.layers.quantization.base import LinearMethodBase, QuantizationConfig
@@ -193,12 +194,32 @@ def _input_quant_fits(x: torch.Tensor) -> bool:
     )
 
 
+# The most rows Fp8BlockLinearMethod sends to fused_moe_gemv.block_fp8_gemv: its grid has
+# programs per row, each streaming the weight again (from L2 after the first), where the
+# block matmul reads it once for every row.
+BLOCK_GEMV_MAX_M = 4
+
+
+def _block_gemv_fits(x: torch.Tensor) -> bool:
+    """Whether block_fp8_gemv serves x: CUDA with Triton's FP8, 16-bit x of at most
+    BLOCK_GEMV_MAX_M rows."""
+    return (
+        x.dim() == 2
+        and x.shape[0] <= BLOCK_GEMV_MAX_M
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and triton_fp8_supported(x)
+    )
+
+
 class Fp8BlockLinearMethod(LinearMethodBase):
     """weight [N, K] float8_e4m3fn with weight_scale_inv [ceil(N / bn), ceil(K / bk)]
-    float32, one scale per (bn, bk) block; x is quantized per token and group of bk columns
-    (fp8_kernels.block_fp8_linear). Every projection of a fused layer, and every rank's
-    shard, must start on a block boundary. A tensor of another dtype loaded into the weight
-    (an online update from an unquantized model) is quantized block by block."""
+    float32, one scale per (bn, bk) block. Up to BLOCK_GEMV_MAX_M rows on CUDA the GEMV of
+    fused_moe_gemv.block_fp8_gemv dequantizes the weight as it streams it (x unquantized,
+    as the per-channel method's GEMV) and may add into the residual (apply_add_); larger
+    batches quantize x per token and group of bk columns (fp8_kernels.block_fp8_linear).
+    Every projection of a fused layer, and every rank's shard, must start on a block
+    boundary. A tensor of another dtype loaded into the weight (an online update from an
+    unquantized model) is quantized block by block."""
 
     def __init__(self, block: tuple[int, int]) -> None:
         self.block = block
@@ -236,7 +257,17 @@ class Fp8BlockLinearMethod(LinearMethodBase):
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if _block_gemv_fits(x):
+            out = fused_moe_gemv.block_fp8_gemv(x, layer.weight, layer.weight_scale_inv, self.block)
+            return out + bias if bias is not None else out
         return block_fp8_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias)
+
+    def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        if not (_block_gemv_fits(x) and residual.dtype == x.dtype and residual.stride(1) == 1):
+            return False
+        w, scale = layer.weight, layer.weight_scale_inv
+        fused_moe_gemv.block_fp8_gemv(x, w, scale, self.block, residual=residual)
+        return True
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         return dequantize_blocks(layer.weight.data, layer.weight_scale_inv.data, self.block)
