@@ -104,17 +104,27 @@ TUNED: dict[int, SmallMConfig] = {
     4: SmallMConfig(GemvTiles(4, 512, 1), GemvTiles(4, 256, 8)),
 }
 # FP8 experts with 128 x 128 block scales (Qwen3-30B-A3B-FP8's checkpoint format): BLOCK_N
-# divides the block's 128 rows (see _tiles). Swept on an H200 when the kernels ran w8a8 with
-# BLOCK_K capped at one scale group (128): M=1 24.2 us against 30.1 with DEFAULT_CONFIG and
-# 28.0 on the grouped path, M=2 33.1 vs 50.0 and 37.7, M=4 52.6 vs 81.9 and 55.1. Per-channel
-# FP8 experts, not swept, keep DEFAULT_CONFIG.
+# divides the block's 128 rows (see _tiles). From bench_fused_moe.py --dtype fp8-block
+# --small-m-sweep on an H100 (docs/results/fused_moe_small_m_fp8_block_dequant_h100.log):
+# per layer call 19.0 / 34.1 / 64.8 us at 1 / 2 / 4 tokens, against 35.5 / 36.1 / 69.0 with
+# the tiles swept when the kernels quantized the activations (one scale group a K step) and
+# 30.6 / 51.4 / 103.0 for bf16 experts on the same card. Per-channel FP8 experts, not swept,
+# keep DEFAULT_CONFIG.
 TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
-    1: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(4, 128, 4)),
-    2: SmallMConfig(GemvTiles(16, 128, 8), GemvTiles(8, 128, 4)),
-    4: SmallMConfig(GemvTiles(16, 128, 4), GemvTiles(8, 128, 4)),
+    1: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(8, 256, 8, 3)),
+    2: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(16, 128, 16)),
+    4: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(8, 128, 4)),
 }
-# block_fp8_gemv's tiles (BLOCK_N rows of one FP8 byte each, BLOCK_K columns a step).
-DENSE_FP8_BLOCK_TILES = GemvTiles(8, 512, 4)
+# block_fp8_gemv's tiles by batch bucket: the fastest over Qwen3-30B-A3B-FP8's qkv and o
+# together in bench_linear.py --fp8-block on an H100 (docs/results/
+# linear_fp8_block_gemv_h100.log): 8.2 + 5.7 us at one row against 13.2 + 21.8 for the
+# block matmul, 11.7 + 8.3 at two, 15.3 + 12.2 at four (13.7 + 22.6); at eight the block
+# matmul wins, hence fp8.BLOCK_GEMV_MAX_M.
+DENSE_FP8_BLOCK_TILES: dict[int, GemvTiles] = {
+    1: GemvTiles(8, 2048, 8),
+    2: GemvTiles(8, 1024, 8),
+    4: GemvTiles(16, 512, 8),
+}
 _TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
 
@@ -500,8 +510,9 @@ def block_fp8_gemv(
     """x [M, K] @ (w [N, K] float8_e4m3fn, one scale per block of w_scale [ceil(N / bn),
     ceil(K / bk)])^T in x's dtype, for a few rows (decode): the down kernel with one
     expert (DENSE), the scales folded into x as its tiles are read (x unquantized; see
-    gate_up_kernel). With `residual` ([M, N], x's dtype) the product is added into it and
-    residual returned. Launched as a programmatic dependent where kernels.pdl_enabled(x)."""
+    gate_up_kernel). `tiles`: DENSE_FP8_BLOCK_TILES' for M's power-of-two bucket if None.
+    With `residual` ([M, N], x's dtype) the product is added into it and residual
+    returned. Launched as a programmatic dependent where kernels.pdl_enabled(x)."""
     from mini_sglang.layers.kernels import pdl_enabled
 
     assert w.stride(1) == 1 and w_scale.stride(1) == 1
@@ -512,7 +523,7 @@ def block_fp8_gemv(
         out = residual
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = tiles or DENSE_FP8_BLOCK_TILES
+    tiles = tiles or DENSE_FP8_BLOCK_TILES.get(1 << (m - 1).bit_length(), GemvTiles(16, 512, 8))
     pdl = pdl_enabled(x)
     _down(x, w[None], w_scale[None], block, out, residual is not None, tiles, pdl, None)
     return out
