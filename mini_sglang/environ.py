@@ -201,6 +201,10 @@ class Envs:
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
+    MINI_SGLANG_FP8_GEMV_CONVERT = _flag(
+        "The expert GEMVs and block_fp8_gemv convert FP8 weights with Triton's float8 cast "
+        "instead of decoding them with integer ops (for comparisons)."
+    )
     MINI_SGLANG_MOE_GEMV_TILES = EnvStr(
         "",
         "Forced MoE expert-GEMV tiles per batch bucket, for experiments: entries "

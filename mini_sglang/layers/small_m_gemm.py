@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from mini_sglang.environ import envs
 from mini_sglang.layers import kernel_choices
+from mini_sglang.layers.e4m3_decode import e4m3_words
 from mini_sglang.layers.kernels import (
     SMALL_M_MAX_ROWS,
     gdc_launch_dependents,
@@ -40,6 +41,8 @@ from mini_sglang.utils.cuda_timing import cuda_time_ms
 try:
     import triton
     import triton.language as tl
+
+    from mini_sglang.layers.e4m3_decode import X_SCALE, bf16_quads, e4m3_dot_terms
 except ImportError:
     triton = None
 
@@ -93,7 +96,7 @@ _FP8_DOT_CONFIGS = [
 # x again with every weight tile, and for an FP8 weight at BLOCK_N 4-8 that is as many bytes
 # from L2 as the tile reads from HBM; its programs also each pay their own launch and ramp.
 # PERSISTENT_BITS (FP8 weights only) decodes e4m3 with integer ops instead of Triton's
-# conversion (see _e4m3_word_byte), which held every FP8 GEMV to about 12 weights per SM and
+# conversion (see e4m3_word_byte), which held every FP8 GEMV to about 12 weights per SM and
 # cycle on an H200 whatever the tiling, where bf16 rows streamed faster per byte.
 PERSISTENT, PERSISTENT_BITS = 2, 3
 # The configs that came first to third for one of Llama-3.1-8B's shapes at M=1 on an H200
@@ -262,7 +265,7 @@ if triton is not None:
         # With BITS w holds int32 words of four e4m3 weights, decoded with integer ops as in
         # _gemv_rows_kernel; BK then counts words (4 * BK weights a tile) and swn words too.
         # X_WORDS (BITS, one bf16 row of x, x and g 8-byte aligned): x and g read as int64
-        # words of four (_bf16_quads).
+        # words of four (bf16_quads).
         # A program computes BN outputs out[:, rn]: x @ w[rn]^T, or with SILU_MUL, where w is
         # [gate; up] (2N rows), silu(x @ w[rn]^T) * (x @ w[N + rn]^T); e.g. N = 14336, BN = 2:
         # program 3 reads gate rows 6, 7 and up rows 14342, 14343, and writes columns 6, 7.
@@ -301,11 +304,11 @@ if triton is not None:
             acc_up += a_up
             sq += s
         if BITS and BM == 1:  # the per-element terms, summed once here (see _k_tile)
-            acc = (tl.sum(acc, axis=1) * _X_SCALE)[None, :]
-            acc_up = (tl.sum(acc_up, axis=1) * _X_SCALE)[None, :]
+            acc = (tl.sum(acc, axis=1) * X_SCALE)[None, :]
+            acc_up = (tl.sum(acc_up, axis=1) * X_SCALE)[None, :]
         elif BITS:
-            acc = tl.sum(acc, axis=2) * _X_SCALE
-            acc_up = tl.sum(acc_up, axis=2) * _X_SCALE
+            acc = tl.sum(acc, axis=2) * X_SCALE
+            acc_up = tl.sum(acc_up, axis=2) * X_SCALE
         rstd = 1.0
         if NORM:
             rstd = (1.0 / tl.sqrt(tl.sum(sq, axis=1) / K + eps))[:, None]
@@ -315,55 +318,14 @@ if triton is not None:
                       SILU_MUL, ADD_RES, NORM, W_SCALE)  # fmt: skip
         tl.store(out_ptrs, y, mask=out_mask)
 
-    # e4m3 decoded with integer ops (BITS below): f32 bits sign | exponent | mantissa of
-    # the byte moved into f32's fields as they are, i.e. the value times 2^-120 (e4m3's
-    # exponent bias is 7, f32's 127; e4m3 subnormals land on f32 subnormals, times the
-    # same factor). x is scaled by 2^60 and the dot product by 2^60 again, so neither the
-    # products nor the sums come near f32's subnormal range (2^-126).
-    _E4M3_TO_F32_MASK = tl.constexpr(-0x78100000)  # 0x87F00000: the sign and 7 bits at 26..20
-    _X_SCALE = tl.constexpr(2.0**60)
-
-    @triton.jit
-    def _e4m3_word_byte(q, SHIFT: tl.constexpr):
-        """Byte 3 - SHIFT / 8 of the int32 words q, e4m3, as float32 times 2^-120: moved to
-        the top byte, shifted arithmetically by 4 (the sign fills bits 31..27) and masked."""
-        t = q << SHIFT if SHIFT else q
-        return ((t >> 4) & _E4M3_TO_F32_MASK).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _e4m3_dot_terms(wt, x0, x1, x2, x3):
-        """w[.., 4j + i] x_i summed over the four bytes i of each int32 word of wt (element
-        4j + i in byte i of word j, little-endian), elementwise, wt broadcast against the
-        x_i; times 2^-120 (the decoding's) and whatever scale x carries."""
-        t = _e4m3_word_byte(wt, 24) * x0 + _e4m3_word_byte(wt, 16) * x1
-        t += _e4m3_word_byte(wt, 8) * x2 + _e4m3_word_byte(wt, 0) * x3
-        return t
-
-    @triton.jit
-    def _bf16_quads(v, rj, K):
-        """v[4j + i] for the words j in rj, i = 0..3, as four float32 vectors, for a bf16 v
-        read as int64 words of four: the same index vector as the weight's int32 words, so
-        the loads come in the weight tile's layout (strided loads of v[4j + i] come in a
-        layout of their own and go through shared memory to the tile's, every tile)."""
-        q = tl.load(v.to(tl.pointer_type(tl.int64)) + rj, mask=rj < K // 4, other=0)
-        lo = q.to(tl.int32)
-        hi = (q >> 32).to(tl.int32)
-        top = tl.full(lo.shape, -65536, tl.int32)  # 0xFFFF0000: a bf16's bits in f32's
-        return (
-            (lo << 16).to(tl.float32, bitcast=True),
-            (lo & top).to(tl.float32, bitcast=True),
-            (hi << 16).to(tl.float32, bitcast=True),
-            (hi & top).to(tl.float32, bitcast=True),
-        )
-
     @triton.jit
     def _row_dots(wt, x0, x1, x2, x3, BITS: tl.constexpr):
         """sum_k w[n, k] x[k] per row n of the tile wt: with BITS wt holds int32 words of
-        four e4m3 weights (see _e4m3_dot_terms) and x_i the x of element 4j + i (times
+        four e4m3 weights (see e4m3_dot_terms) and x_i the x of element 4j + i (times
         2^60); else wt [BN, BK] in any float type and x0 [BK]."""
         if BITS:
-            prod = _e4m3_dot_terms(wt, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
-            return tl.sum(prod, axis=1) * _X_SCALE
+            prod = e4m3_dot_terms(wt, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
+            return tl.sum(prod, axis=1) * X_SCALE
         return tl.sum(x0[None, :] * wt.to(tl.float32), axis=1)
 
     @triton.jit
@@ -376,7 +338,7 @@ if triton is not None:
         if NORM_G:
             xs = xs * tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
         if BITS:
-            xs = xs * _X_SCALE
+            xs = xs * X_SCALE
         return xt, xs
 
     @triton.jit
@@ -387,26 +349,26 @@ if triton is not None:
     ):  # fmt: skip
         """One K tile of the grid kernel: (x @ wt^T, x @ wu^T with SILU_MUL, else the first
         again, x^2) for the rows of x at columns rk, or with BITS at the words rk (weights
-        4 * rk + i; both products then times 2^-60, see _e4m3_word_byte). With BITS and
+        4 * rk + i; both products then times 2^-60, see e4m3_word_byte). With BITS and
         one row (x_mask [1, 1]) the products are the per-element terms [BN, BK], which the
         caller sums once after its K loop: no reduction across the warps per tile."""
         if BITS and x_mask.shape[0] == 1:  # one row: x's parts as vectors, tiles [BN, BK]
             if X_WORDS:
-                xt, x1t, x2t, x3t = _bf16_quads(x, rk, K)
+                xt, x1t, x2t, x3t = bf16_quads(x, rk, K)
                 x0, x1, x2, x3 = xt, x1t, x2t, x3t
                 if NORM_G:
-                    g0, g1, g2, g3 = _bf16_quads(norm_w, rk, K)
+                    g0, g1, g2, g3 = bf16_quads(norm_w, rk, K)
                     x0, x1, x2, x3 = x0 * g0, x1 * g1, x2 * g2, x3 * g3
-                x0, x1, x2, x3 = x0 * _X_SCALE, x1 * _X_SCALE, x2 * _X_SCALE, x3 * _X_SCALE
+                x0, x1, x2, x3 = x0 * X_SCALE, x1 * X_SCALE, x2 * X_SCALE, x3 * X_SCALE
                 sq = xt * xt + x1t * x1t + x2t * x2t + x3t * x3t
             else:
                 x0, x1, x2, x3, sq = _x_quads(x, norm_w, rk, K, NORM_G)
             sq = sq[None, :]
             x0, x1, x2, x3 = x0[None, :], x1[None, :], x2[None, :], x3[None, :]
-            acc = _e4m3_dot_terms(wt, x0, x1, x2, x3)
+            acc = e4m3_dot_terms(wt, x0, x1, x2, x3)
             acc_up = acc
             if SILU_MUL:
-                acc_up = _e4m3_dot_terms(wu, x0, x1, x2, x3)
+                acc_up = e4m3_dot_terms(wu, x0, x1, x2, x3)
         elif BITS:  # [BM, BN, BK]
             xt, x0 = _x_tile(x_rows, x_mask, norm_w, 4 * rk, K, NORM_G, BITS)
             x1t, x1 = _x_tile(x_rows, x_mask, norm_w, 4 * rk + 1, K, NORM_G, BITS)
@@ -414,10 +376,10 @@ if triton is not None:
             x3t, x3 = _x_tile(x_rows, x_mask, norm_w, 4 * rk + 3, K, NORM_G, BITS)
             sq = xt * xt + x1t * x1t + x2t * x2t + x3t * x3t
             x0, x1, x2, x3 = x0[:, None, :], x1[:, None, :], x2[:, None, :], x3[:, None, :]
-            acc = _e4m3_dot_terms(wt[None, :, :], x0, x1, x2, x3)
+            acc = e4m3_dot_terms(wt[None, :, :], x0, x1, x2, x3)
             acc_up = acc
             if SILU_MUL:
-                acc_up = _e4m3_dot_terms(wu[None, :, :], x0, x1, x2, x3)
+                acc_up = e4m3_dot_terms(wu[None, :, :], x0, x1, x2, x3)
         else:
             xt, xs = _x_tile(x_rows, x_mask, norm_w, rk, K, NORM_G, BITS)
             sq = xt * xt
@@ -435,7 +397,7 @@ if triton is not None:
         if NORM_G:
             xs = xs * tl.load(norm_w + rk, mask=rk < K, other=0.0).to(tl.float32)
         if BITS:
-            xs = xs * _X_SCALE
+            xs = xs * X_SCALE
         return xt, xs
 
     @triton.jit
@@ -620,7 +582,7 @@ def gemv(
     elif bm > 1:
         bk = max(32, bk // bm)  # keep the per-thread register tile bounded
     if bits:  # the kernel's tiles count int32 words of four weights
-        w, bk = _e4m3_words(w, k), max(1, bk // 4)
+        w, bk = e4m3_words(w, k), max(1, bk // 4)
     x_words = (
         bits and bm == 1 and _bf16_words(x) and (norm_weight is None or _bf16_words(norm_weight))
     )
@@ -656,16 +618,8 @@ def gemv(
 
 def _bf16_words(v: torch.Tensor) -> bool:
     """Whether v (its first row, for a matrix) can be read as int64 words of four bf16
-    (_bf16_quads)."""
+    (bf16_quads)."""
     return v.dtype == torch.bfloat16 and v.stride(-1) == 1 and v.data_ptr() % 8 == 0
-
-
-def _e4m3_words(w: torch.Tensor, k: int) -> torch.Tensor:
-    """w [N, K] float8_e4m3fn viewed as int32 words of four weights, for the kernels'
-    integer decoding (BITS)."""
-    if w.dtype != torch.float8_e4m3fn or k % 4 or w.stride(0) % 4 or w.stride(1) != 1:
-        raise ValueError("integer e4m3 decoding takes a float8_e4m3fn w, K a multiple of 4")
-    return w.view(torch.int32)
 
 
 def _gemv_rows(
@@ -693,7 +647,7 @@ def _gemv_rows(
         n, bn = n // 2, max(1, bn // 2)
     out, fused = _fused(x, w, n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
     programs = min(triton.cdiv(n, bn), per_sm * _sm_count(x.device))
-    wk = _e4m3_words(w, k) if bits else w
+    wk = e4m3_words(w, k) if bits else w
     _gemv_rows_kernel[(programs,)](
         x,
         wk,

@@ -361,11 +361,14 @@ def _fp8_problem(
     experts: int = 8,
     k: int = 2,
     act_quant: bool = True,
+    fp8_values: bool = False,
 ):
     """(x, w13 FP8, w2 FP8, weights, ids, Fp8Experts, reference(ids) -> [tokens, H]) on
     DEVICE: the reference is fused_experts_torch on the dequantized weights, with the
     grouped kernel's activation quantization where act_quant (the GEMV path reads the
-    activations unquantized). hidden 40: a short last group of columns."""
+    activations unquantized). hidden 40: a short last group of columns. On the CPU the
+    weights are float32 tensors holding the FP8 values, unless fp8_values (for the GEMV
+    kernels' integer decoding, which reads them as int32 words)."""
     hidden, inter = 40, 32
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, hidden, generator=gen)
@@ -385,7 +388,7 @@ def _fp8_problem(
         if DEVICE.type == "cuda"
         else functools.partial(quantize_activations_in, dtype=torch.float32)
     )
-    if DEVICE.type == "cpu":
+    if DEVICE.type == "cpu" and not fp8_values:
         w13q, w2q = w13q.float(), w2q.float()
     fp8 = Fp8Experts(w13s.to(DEVICE), w2s.to(DEVICE), block, quantize)
     on_device = (t.to(DEVICE) for t in (x, w13q, w2q, weights, ids))
@@ -586,15 +589,18 @@ def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
 
 
 @needs_fp8
+@pytest.mark.parametrize("decode", ["words", "cast"])
 @pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
-def test_small_m_gemv_fp8_matches_dequantized_reference(block) -> None:
+def test_small_m_gemv_fp8_matches_dequantized_reference(block, decode, monkeypatch) -> None:
     """FP8 experts on the GEMV path: the dequantized experts applied to unquantized
     activations (per-channel scales in the epilogue, block-wise ones folded into the 16- or
     32-column K tiles of x, 40 columns ending in a short group), two tokens' top-4 of 16
     experts, all pairs and then some dropped; with fixed tiles and with the tuned ones
-    (config None: default_config's, whose BLOCK_K exceeds the row)."""
+    (config None: default_config's, whose BLOCK_K exceeds the row). The weights decoded
+    as int32 words (e4m3_decode) and converted by Triton's cast."""
+    monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", decode == "words")
     x, w13q, w2q, weights, ids, fp8, reference = _fp8_problem(
-        2, block, experts=16, k=4, act_quant=False
+        2, block, experts=16, k=4, act_quant=False, fp8_values=decode == "words"
     )
     assert fp8.kind == ("fp8" if block is None else "fp8-block")  # which tuned tiles it gets
     for config in (GEMV_TILES, None):
@@ -604,19 +610,22 @@ def test_small_m_gemv_fp8_matches_dequantized_reference(block) -> None:
 
 
 @needs_fp8
+@pytest.mark.parametrize("decode", ["words", "cast"])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_block_fp8_gemv_matches_dequantized_linear(rows) -> None:
+def test_block_fp8_gemv_matches_dequantized_linear(rows, decode, monkeypatch) -> None:
     """A dense layer with block-wise FP8 weights (Fp8BlockLinearMethod's few-row path): x @
     the dequantized weight^T, 40 output rows (two whole 16-row blocks and a short one) and
     72 columns (a short last group), for tiles narrower and wider than a block; then added
-    into a residual in place."""
+    into a residual in place. The weight decoded as int32 words and by Triton's cast."""
+    monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", decode == "words")
     gen = torch.Generator().manual_seed(rows)
     block = (16, 16)
     w = torch.randn(40, 72, generator=gen)
     q, scale = quantize_blocks(w, block)
     ref_w = dequantize_blocks(q, scale, block)
     x = torch.randn(rows, 72, generator=gen)
-    q = q.float() if DEVICE.type == "cpu" else q  # the interpreter has no FP8 (see above)
+    if DEVICE.type == "cpu" and decode == "cast":  # the interpreter has no FP8 cast
+        q = q.float()
     xd, qd, sd = x.to(DEVICE), q.to(DEVICE), scale.to(DEVICE)
     for tiles in (GemvTiles(8, 16, 4), GemvTiles(32, 64, 4)):
         out = fused_moe_gemv.block_fp8_gemv(xd, qd, sd, block, tiles=tiles)

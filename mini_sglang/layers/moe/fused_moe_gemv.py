@@ -31,7 +31,9 @@ FP8 experts (fused_moe_triton.Fp8Experts) are dequantized as they are read: x an
 SiLU-and-mul output stay in x's dtype, each weight tile is converted to fp32, and its scales
 apply per output row in the epilogue (per channel) or, block-wise, to x's columns before
 the multiply (a program's rows lie in one scale block, so a K tile needs one scale per
-column). At these batch sizes streaming the weights is the cost; quantizing the
+column). The FP8 weights are read as int32 words of four and decoded with integer ops
+(layers/e4m3_decode.py), faster than Triton's float8 cast; MINI_SGLANG_FP8_GEMV_CONVERT=1
+casts instead. At these batch sizes streaming the weights is the cost; quantizing the
 activations, as the grouped path's w8a8 does, would add two kernels to the chain and round
 x to FP8 for no saving (the dense FP8 GEMV of layers/small_m_gemm.py does the same).
 
@@ -49,6 +51,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from mini_sglang.environ import envs
+from mini_sglang.layers import e4m3_decode
+from mini_sglang.layers.e4m3_decode import e4m3_words
 
 if TYPE_CHECKING:
     from mini_sglang.layers.moe.fused_moe_triton import Fp8Experts
@@ -148,6 +152,8 @@ def _parse_forced(spec: str) -> dict[int, tuple[GemvTiles, GemvTiles | None]]:
 
 
 _FORCED = _parse_forced(envs.MINI_SGLANG_MOE_GEMV_TILES.get())
+# FP8 weights decoded with integer ops (e4m3_decode) rather than Triton's float8 cast.
+_DECODE_E4M3 = not envs.MINI_SGLANG_FP8_GEMV_CONVERT.get()
 
 
 def default_config(tokens: int, quant: str | None) -> SmallMConfig:
@@ -195,6 +201,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         GROUP_K: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        BITS: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
@@ -203,7 +210,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         the epilogue) or [E, 2I / GROUP_N, ceil(H / GROUP_K)] per block (BLOCK_N divides
         GROUP_N, so the program's gate rows share one scale row and its up rows another:
         each K tile's x is multiplied by its columns' scales, any BLOCK_K). x is read in its
-        own dtype (weight-only dequantization).
+        own dtype (weight-only dequantization). BITS: the FP8 w as int32 words of four
+        weights, decoded with integer ops (e4m3_decode); BLOCK_K and stride_wn count words.
         PDL: launched as a programmatic dependent; every read here (the ids first, which
         pick the weights) waits for the kernel before, and so does the launch of the down
         kernel, which reads the ids before its own wait."""
@@ -230,22 +238,49 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             else:
                 gate_s = w_s + rn * stride_wsn
                 up_s = w_s + (rn + INTER) * stride_wsn
-        acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = rk < H
-            w_ok = n_ok[:, None] & k_ok[None, :]
-            xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
-            xg = xk
-            xu = xk
-            if FP8 and GROUP_K > 0:  # each column's block scale, folded into x
-                xg = xk * tl.load(gate_s + rk // GROUP_K, mask=k_ok, other=0.0)
-                xu = xk * tl.load(up_s + rk // GROUP_K, mask=k_ok, other=0.0)
-            g = tl.load(gate_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
-            u = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
-            acc_g += tl.sum(g * xg[None, :], axis=1)
-            acc_u += tl.sum(u * xu[None, :], axis=1)
+        if BITS:
+            # w holds int32 words of four e4m3 weights (e4m3_decode): BLOCK_K and the row
+            # stride count words; the per-element terms are summed once after the loop
+            terms_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            terms_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            for k0 in range(0, H // 4, BLOCK_K):
+                rj = k0 + tl.arange(0, BLOCK_K)
+                w_ok = n_ok[:, None] & (rj < H // 4)[None, :]
+                x0, x1, x2, x3 = e4m3_decode.strided_quads(x_row, rj, H, rj >= 0)
+                sg = e4m3_decode.X_SCALE
+                su = e4m3_decode.X_SCALE
+                if GROUP_K > 0:  # the four weights of a word share a scale group
+                    sg = sg * tl.load(gate_s + 4 * rj // GROUP_K, mask=4 * rj < H, other=0.0)
+                    su = su * tl.load(up_s + 4 * rj // GROUP_K, mask=4 * rj < H, other=0.0)
+                g = tl.load(gate_rows + rj[None, :], mask=w_ok, other=0)
+                u = tl.load(up_rows + rj[None, :], mask=w_ok, other=0)
+                xg0, xg1, xg2, xg3 = x0 * sg, x1 * sg, x2 * sg, x3 * sg
+                xu0, xu1, xu2, xu3 = x0 * su, x1 * su, x2 * su, x3 * su
+                terms_g += e4m3_decode.e4m3_dot_terms(
+                    g, xg0[None, :], xg1[None, :], xg2[None, :], xg3[None, :]
+                )
+                terms_u += e4m3_decode.e4m3_dot_terms(
+                    u, xu0[None, :], xu1[None, :], xu2[None, :], xu3[None, :]
+                )
+            acc_g = tl.sum(terms_g, axis=1) * e4m3_decode.X_SCALE
+            acc_u = tl.sum(terms_u, axis=1) * e4m3_decode.X_SCALE
+        else:
+            acc_g = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for k0 in range(0, H, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                k_ok = rk < H
+                w_ok = n_ok[:, None] & k_ok[None, :]
+                xk = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+                xg = xk
+                xu = xk
+                if FP8 and GROUP_K > 0:  # each column's block scale, folded into x
+                    xg = xk * tl.load(gate_s + rk // GROUP_K, mask=k_ok, other=0.0)
+                    xu = xk * tl.load(up_s + rk // GROUP_K, mask=k_ok, other=0.0)
+                g = tl.load(gate_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
+                u = tl.load(up_rows + rk[None, :], mask=w_ok, other=0.0).to(tl.float32)
+                acc_g += tl.sum(g * xg[None, :], axis=1)
+                acc_u += tl.sum(u * xu[None, :], axis=1)
         if FP8 and GROUP_K == 0:
             acc_g = acc_g * tl.load(gate_s, mask=n_ok, other=0.0)
             acc_u = acc_u * tl.load(up_s, mask=n_ok, other=0.0)
@@ -280,6 +315,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_K: tl.constexpr,
         ADD_OUT: tl.constexpr,
         DENSE: tl.constexpr,
+        BITS: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
@@ -291,7 +327,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         1): one expert of weight 1 for every row, ids and routing weights unread: a plain
         GEMV act @ w[0]^T. FP8: w holds FP8 values, w_scale [E, H] per channel (GROUP_K 0)
         or [E, H / GROUP_N, ceil(INTER / GROUP_K)] per block (BLOCK_N divides GROUP_N; see
-        gate_up_kernel); act is read in its own dtype. PDL: launched as a programmatic
+        gate_up_kernel); act is read in its own dtype; BITS as in gate_up_kernel. PDL: launched as a programmatic
         dependent of gate_up_kernel, once the ids are final (see there): the ids, routing
         weights and first w tiles load before the wait for act."""
         if PDL:
@@ -326,24 +362,38 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             else:
                 w_s = w_s + rn[None, :] * stride_wsn
         # w's K tiles are loaded one step ahead (the first one before the wait); the step
-        # after the last loads nothing (all masked)
+        # after the last loads nothing (all masked). With BITS w holds int32 words of four
+        # e4m3 weights (e4m3_decode): BLOCK_K and the row stride count words, KW of them.
+        KW = INTER // 4 if BITS else INTER
         rk = tl.arange(0, BLOCK_K)
-        w = tl.load(rows + rk[None, None, :], mask=rows_ok & (rk < INTER)[None, None, :], other=0.0)
+        w = tl.load(rows + rk[None, None, :], mask=rows_ok & (rk < KW)[None, None, :], other=0)
         if PDL:
             gdc_wait()
         acc = tl.zeros((TOP_K_POW2, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, INTER, BLOCK_K):
+        for k0 in range(0, KW, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
-            k_ok = rk < INTER
-            a_ok = kept[:, None] & k_ok[None, :]
-            a = tl.load(a_rows + rk[None, :], mask=a_ok, other=0.0).to(tl.float32)
-            if FP8 and GROUP_K > 0:  # each column's block scale, folded into act
-                a = a * tl.load(w_s + rk[None, :] // GROUP_K, mask=a_ok, other=0.0)
-            part = tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
+            if BITS:
+                a0, a1, a2, a3 = e4m3_decode.strided_quads(
+                    a_rows, rk[None, :], INTER, kept[:, None]
+                )
+                s = e4m3_decode.X_SCALE
+                if GROUP_K > 0:  # the four weights of a word share a scale group
+                    s_ok = kept[:, None] & (4 * rk < INTER)[None, :]
+                    s = s * tl.load(w_s + 4 * rk[None, :] // GROUP_K, mask=s_ok, other=0.0)
+                a0, a1, a2, a3 = a0 * s, a1 * s, a2 * s, a3 * s
+                terms = e4m3_decode.e4m3_dot_terms(
+                    w, a0[:, None, :], a1[:, None, :], a2[:, None, :], a3[:, None, :]
+                )
+                part = tl.sum(terms, axis=2) * e4m3_decode.X_SCALE
+            else:
+                k_ok = rk < INTER
+                a_ok = kept[:, None] & k_ok[None, :]
+                a = tl.load(a_rows + rk[None, :], mask=a_ok, other=0.0).to(tl.float32)
+                if FP8 and GROUP_K > 0:  # each column's block scale, folded into act
+                    a = a * tl.load(w_s + rk[None, :] // GROUP_K, mask=a_ok, other=0.0)
+                part = tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
             nk = rk + BLOCK_K
-            w = tl.load(
-                rows + nk[None, None, :], mask=rows_ok & (nk < INTER)[None, None, :], other=0.0
-            )
+            w = tl.load(rows + nk[None, None, :], mask=rows_ok & (nk < KW)[None, None, :], other=0)
             acc += part
         if FP8 and GROUP_K == 0:
             acc = acc * tl.load(w_s, mask=kept[:, None] & n_ok[None, :], other=0.0)
@@ -363,11 +413,26 @@ def _get_kernels() -> tuple:
     return _kernels
 
 
-def _tiles(tiles: GemvTiles, block: tuple[int, int] | None) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for a launch; with block-wise scales a program's rows must share a
-    scale row, so BLOCK_N divides the scale block's rows."""
+def _weight_args(
+    w: torch.Tensor, tiles: GemvTiles, block: tuple[int, int] | None, fp8: bool
+) -> dict:
+    """The kernels' arguments for the weight w [E, N, K] and the tiles: its pointer, expert
+    and row strides, BLOCK_N (with block-wise scales a program's rows must share a scale
+    row, so it divides the block's rows), BLOCK_K and BITS. An FP8 w is read as int32
+    words of four weights (e4m3_decode) where K allows, the strides and BLOCK_K then in
+    words."""
     block_n = math.gcd(tiles.block_n, block[0]) if block is not None else tiles.block_n
-    return block_n, tiles.block_k
+    bits = fp8 and _DECODE_E4M3 and w.dtype == torch.float8_e4m3fn and w.shape[2] % 4 == 0
+    if bits:
+        w = e4m3_words(w, w.shape[2])
+    return dict(
+        w_ptr=w,
+        stride_we=w.stride(0),
+        stride_wn=w.stride(1),
+        BLOCK_N=block_n,
+        BLOCK_K=max(1, tiles.block_k // 4) if bits else tiles.block_k,
+        BITS=bits,
+    )
 
 
 def _scale_args(scale: torch.Tensor | None, block: tuple[int, int] | None, w: torch.Tensor) -> dict:
@@ -424,22 +489,18 @@ def fused_experts_gemv(
     x = x.contiguous()
     block = fp8.block if fp8 is not None else None
     act = torch.empty(tokens * k, inter, dtype=x.dtype, device=x.device)
-    bn, bk = _tiles(config.gate_up, block)
-    gate_up_kernel[(triton.cdiv(inter, bn), tokens * k)](
-        x,
-        w13,
-        act,
+    weight = _weight_args(w13, config.gate_up, block, fp8 is not None)
+    gate_up_kernel[(triton.cdiv(inter, weight["BLOCK_N"]), tokens * k)](
+        x_ptr=x,
+        act_ptr=act,
         ids_ptr=ids,
         INTER=inter,
         H=hidden,
         stride_xm=x.stride(0),
-        stride_we=w13.stride(0),
-        stride_wn=w13.stride(1),
         stride_am=act.stride(0),
         TOP_K=k,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
         PDL=pdl,
+        **weight,
         **_scale_args(fp8.w13_scale if fp8 is not None else None, block, w13),
         **config.gate_up.launch_options(),
         launch_pdl=pdl,
@@ -473,24 +534,20 @@ def _down(
     _, down_kernel = _get_kernels()
     ids, weights, k = routing if routing is not None else (act, act, 1)  # unread when DENSE
     tokens, hidden = out.shape
-    bn, bk = _tiles(tiles, block)
-    down_kernel[(triton.cdiv(hidden, bn), tokens)](
-        act,
-        w,
-        out,
+    weight = _weight_args(w, tiles, block, scale is not None)
+    down_kernel[(triton.cdiv(hidden, weight["BLOCK_N"]), tokens)](
+        act_ptr=act,
+        out_ptr=out,
         ids_ptr=ids,
         topk_weights_ptr=weights,
         H=hidden,
         INTER=w.shape[2],
         stride_am=act.stride(0),
-        stride_we=w.stride(0),
-        stride_wn=w.stride(1),
         stride_om=out.stride(0),
         TOP_K=k,
         TOP_K_POW2=triton.next_power_of_2(k),
-        BLOCK_N=bn,
-        BLOCK_K=bk,
         ADD_OUT=add_out,
+        **weight,
         DENSE=routing is None,
         PDL=pdl,
         **_scale_args(scale, block, w),
