@@ -327,7 +327,8 @@ def test_shipped_kernel_configs_load() -> None:
     # Mixtral-8x7B at tp 2, as it is served on two H100s
     assert "E=8,N=7168,topk=2,dtype=bfloat16,device_name=NVIDIA_H100_80GB_HBM3.json" in names
     block = "E=128,N=768,topk=8,dtype=float8_e4m3fn,block_shape=[128,128]"  # Qwen3-30B-A3B-FP8
-    assert f"{block},device_name=NVIDIA_H100_80GB_HBM3.json" in names
+    for card in ("NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"):
+        assert f"{block},device_name={card}.json" in names
     for name in names:
         table = kernel_config.load_configs(name, kernel_config.CONFIG_DIR)
         assert table is not None, name
