@@ -608,6 +608,12 @@ def test_small_m_gemv_fp8_matches_dequantized_reference(block, decode, monkeypat
         for case in (ids, torch.where(ids % 2 == 1, -1, ids)):
             out = fused_experts_gemv(x, w13q, w2q, weights, case, fp8=fp8, config=config)
             torch.testing.assert_close(out.cpu(), reference(case.cpu()), atol=1e-4, rtol=1e-4)
+    # bf16 activations (with "words": read as int64 words of four bf16), the SiLU-mul output
+    # rounded to bf16 between the kernels: within bf16's rounding of the float32 result
+    # (x itself is rounded to bf16 here, so the reference's x differs by as much)
+    out = fused_experts_gemv(x.bfloat16(), w13q, w2q, weights, ids, fp8=fp8, config=GEMV_TILES)
+    want = reference(ids.cpu())
+    assert ((out.float().cpu() - want).norm() / want.norm()).item() < 2e-2
 
 
 @needs_fp8
@@ -631,6 +637,9 @@ def test_block_fp8_gemv_matches_dequantized_linear(rows, decode, monkeypatch) ->
     for tiles in (GemvTiles(8, 16, 4), GemvTiles(32, 64, 4)):
         out = fused_moe_gemv.block_fp8_gemv(xd, qd, sd, block, tiles=tiles)
         torch.testing.assert_close(out.cpu(), x @ ref_w.T, atol=1e-4, rtol=1e-4)
+    out = fused_moe_gemv.block_fp8_gemv(xd.bfloat16(), qd, sd, block)  # int64 words of x
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float().cpu(), x @ ref_w.T, atol=0.1, rtol=2e-2)
     residual = torch.randn(rows, 40, generator=gen)
     got = fused_moe_gemv.block_fp8_gemv(xd, qd, sd, block, residual=residual.to(DEVICE, copy=True))
     torch.testing.assert_close(got.cpu(), residual + x @ ref_w.T, atol=1e-4, rtol=1e-4)

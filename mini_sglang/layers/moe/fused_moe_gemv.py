@@ -202,6 +202,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         BITS: tl.constexpr,
+        X_WORDS: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """act[pair, n] = silu(x[token] . w[e, n]) * (x[token] . w[e, INTER + n]) for the
@@ -211,7 +212,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         GROUP_N, so the program's gate rows share one scale row and its up rows another:
         each K tile's x is multiplied by its columns' scales, any BLOCK_K). x is read in its
         own dtype (weight-only dequantization). BITS: the FP8 w as int32 words of four
-        weights, decoded with integer ops (e4m3_decode); BLOCK_K and stride_wn count words.
+        weights, decoded with integer ops (e4m3_decode); BLOCK_K and stride_wn count words;
+        X_WORDS: x read as int64 words of four bf16 (e4m3_decode.bf16_quads).
         PDL: launched as a programmatic dependent; every read here (the ids first, which
         pick the weights) waits for the kernel before, and so does the launch of the down
         kernel, which reads the ids before its own wait."""
@@ -246,7 +248,10 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
             for k0 in range(0, H // 4, BLOCK_K):
                 rj = k0 + tl.arange(0, BLOCK_K)
                 w_ok = n_ok[:, None] & (rj < H // 4)[None, :]
-                x0, x1, x2, x3 = e4m3_decode.strided_quads(x_row, rj, H, rj >= 0)
+                if X_WORDS:  # x's bf16 values in the tile's layout (e4m3_decode.bf16_quads)
+                    x0, x1, x2, x3 = e4m3_decode.bf16_quads(x_row, rj, H)
+                else:
+                    x0, x1, x2, x3 = e4m3_decode.strided_quads(x_row, rj, H, rj >= 0)
                 sg = e4m3_decode.X_SCALE
                 su = e4m3_decode.X_SCALE
                 if GROUP_K > 0:  # the four weights of a word share a scale group
@@ -291,7 +296,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         tl.store(act_ptr + pair * stride_am + rn, y.to(act_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
-    def down_kernel(
+    def down_kernel(  # noqa: C901  # constexpr specialisations, compiled away
         act_ptr,
         w_ptr,
         out_ptr,
@@ -316,6 +321,7 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         ADD_OUT: tl.constexpr,
         DENSE: tl.constexpr,
         BITS: tl.constexpr,
+        X_WORDS: tl.constexpr,
         PDL: tl.constexpr,
     ):
         """out[token, n] = sum over the token's pairs p with ids[p] >= 0 of
@@ -373,9 +379,16 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         for k0 in range(0, KW, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             if BITS:
-                a0, a1, a2, a3 = e4m3_decode.strided_quads(
-                    a_rows, rk[None, :], INTER, kept[:, None]
-                )
+                if X_WORDS:  # a dropped pair's act row was never written: zeroed here
+                    a0, a1, a2, a3 = e4m3_decode.bf16_quads(a_rows, rk[None, :], INTER)
+                    a0 = tl.where(kept[:, None], a0, 0.0)
+                    a1 = tl.where(kept[:, None], a1, 0.0)
+                    a2 = tl.where(kept[:, None], a2, 0.0)
+                    a3 = tl.where(kept[:, None], a3, 0.0)
+                else:
+                    a0, a1, a2, a3 = e4m3_decode.strided_quads(
+                        a_rows, rk[None, :], INTER, kept[:, None]
+                    )
                 s = e4m3_decode.X_SCALE
                 if GROUP_K > 0:  # the four weights of a word share a scale group
                     s_ok = kept[:, None] & (4 * rk < INTER)[None, :]
@@ -414,15 +427,21 @@ def _get_kernels() -> tuple:
 
 
 def _weight_args(
-    w: torch.Tensor, tiles: GemvTiles, block: tuple[int, int] | None, fp8: bool
+    w: torch.Tensor,
+    tiles: GemvTiles,
+    block: tuple[int, int] | None,
+    fp8: bool,
+    x: torch.Tensor,
 ) -> dict:
-    """The kernels' arguments for the weight w [E, N, K] and the tiles: its pointer, expert
-    and row strides, BLOCK_N (with block-wise scales a program's rows must share a scale
-    row, so it divides the block's rows), BLOCK_K and BITS. An FP8 w is read as int32
-    words of four weights (e4m3_decode) where K allows, the strides and BLOCK_K then in
-    words."""
+    """The kernels' arguments for the weight w [E, N, K], the tiles and the rows x [M, K]
+    the weight multiplies: w's pointer, expert and row strides, BLOCK_N (with block-wise
+    scales a program's rows must share a scale row, so it divides the block's rows),
+    BLOCK_K, BITS and X_WORDS. An FP8 w is read as int32 words of four weights
+    (e4m3_decode) where K allows, the strides and BLOCK_K then in words, and a bf16 x
+    with 8-byte aligned rows as int64 words of four."""
     block_n = math.gcd(tiles.block_n, block[0]) if block is not None else tiles.block_n
     bits = fp8 and _DECODE_E4M3 and w.dtype == torch.float8_e4m3fn and w.shape[2] % 4 == 0
+    x_words = bits and x.dtype == torch.bfloat16 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
     if bits:
         w = e4m3_words(w, w.shape[2])
     return dict(
@@ -432,6 +451,7 @@ def _weight_args(
         BLOCK_N=block_n,
         BLOCK_K=max(1, tiles.block_k // 4) if bits else tiles.block_k,
         BITS=bits,
+        X_WORDS=x_words,
     )
 
 
@@ -489,7 +509,7 @@ def fused_experts_gemv(
     x = x.contiguous()
     block = fp8.block if fp8 is not None else None
     act = torch.empty(tokens * k, inter, dtype=x.dtype, device=x.device)
-    weight = _weight_args(w13, config.gate_up, block, fp8 is not None)
+    weight = _weight_args(w13, config.gate_up, block, fp8 is not None, x)
     gate_up_kernel[(triton.cdiv(inter, weight["BLOCK_N"]), tokens * k)](
         x_ptr=x,
         act_ptr=act,
@@ -534,7 +554,7 @@ def _down(
     _, down_kernel = _get_kernels()
     ids, weights, k = routing if routing is not None else (act, act, 1)  # unread when DENSE
     tokens, hidden = out.shape
-    weight = _weight_args(w, tiles, block, scale is not None)
+    weight = _weight_args(w, tiles, block, scale is not None, act)
     down_kernel[(triton.cdiv(hidden, weight["BLOCK_N"]), tokens)](
         act_ptr=act,
         out_ptr=out,
