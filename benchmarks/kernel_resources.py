@@ -111,8 +111,8 @@ def _arg_types(fn, fp8: bool) -> dict:
             types[name] = "i32"
         elif name in special:
             types[name] = special[name]
-        elif fp8 and name == "w_ptr":  # FP8 weights as int32 words of four (e4m3_decode)
-            types[name] = "*i32"
+        elif fp8 and name == "w_ptr":  # as launched: int32 words of four (e4m3_decode) or FP8
+            types[name] = "*i32" if fused_moe_gemv._DECODE_E4M3 else "*fp8e4nv"
         elif fp8 and "scale" in name:
             types[name] = "*fp32"
         else:
@@ -219,17 +219,18 @@ def _expert_rows(args: argparse.Namespace) -> list[dict]:
     gate_up, down = fused_moe_gemv._build_kernels()
     k, e = args.top_k, args.experts
     group = (128, 128) if args.fp8 else (1, 0)
+    bits = args.fp8 and fused_moe_gemv._DECODE_E4M3  # MINI_SGLANG_FP8_GEMV_INT_DECODE
     consts = dict(
         TOP_K=k, TOP_K_POW2=triton.next_power_of_2(k), FP8=args.fp8, GROUP_N=group[0],
-        GROUP_K=group[1], ADD_OUT=True, DENSE=False, BITS=args.fp8, X_WORDS=args.fp8, PDL=True,
+        GROUP_K=group[1], ADD_OUT=True, DENSE=False, BITS=bits, X_WORDS=bits, PDL=True,
     )  # fmt: skip
     rows = []
     for t in tiles:
         for name, fn in (("gate_up", gate_up), ("down", down)):
-            # as launched: BLOCK_N divides a scale block's rows; FP8 weights are read as int32
-            # words, BLOCK_K counting words
+            # as launched: BLOCK_N divides a scale block's rows; FP8 weights decoded as int32
+            # words have BLOCK_K counting words
             bn = math.gcd(t.block_n, group[0]) if args.fp8 else t.block_n
-            bk = max(1, t.block_k // 4) if args.fp8 else t.block_k
+            bk = max(1, t.block_k // 4) if bits else t.block_k
             c = dict(consts, BLOCK_N=bn, BLOCK_K=bk)
             res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch, t.num_stages)
             rows.append({"kernel": name, "warps": t.num_warps, "stages": t.num_stages,

@@ -31,11 +31,13 @@ FP8 experts (fused_moe_triton.Fp8Experts) are dequantized as they are read: x an
 SiLU-and-mul output stay in x's dtype, each weight tile is converted to fp32, and its scales
 apply per output row in the epilogue (per channel) or, block-wise, to x's columns before
 the multiply (a program's rows lie in one scale block, so a K tile needs one scale per
-column). The FP8 weights are read as int32 words of four and decoded with integer ops
-(layers/e4m3_decode.py), faster than Triton's float8 cast; MINI_SGLANG_FP8_GEMV_CONVERT=1
-casts instead. At these batch sizes streaming the weights is the cost; quantizing the
-activations, as the grouped path's w8a8 does, would add two kernels to the chain and round
-x to FP8 for no saving (the dense FP8 GEMV of layers/small_m_gemm.py does the same).
+column). The weights are converted by Triton's float8 cast, which holds a GEMV to about
+1.5 TB/s; MINI_SGLANG_FP8_GEMV_INT_DECODE=1 reads them as int32 words of four and decodes
+them with integer ops instead (layers/e4m3_decode.py, as the dense FP8 GEMV does), which
+compiles for sm90 and passes the interpreter tests but has not been timed on a GPU yet.
+At these batch sizes streaming the weights is the cost; quantizing the activations, as the
+grouped path's w8a8 does, would add two kernels to the chain and round x to FP8 for no
+saving (the dense FP8 GEMV of layers/small_m_gemm.py reads them unquantized too).
 
 block_fp8_gemv runs the down kernel with one expert for a dense linear layer with
 block-wise FP8 weights (Qwen3-FP8's attention projections) at these batch sizes.
@@ -153,7 +155,7 @@ def _parse_forced(spec: str) -> dict[int, tuple[GemvTiles, GemvTiles | None]]:
 
 _FORCED = _parse_forced(envs.MINI_SGLANG_MOE_GEMV_TILES.get())
 # FP8 weights decoded with integer ops (e4m3_decode) rather than Triton's float8 cast.
-_DECODE_E4M3 = not envs.MINI_SGLANG_FP8_GEMV_CONVERT.get()
+_DECODE_E4M3 = envs.MINI_SGLANG_FP8_GEMV_INT_DECODE.get()
 
 
 def default_config(tokens: int, quant: str | None) -> SmallMConfig:
@@ -372,7 +374,8 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         # e4m3 weights (e4m3_decode): BLOCK_K and the row stride count words, KW of them.
         KW = INTER // 4 if BITS else INTER
         rk = tl.arange(0, BLOCK_K)
-        w = tl.load(rows + rk[None, None, :], mask=rows_ok & (rk < KW)[None, None, :], other=0)
+        w_ok = rows_ok & (rk < KW)[None, None, :]
+        w = tl.load(rows + rk[None, None, :], mask=w_ok, other=0.0)  # a float: FP8 takes no int
         if PDL:
             gdc_wait()
         acc = tl.zeros((TOP_K_POW2, BLOCK_N), dtype=tl.float32)
@@ -406,7 +409,9 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
                     a = a * tl.load(w_s + rk[None, :] // GROUP_K, mask=a_ok, other=0.0)
                 part = tl.sum(w.to(tl.float32) * a[:, None, :], axis=2)
             nk = rk + BLOCK_K
-            w = tl.load(rows + nk[None, None, :], mask=rows_ok & (nk < KW)[None, None, :], other=0)
+            w = tl.load(
+                rows + nk[None, None, :], mask=rows_ok & (nk < KW)[None, None, :], other=0.0
+            )
             acc += part
         if FP8 and GROUP_K == 0:
             acc = acc * tl.load(w_s, mask=kept[:, None] & n_ok[None, :], other=0.0)
@@ -436,9 +441,9 @@ def _weight_args(
     """The kernels' arguments for the weight w [E, N, K], the tiles and the rows x [M, K]
     the weight multiplies: w's pointer, expert and row strides, BLOCK_N (with block-wise
     scales a program's rows must share a scale row, so it divides the block's rows),
-    BLOCK_K, BITS and X_WORDS. An FP8 w is read as int32 words of four weights
-    (e4m3_decode) where K allows, the strides and BLOCK_K then in words, and a bf16 x
-    with 8-byte aligned rows as int64 words of four."""
+    BLOCK_K, BITS and X_WORDS. With MINI_SGLANG_FP8_GEMV_INT_DECODE an FP8 w is read as
+    int32 words of four weights (e4m3_decode) where K allows, the strides and BLOCK_K then
+    in words, and a bf16 x with 8-byte aligned rows as int64 words of four."""
     block_n = math.gcd(tiles.block_n, block[0]) if block is not None else tiles.block_n
     bits = fp8 and _DECODE_E4M3 and w.dtype == torch.float8_e4m3fn and w.shape[2] % 4 == 0
     x_words = bits and x.dtype == torch.bfloat16 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
