@@ -33,8 +33,9 @@ def e4m3_words(w: torch.Tensor, k: int) -> torch.Tensor:
 if triton is not None:
     # The decoding: f32 bits sign | exponent | mantissa of the byte moved into f32's fields
     # as they are, i.e. the value times 2^-120 (e4m3's exponent bias is 7, f32's 127; e4m3
-    # subnormals land on f32 subnormals, times the same factor). x is scaled by 2^60 and the dot product by 2^60 again, so neither the
-    # products nor the sums come near f32's subnormal range (2^-126).
+    # subnormals land on f32 subnormals, times the same factor). x is scaled by 2^60 and the
+    # dot product by 2^60 again, so neither the products nor the sums come near f32's
+    # subnormal range (2^-126).
     E4M3_TO_F32_MASK = tl.constexpr(-0x78100000)  # 0x87F00000: the sign and 7 bits at 26..20
     X_SCALE = tl.constexpr(2.0**60)
 

@@ -335,9 +335,9 @@ def _build_kernels() -> tuple:  # noqa: C901  # the kernels' constexpr branches 
         1): one expert of weight 1 for every row, ids and routing weights unread: a plain
         GEMV act @ w[0]^T. FP8: w holds FP8 values, w_scale [E, H] per channel (GROUP_K 0)
         or [E, H / GROUP_N, ceil(INTER / GROUP_K)] per block (BLOCK_N divides GROUP_N; see
-        gate_up_kernel); act is read in its own dtype; BITS as in gate_up_kernel. PDL: launched as a programmatic
-        dependent of gate_up_kernel, once the ids are final (see there): the ids, routing
-        weights and first w tiles load before the wait for act."""
+        gate_up_kernel); act is read in its own dtype; BITS and X_WORDS as there. PDL:
+        launched as a programmatic dependent of gate_up_kernel, once the ids are final (see
+        there): the ids, routing weights and first w tiles load before the wait for act."""
         if PDL:
             gdc_launch_dependents()
         pid_n = tl.program_id(0)
