@@ -14,9 +14,11 @@ backend):
   numerics, not only the model, are what is matched; a bf16 engine cannot match them to
   much better than that, see there);
 - 16 greedy tokens per prompt, decoded under CUDA graphs (batches <= 8 take the FP8 Triton
-  GEMV, which reads x unquantized), equal to the emulated model's greedy choice at every
-  step, except where the emulation itself was within 2 x the tolerance of a tie;
-- the small-M GEMV picked a config for the FP8 variant (small_m_gemm's choice table).
+  GEMV, block-wise weights up to 4 rows fused_moe_gemv.block_fp8_gemv; both read x
+  unquantized), equal to the emulated model's greedy choice at every step, except where
+  the emulation itself was within 2 x the tolerance of a tie;
+- the small-M GEMV picked a config for the FP8 variant (small_m_gemm's choice table; not
+  for block-wise weights, which it does not serve).
 
 Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh (tests, fp8).
 """
