@@ -17,8 +17,11 @@ bk columns (block-wise), both x and the SiLU-and-mul output. On CUDA sm89+ the f
 kernels run w8a8 (fused_moe_triton.Fp8Experts); on older GPUs the same kernels get the FP8
 values converted to the model dtype (exact, but the weights are converted at every call:
 correct and CUDA-graph safe rather than fast); on the CPU the experts are dequantized and
-the torch reference runs with the same activation quantization. Every path computes the
-same function up to summation order. A checkpoint's static `input_scale` is not used.
+the torch reference runs with the same activation quantization. These paths compute the
+same function up to summation order. Batches of a few tokens on CUDA take the expert GEMVs
+(fused_moe_gemv), which dequantize the weights as they read them and leave the
+activations unquantized, as the dense FP8 GEMV does. A checkpoint's static `input_scale`
+is not used.
 """
 
 from __future__ import annotations
