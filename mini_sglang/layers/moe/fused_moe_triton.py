@@ -21,7 +21,8 @@ fused_moe_gemv's alignment-free path instead.
 FP8 experts (Fp8Experts) run the same steps w8a8: x is quantized before GEMM 1 and the
 SiLU-and-mul output before GEMM 2 (per token, or per token and group of bk columns), and
 the kernel applies the weight and activation scales in its epilogue (per channel) or at
-each K step (block-wise), as SGLang's use_fp8_w8a8 kernel does.
+each K step (block-wise), as SGLang's use_fp8_w8a8 kernel does. Fp8Experts.quantize is
+unused on the GEMV path, which reads the activations unquantized.
 """
 
 from __future__ import annotations
@@ -341,7 +342,8 @@ def fused_experts_triton(
     then the SiLU-and-mul output, quantized dynamically; see Fp8Experts); the result has
     x's dtype. Batches of at most
     fused_moe_gemv.MAX_TOKENS tokens (MINI_SGLANG_MOE_SMALL_M) run fused_moe_gemv's two
-    kernels instead, unless `config` asks for the grouped GEMM's tiles. With `residual`
+    kernels instead (FP8 experts there leave the activations unquantized), unless `config`
+    asks for the grouped GEMM's tiles. With `residual`
     ([tokens, H], x's dtype) the result is added into it in place (in that path, in the down
     kernel's epilogue) and residual is returned."""
     tokens, k = topk_ids.shape
