@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -227,10 +226,7 @@ def _expert_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     for t in tiles:
         for name, fn in (("gate_up", gate_up), ("down", down)):
-            # as launched: BLOCK_N divides a scale block's rows; FP8 weights decoded as int32
-            # words have BLOCK_K counting words
-            bn = math.gcd(t.block_n, group[0]) if args.fp8 else t.block_n
-            bk = max(1, t.block_k // 4) if bits else t.block_k
+            bn, bk = fused_moe_gemv.launch_tiles(t, group if args.fp8 else None, bits)
             c = dict(consts, BLOCK_N=bn, BLOCK_K=bk)
             res = resources(fn, _arg_types(fn, args.fp8), c, t.num_warps, args.arch, t.num_stages)
             rows.append({"kernel": name, "warps": t.num_warps, "stages": t.num_stages,

@@ -431,6 +431,24 @@ def _get_kernels() -> tuple:
     return _kernels
 
 
+def launch_tiles(tiles: GemvTiles, block: tuple[int, int] | None, bits: bool) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) as the kernels are launched with `tiles`: with block-wise scales a
+    program's rows must share a scale row, so BLOCK_N divides the block's rows; with BITS
+    (FP8 weights read as int32 words) BLOCK_K counts words of four weights."""
+    block_n = math.gcd(tiles.block_n, block[0]) if block is not None else tiles.block_n
+    return block_n, max(1, tiles.block_k // 4) if bits else tiles.block_k
+
+
+def _output(x: torch.Tensor, cols: int, residual: torch.Tensor | None) -> torch.Tensor:
+    """The [rows of x, cols] tensor the down kernel writes: `residual` (x's dtype, rows
+    contiguous), which it then adds into, or a new one."""
+    if residual is None:
+        return torch.empty(x.shape[0], cols, dtype=x.dtype, device=x.device)
+    assert residual.shape == (x.shape[0], cols) and residual.dtype == x.dtype
+    assert residual.stride(1) == 1
+    return residual
+
+
 def _weight_args(
     w: torch.Tensor,
     tiles: GemvTiles,
@@ -439,14 +457,13 @@ def _weight_args(
     x: torch.Tensor,
 ) -> dict:
     """The kernels' arguments for the weight w [E, N, K], the tiles and the rows x [M, K]
-    the weight multiplies: w's pointer, expert and row strides, BLOCK_N (with block-wise
-    scales a program's rows must share a scale row, so it divides the block's rows),
-    BLOCK_K, BITS and X_WORDS. With MINI_SGLANG_FP8_GEMV_INT_DECODE an FP8 w is read as
+    the weight multiplies: w's pointer, expert and row strides, BLOCK_N and BLOCK_K
+    (launch_tiles), BITS and X_WORDS. With MINI_SGLANG_FP8_GEMV_INT_DECODE an FP8 w is read as
     int32 words of four weights (e4m3_decode) where K allows, the strides and BLOCK_K then
     in words, and a bf16 x with 8-byte aligned rows as int64 words of four."""
-    block_n = math.gcd(tiles.block_n, block[0]) if block is not None else tiles.block_n
     bits = fp8 and _DECODE_E4M3 and w.dtype == torch.float8_e4m3fn and w.shape[2] % 4 == 0
     x_words = bits and x.dtype == torch.bfloat16 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
+    block_n, block_k = launch_tiles(tiles, block, bits)
     if bits:
         w = e4m3_words(w, w.shape[2])
     return dict(
@@ -454,7 +471,7 @@ def _weight_args(
         stride_we=w.stride(0),
         stride_wn=w.stride(1),
         BLOCK_N=block_n,
-        BLOCK_K=max(1, tiles.block_k // 4) if bits else tiles.block_k,
+        BLOCK_K=block_k,
         BITS=bits,
         X_WORDS=x_words,
     )
@@ -530,12 +547,7 @@ def fused_experts_gemv(
         **config.gate_up.launch_options(),
         launch_pdl=pdl,
     )
-    if residual is not None:
-        assert residual.shape == (tokens, hidden) and residual.dtype == x.dtype
-        assert residual.stride(1) == 1
-        out = residual
-    else:
-        out = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device)
+    out = _output(x, hidden, residual)
     scale = fp8.w2_scale if fp8 is not None else None
     _down(act, w2, scale, block, out, residual is not None, config.down, pdl, (ids, weights, k))
     return out
@@ -592,20 +604,16 @@ def block_fp8_gemv(
     """x [M, K] @ (w [N, K] float8_e4m3fn, one scale per block of w_scale [ceil(N / bn),
     ceil(K / bk)])^T in x's dtype, for a few rows (decode): the down kernel with one
     expert (DENSE), the scales folded into x as its tiles are read (x unquantized; see
-    gate_up_kernel). `tiles`: DENSE_FP8_BLOCK_TILES' for M's power-of-two bucket if None.
-    With `residual` ([M, N], x's dtype) the product is added into it and residual
-    returned. Launched as a programmatic dependent where kernels.pdl_enabled(x)."""
+    gate_up_kernel). `tiles`: DENSE_FP8_BLOCK_TILES' for M's power-of-two bucket (above 4:
+    4's) if None. With `residual` ([M, N], x's dtype) the product is added into it and
+    residual returned. Launched as a programmatic dependent where kernels.pdl_enabled(x)."""
     from mini_sglang.layers.kernels import pdl_enabled
 
     assert w.stride(1) == 1 and w_scale.stride(1) == 1
     x = x.contiguous()
-    m, n = x.shape[0], w.shape[0]
-    if residual is not None:
-        assert residual.shape == (m, n) and residual.dtype == x.dtype and residual.stride(1) == 1
-        out = residual
-    else:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tiles = tiles or DENSE_FP8_BLOCK_TILES.get(1 << (m - 1).bit_length(), GemvTiles(16, 512, 8))
+    out = _output(x, w.shape[0], residual)
+    bucket = 1 << (x.shape[0] - 1).bit_length()
+    tiles = tiles or DENSE_FP8_BLOCK_TILES.get(bucket, DENSE_FP8_BLOCK_TILES[4])
     pdl = pdl_enabled(x)
     _down(x, w[None], w_scale[None], block, out, residual is not None, tiles, pdl, None)
     return out
