@@ -96,7 +96,7 @@ _FP8_DOT_CONFIGS = [
 # x again with every weight tile, and for an FP8 weight at BLOCK_N 4-8 that is as many bytes
 # from L2 as the tile reads from HBM; its programs also each pay their own launch and ramp.
 # PERSISTENT_BITS (FP8 weights only) decodes e4m3 with integer ops instead of Triton's
-# conversion (see e4m3_word_byte), which held every FP8 GEMV to about 12 weights per SM and
+# conversion (see layers/e4m3_decode.py), which held every FP8 GEMV to about 12 weights per SM and
 # cycle on an H200 whatever the tiling, where bf16 rows streamed faster per byte.
 PERSISTENT, PERSISTENT_BITS = 2, 3
 # The configs that came first to third for one of Llama-3.1-8B's shapes at M=1 on an H200
