@@ -212,7 +212,7 @@ def _expert_rows(args: argparse.Namespace) -> list[dict]:
     if args.tiles:
         tiles = [fused_moe_gemv.GemvTiles(*map(int, t.split(","))) for t in args.tiles]
     else:
-        tuned = fused_moe_gemv.TUNED_FP8_BLOCK if args.fp8 else fused_moe_gemv.TUNED
+        tuned = fused_moe_gemv.tuned_configs("fp8-block" if args.fp8 else None)
         configs = [*tuned.values(), fused_moe_gemv.DEFAULT_CONFIG]
         tiles = list(dict.fromkeys(t for c in configs for t in (c.gate_up, c.down)))
     gate_up, down = fused_moe_gemv._build_kernels()

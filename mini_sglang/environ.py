@@ -201,9 +201,11 @@ class Envs:
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
-    MINI_SGLANG_FP8_GEMV_INT_DECODE = _flag(
-        "The expert GEMVs and block_fp8_gemv read FP8 weights as int32 words decoded with "
-        "integer ops instead of Triton's float8 cast (opt-in until timed on a GPU)."
+    MINI_SGLANG_FP8_GEMV_INT_DECODE = EnvBool(
+        True,
+        "0: the expert GEMVs and block_fp8_gemv convert FP8 weights with Triton's float8 "
+        "cast (by default they read them as int32 words decoded with integer ops).",
+        ("1", "true"),
     )
     MINI_SGLANG_MOE_GEMV_TILES = EnvStr(
         "",

@@ -550,12 +550,20 @@ def test_experts_add_into_the_residual() -> None:
 def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
     """Batches of up to 4 tokens by default; with a threshold, fused_experts_triton (no
     config) returns exactly the GEMV path's result for batches up to it, launched with the
-    tiles tuned for the batch's bucket (bf16/fp16 and block-wise FP8 experts) or the default
-    tiles (per-channel FP8), unless MINI_SGLANG_MOE_GEMV_TILES forces a bucket's."""
+    tiles tuned for the batch's bucket (bf16/fp16 and block-wise FP8 experts, the latter for
+    the weights' decoding: int32 words by default, MINI_SGLANG_FP8_GEMV_INT_DECODE=0 Triton's
+    cast) or the default tiles (per-channel FP8), unless MINI_SGLANG_MOE_GEMV_TILES forces a
+    bucket's."""
     assert envs.MINI_SGLANG_MOE_SMALL_M.default == 4
+    assert envs.MINI_SGLANG_FP8_GEMV_INT_DECODE.default is True
+    monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", False)
+    cast = fused_moe_gemv.default_config(1, "fp8-block")
+    monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", True)
+    assert cast == fused_moe_gemv.TUNED_FP8_BLOCK[1]  # the cast's own tiles
+    assert fused_moe_gemv.default_config(1, "fp8-block") == fused_moe_gemv.TUNED_FP8_BLOCK_WORDS[1]
     for quant, tuned in (
         (None, fused_moe_gemv.TUNED),
-        ("fp8-block", fused_moe_gemv.TUNED_FP8_BLOCK),
+        ("fp8-block", fused_moe_gemv.TUNED_FP8_BLOCK_WORDS),
     ):
         assert [fused_moe_gemv.default_config(m, quant) for m in (1, 2, 3, 4)] == [
             tuned[1],

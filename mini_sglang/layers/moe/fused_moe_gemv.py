@@ -31,10 +31,9 @@ FP8 experts (fused_moe_triton.Fp8Experts) are dequantized as they are read: x an
 SiLU-and-mul output stay in x's dtype, each weight tile is converted to fp32, and its scales
 apply per output row in the epilogue (per channel) or, block-wise, to x's columns before
 the multiply (a program's rows lie in one scale block, so a K tile needs one scale per
-column). The weights are converted by Triton's float8 cast, which holds a GEMV to about
-1.5 TB/s; MINI_SGLANG_FP8_GEMV_INT_DECODE=1 reads them as int32 words of four and decodes
-them with integer ops instead (layers/e4m3_decode.py, as the dense FP8 GEMV does), which
-compiles for sm90 and passes the interpreter tests but has not been timed on a GPU yet.
+column). The weights are read as int32 words of four and decoded with integer ops
+(layers/e4m3_decode.py, as the dense FP8 GEMV does): Triton's float8 cast held these GEMVs
+to about 1.5 TB/s. MINI_SGLANG_FP8_GEMV_INT_DECODE=0 goes back to the cast (its own tiles).
 At these batch sizes streaming the weights is the cost; quantizing the activations, as the
 grouped path's w8a8 does, would add two kernels to the chain and round x to FP8 for no
 saving (the dense FP8 GEMV of layers/small_m_gemm.py reads them unquantized too).
@@ -131,6 +130,16 @@ DENSE_FP8_BLOCK_TILES: dict[int, GemvTiles] = {
     2: GemvTiles(8, 1024, 8),
     4: GemvTiles(16, 512, 8),
 }
+# The same with the weights decoded as int32 words (e4m3_decode; the default): at one token
+# from bench_fused_moe.py --dtype fp8-block --small-m-sweep on an H100
+# (docs/results/fused_moe_small_m_fp8_block_int_decode_h100.log), 19.4 us a layer call
+# against 21.4 with TUNED_FP8_BLOCK's tiles; Qwen3-30B-A3B-FP8 at batch 1 2.553 / 2.554
+# ms/token against 2.567 / 2.561 (moe_fp8_block_int_decode_ab_qwen3_30b_a3b_h100.log). Two
+# and four tokens, not swept with the decoding, keep the cast's tiles.
+TUNED_FP8_BLOCK_WORDS: dict[int, SmallMConfig] = {
+    **TUNED_FP8_BLOCK,
+    1: SmallMConfig(GemvTiles(4, 512, 1), GemvTiles(16, 256, 16)),
+}
 _TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
 
@@ -158,13 +167,21 @@ _FORCED = _parse_forced(envs.MINI_SGLANG_MOE_GEMV_TILES.get())
 _DECODE_E4M3 = envs.MINI_SGLANG_FP8_GEMV_INT_DECODE.get()
 
 
+def tuned_configs(quant: str | None) -> dict[int, SmallMConfig]:
+    """The tuned tiles by batch bucket for experts in format `quant` (see default_config),
+    for the weights' decoding in force (MINI_SGLANG_FP8_GEMV_INT_DECODE); {} if none."""
+    if quant == "fp8-block" and _DECODE_E4M3:
+        return TUNED_FP8_BLOCK_WORDS
+    return _TUNED_BY_QUANT.get(quant, {})
+
+
 def default_config(tokens: int, quant: str | None) -> SmallMConfig:
     """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
     config is given: for experts in format `quant` (None: bf16/fp16; else Fp8Experts.kind)
     the tuned entry for the batch's power-of-two bucket, else DEFAULT_CONFIG; tiles forced
     for the bucket (MINI_SGLANG_MOE_GEMV_TILES) replace either kernel's."""
     bucket = 1 << (tokens - 1).bit_length()
-    config = _TUNED_BY_QUANT.get(quant, {}).get(bucket, DEFAULT_CONFIG)
+    config = tuned_configs(quant).get(bucket, DEFAULT_CONFIG)
     if bucket in _FORCED:  # MINI_SGLANG_MOE_GEMV_TILES
         gate_up, down = _FORCED[bucket]
         config = SmallMConfig(gate_up, down or config.down)
