@@ -120,18 +120,8 @@ TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
     2: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(16, 128, 16)),
     4: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(8, 128, 4)),
 }
-# block_fp8_gemv's tiles by batch bucket: the fastest over Qwen3-30B-A3B-FP8's qkv and o
-# together in bench_linear.py --fp8-block on an H100 (docs/results/
-# linear_fp8_block_gemv_h100.log): 8.2 + 5.7 us at one row against 13.2 + 21.8 for the
-# block matmul, 11.7 + 8.3 at two, 15.3 + 12.2 at four (13.7 + 22.6); at eight the block
-# matmul wins, hence fp8.BLOCK_GEMV_MAX_M.
-DENSE_FP8_BLOCK_TILES: dict[int, GemvTiles] = {
-    1: GemvTiles(8, 2048, 8),
-    2: GemvTiles(8, 1024, 8),
-    4: GemvTiles(16, 512, 8),
-}
-# The same with the weights decoded as int32 words (e4m3_decode; the default): at one token
-# from bench_fused_moe.py --dtype fp8-block --small-m-sweep on an H100
+# TUNED_FP8_BLOCK for the weights decoded as int32 words (e4m3_decode; the default): at one
+# token from bench_fused_moe.py --dtype fp8-block --small-m-sweep on an H100
 # (docs/results/fused_moe_small_m_fp8_block_int_decode_h100.log), 19.4 us a layer call
 # against 21.4 with TUNED_FP8_BLOCK's tiles; Qwen3-30B-A3B-FP8 at batch 1 2.553 / 2.554
 # ms/token against 2.567 / 2.561 (moe_fp8_block_int_decode_ab_qwen3_30b_a3b_h100.log). Two
@@ -139,6 +129,18 @@ DENSE_FP8_BLOCK_TILES: dict[int, GemvTiles] = {
 TUNED_FP8_BLOCK_WORDS: dict[int, SmallMConfig] = {
     **TUNED_FP8_BLOCK,
     1: SmallMConfig(GemvTiles(4, 512, 1), GemvTiles(16, 256, 16)),
+}
+# block_fp8_gemv's tiles by batch bucket: the fastest over Qwen3-30B-A3B-FP8's qkv and o
+# together in bench_linear.py --fp8-block on an H100 (docs/results/
+# linear_fp8_block_gemv_h100.log): 8.2 + 5.7 us at one row against 13.2 + 21.8 for the
+# block matmul, 11.7 + 8.3 at two, 15.3 + 12.2 at four (13.7 + 22.6); at eight the block
+# matmul wins, hence fp8.BLOCK_GEMV_MAX_M. Kept for the weights decoded as int32 words: in one
+# run these tiles came within 0.6 / 0 / 0.3 us of the best pair at 1 / 2 / 4 rows
+# (fused_moe_small_m_fp8_block_int_decode_h100.log).
+DENSE_FP8_BLOCK_TILES: dict[int, GemvTiles] = {
+    1: GemvTiles(8, 2048, 8),
+    2: GemvTiles(8, 1024, 8),
+    4: GemvTiles(16, 512, 8),
 }
 _TUNED_BY_QUANT = {None: TUNED, "fp8-block": TUNED_FP8_BLOCK}
 
