@@ -10,7 +10,8 @@ of a decode step, to set against bench_one_batch's ms/token.
 
 `--fp8-block` also times the attention projections with block-wise FP8 weights (128 x 128
 scales, Qwen3-FP8's format) at each M: fp8_kernels.block_fp8_linear (x quantized per group,
-the block matmul) against fused_moe_gemv.block_fp8_gemv at each FP8_BLOCK_TILES entry.
+the block matmul) against fused_moe_gemv.block_fp8_gemv at each FP8_BLOCK_TILES entry and,
+at one row, small_m_gemm's persistent GEMV at each of its block-scaled candidates.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def time_fp8_block(m: int, n: int, k: int, block=(128, 128)) -> dict[str, float]
     """Microseconds per x [m, k] (bf16) @ w^T for a block-wise FP8 w [n, k], weights cold in
     L2: "block_fp8_linear", and block_fp8_gemv at each FP8_BLOCK_TILES entry the compiler
     accepts (keyed by the tiles)."""
+    from mini_sglang.layers import small_m_gemm
     from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, block_fp8_gemv
     from mini_sglang.layers.quantization.fp8_kernels import block_fp8_linear, quantize_blocks
 
@@ -116,6 +118,10 @@ def time_fp8_block(m: int, n: int, k: int, block=(128, 128)) -> dict[str, float]
             times[str(tiles)] = timed(op)
         except Exception:  # tiles the compiler rejects on this card
             continue
+    variant = (f"fp8block{block[0]}x{block[1]}",)
+    for cfg in small_m_gemm.candidates(variant, rows=m):  # persistent, one row only
+        op = lambda w, s, c=cfg: small_m_gemm.gemv(x, w, c, w_scale=s, w_block=block)  # noqa: E731
+        times[f"persistent {cfg}"] = timed(op)
     return times
 
 

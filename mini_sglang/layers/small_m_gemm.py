@@ -136,11 +136,24 @@ def is_persistent(cfg: tuple | None) -> bool:
     return cfg is not None and len(cfg) > 5 and cfg[4] in (PERSISTENT, PERSISTENT_BITS)
 
 
+def block_of(variant: tuple[str, ...]) -> tuple[int, int] | None:
+    """The weight block (rows, columns) of a variant naming block-wise FP8 scales
+    ("fp8block128x128"), else None."""
+    for v in variant:
+        if v.startswith("fp8block"):
+            rows, cols = v.removeprefix("fp8block").split("x")
+            return int(rows), int(cols)
+    return None
+
+
 def candidates(variant: tuple[str, ...] = (), rows: int = 1) -> list[tuple]:
     """The Triton configs the pick times for a fused variant and x of `rows` rows: _CONFIGS,
     the persistent one-row configs where rows == 1 (_FP8_ROW_CONFIGS for an FP8 weight,
-    else _ROW_CONFIGS), and the tensor-core dot configs for an FP8 weight (with SiLU-mul only those whose half of BLOCK_N, a program's gate rows, is
-    still tl.dot's smallest N, 16)."""
+    else _ROW_CONFIGS), and the tensor-core dot configs for an FP8 weight (with SiLU-mul
+    only those whose half of BLOCK_N, a program's gate rows, is still tl.dot's smallest N,
+    16). Block-wise FP8 scales: the persistent integer-decoding configs at one row only."""
+    if block_of(variant) is not None:
+        return list(_FP8_ROW_CONFIGS) if rows == 1 else []
     if "fp8" not in variant:
         return _CONFIGS + (_ROW_CONFIGS if rows == 1 else [])
     dots = [c for c in _FP8_DOT_CONFIGS if "silu_mul" not in variant or c[0] >= 32]
@@ -319,14 +332,28 @@ if triton is not None:
         tl.store(out_ptrs, y, mask=out_mask)
 
     @triton.jit
-    def _row_dots(wt, x0, x1, x2, x3, BITS: tl.constexpr):
+    def _row_dots(wt, x0, x1, x2, x3, sc, BITS: tl.constexpr, W_BLOCK: tl.constexpr):
         """sum_k w[n, k] x[k] per row n of the tile wt: with BITS wt holds int32 words of
         four e4m3 weights (see e4m3_dot_terms) and x_i the x of element 4j + i (times
-        2^60); else wt [BN, BK] in any float type and x0 [BK]."""
+        2^60); else wt [BN, BK] in any float type and x0 [BK]. With W_BLOCK each loaded
+        column's term is multiplied by sc [BK], the scale of the weight block it lies in."""
         if BITS:
             prod = e4m3_dot_terms(wt, x0[None, :], x1[None, :], x2[None, :], x3[None, :])
+        else:
+            prod = x0[None, :] * wt.to(tl.float32)
+        if W_BLOCK:
+            prod = prod * sc[None, :]
+        if BITS:
             return tl.sum(prod, axis=1) * X_SCALE
-        return tl.sum(x0[None, :] * wt.to(tl.float32), axis=1)
+        return tl.sum(prod, axis=1)
+
+    @triton.jit
+    def _block_scales(w_scale, row, N, ssn, sk, k_mask, SB_N: tl.constexpr):
+        """The scales [BK] of the loaded columns of the row block that starts at `row`,
+        whose rows lie in one block of SB_N rows: w_scale[row // SB_N, sk] (sk: each
+        column's block of columns), 0 past K or where row >= N (a next block past the end)."""
+        mask = k_mask & (sk * 0 + row < N)  # row broadcast: the interpreter refuses 0-d masks
+        return tl.load(w_scale + (row // SB_N) * ssn + sk, mask=mask, other=0.0)
 
     @triton.jit
     def _x_tile(x_rows, x_mask, norm_w, rk, K, NORM_G: tl.constexpr, BITS: tl.constexpr):
@@ -421,6 +448,7 @@ if triton is not None:
         norm_w,
         eps,
         w_scale,
+        ssn,
         BN: tl.constexpr,
         BK: tl.constexpr,
         PDL: tl.constexpr,
@@ -430,6 +458,9 @@ if triton is not None:
         NORM_G: tl.constexpr,
         W_SCALE: tl.constexpr,
         BITS: tl.constexpr,
+        W_BLOCK: tl.constexpr,
+        SB_N: tl.constexpr,
+        SB_K: tl.constexpr,
     ):
         # out[0, :N] = x[0] @ w^T, with _gemv_kernel's options, M = 1 and whole rows a tile
         # (BK >= the row's length in w's elements: K, or K / 4 int32 words with BITS).
@@ -438,17 +469,30 @@ if triton is not None:
         # as _gemv_kernel). x, its norm and g are loaded once; block b + P's weight is
         # loaded before block b is summed, so a program always has a load in flight.
         # E.g. o_proj, N 4096, BN 4, P 528: program 5 computes rows 20-23 and 2132-2135.
+        # W_BLOCK: w_scale [rows / SB_N, columns / SB_K] (row stride ssn) holds one scale per
+        # block of w (SB_K counts loaded elements: int32 words with BITS); a row block lies
+        # in one block of rows (SB_N % BN == 0), so its scales are one per loaded column,
+        # loaded with its weight. E.g. 128 x 128 blocks, BITS (SB_K 32 words), BN 4: rows
+        # 260-263 take w_scale[2, j // 32] for word j.
         pid = tl.program_id(0)
         step = tl.num_programs(0)
         rb = tl.arange(0, BN)
         rj = tl.arange(0, BK)
-        k_mask = rj[None, :] < (K // 4 if BITS else K)
+        in_k = rj < (K // 4 if BITS else K)
+        k_mask = in_k[None, :]
         up = N * swn if SILU_MUL else 0
         rn = pid * BN + rb
         ptrs = w + rn[:, None] * swn + rj[None, :]
         wt = tl.load(ptrs, mask=(rn[:, None] < N) & k_mask, other=0.0)
         if SILU_MUL:
             wu = tl.load(ptrs + up, mask=(rn[:, None] < N) & k_mask, other=0.0)
+        sk = rj // SB_K  # unread without W_BLOCK
+        sc = rj.to(tl.float32)  # unread without W_BLOCK
+        scu = sc
+        if W_BLOCK:  # the scales, as the weight, are never written during a step
+            sc = _block_scales(w_scale, pid * BN, N, ssn, sk, in_k, SB_N)
+            if SILU_MUL:
+                scu = _block_scales(w_scale, N + pid * BN, 2 * N, ssn, sk, in_k, SB_N)
         if PDL:  # as in _gemv_kernel: only x waits for the kernel that writes it
             gdc_wait()
         nblocks = tl.cdiv(N, BN)
@@ -476,15 +520,22 @@ if triton is not None:
             wn = tl.load(nptrs, mask=(nn[:, None] < N) & k_mask, other=0.0)
             if SILU_MUL:
                 wun = tl.load(nptrs + up, mask=(nn[:, None] < N) & k_mask, other=0.0)
-            acc = _row_dots(wt, x0, x1, x2, x3, BITS)
+            scn, scun = sc, scu  # unread without W_BLOCK
+            if W_BLOCK:
+                first = (b + step) * BN
+                scn = _block_scales(w_scale, first, N, ssn, sk, in_k, SB_N)
+                if SILU_MUL:
+                    scun = _block_scales(w_scale, N + first, 2 * N, ssn, sk, in_k, SB_N)
+            acc = _row_dots(wt, x0, x1, x2, x3, sc, BITS, W_BLOCK)
             if SILU_MUL:  # noqa: SIM108  # wu exists only with SILU_MUL (constexpr)
-                acc_up = _row_dots(wu, x0, x1, x2, x3, BITS)
+                acc_up = _row_dots(wu, x0, x1, x2, x3, scu, BITS, W_BLOCK)
             else:
                 acc_up = acc  # unread
             y = _epilogue(acc, acc_up, out + rn, rn < N, w_scale, rn, N, rstd,
                           SILU_MUL, ADD_RES, NORM, W_SCALE)  # fmt: skip
             tl.store(out + rn, y, mask=rn < N)
             wt = wn
+            sc, scu = scn, scun
             if SILU_MUL:
                 wu = wun
 
@@ -542,6 +593,7 @@ def gemv(
     norm_weight: torch.Tensor | None = None,
     eps: float | None = None,
     w_scale: torch.Tensor | None = None,
+    w_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """x [M, K] @ w[N, K]^T with the Triton kernel and config (BLOCK_N, BLOCK_K, warps[,
     stages[, 1: tensor-core dots, or PERSISTENT_BITS: integer e4m3 decoding]]); without
@@ -567,13 +619,20 @@ def gemv(
     is x @ (w * w_scale[:, None])^T, the scale applied to each dot product before the
     norm, activation and residual epilogues. x stays in its own dtype (weight-only
     dequantization: at these batch sizes reading w is the cost, not the arithmetic).
+
+    w_block (bn, bk) makes w_scale [ceil(N / bn), ceil(K / bk)] one scale per block of w
+    (block-wise FP8, e.g. Qwen3-FP8's 128 x 128): persistent configs only, whose row blocks
+    must lie in one block of rows (BLOCK_N, halved with silu_mul, dividing bn; with silu_mul
+    the up half starting on a block boundary).
     """
     m, k = x.shape
     n = w.shape[0]
     bn, bk, warps = cfg[:3]
     extra = {"num_stages": cfg[3]} if len(cfg) > 3 else {}
     if is_persistent(cfg):
-        return _gemv_rows(x, w, cfg, pdl, silu_mul, residual, norm_weight, eps, w_scale)
+        return _gemv_rows(x, w, cfg, pdl, silu_mul, residual, norm_weight, eps, w_scale, w_block)
+    if w_block is not None:
+        raise ValueError(f"block-wise weight scales take a persistent config, not {cfg}")
     dot = len(cfg) > 4 and cfg[4] == 1
     bits = len(cfg) > 4 and cfg[4] == PERSISTENT_BITS
     bm = max(1, triton.next_power_of_2(m))
@@ -632,6 +691,7 @@ def _gemv_rows(
     norm_weight: torch.Tensor | None,
     eps: float | None,
     w_scale: torch.Tensor | None,
+    w_block: tuple[int, int] | None,
 ) -> torch.Tensor:
     """gemv with a persistent config (is_persistent): x of one row; the grid is
     programs-per-SM x the SM count, or fewer where there are fewer row blocks. With
@@ -645,7 +705,17 @@ def _gemv_rows(
     if silu_mul:
         assert n % 2 == 0, (n, cfg)
         n, bn = n // 2, max(1, bn // 2)
+    block = {"W_BLOCK": False, "SB_N": 1, "SB_K": 1, "ssn": 0}
+    if w_block is not None:
+        sb_n, sb_k = w_block
+        assert w_scale is not None and w_scale.stride(1) == 1
+        assert w_scale.shape == (-(-w.shape[0] // sb_n), -(-k // sb_k)), w_scale.shape
+        assert sb_n % bn == 0 and (not silu_mul or n % sb_n == 0), (w_block, cfg, n)
+        assert not bits or sb_k % 4 == 0, w_block  # a word's four weights share a block
+        block = {"W_BLOCK": True, "SB_N": sb_n, "SB_K": sb_k // 4 if bits else sb_k,
+                 "ssn": w_scale.stride(0)}  # fmt: skip
     out, fused = _fused(x, w, n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
+    fused["W_SCALE"] = fused["W_SCALE"] and w_block is None  # per-row scales only
     programs = min(triton.cdiv(n, bn), per_sm * _sm_count(x.device))
     wk = e4m3_words(w, k) if bits else w
     _gemv_rows_kernel[(programs,)](
@@ -660,6 +730,7 @@ def _gemv_rows(
         BITS=bits,
         num_warps=warps,
         num_stages=stages,
+        **block,
         **fused,
     )
     return out
@@ -668,10 +739,15 @@ def _gemv_rows(
 def _variant_kwargs(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> dict:
     """gemv's keyword arguments for timing a fused variant: "silu_mul", "norm" (RMSNorm with
     g loaded) and "residual" (added in place) name gemv's options; "fp8" a per-row scaled
-    FP8 weight."""
+    FP8 weight, "fp8block{rows}x{cols}" a block-scaled one."""
     kwargs: dict = {"silu_mul": "silu_mul" in variant}
     if "fp8" in variant:
         kwargs["w_scale"] = torch.ones(w.shape[0], dtype=torch.float32, device=w.device)
+    if (block := block_of(variant)) is not None:
+        shape = (-(-w.shape[0] // block[0]), -(-w.shape[1] // block[1]))
+        kwargs.update(
+            w_scale=torch.ones(shape, dtype=torch.float32, device=w.device), w_block=block
+        )
     if "norm" in variant:
         kwargs.update(eps=1e-6, norm_weight=torch.ones_like(x[0]))
     if "residual" in variant:
@@ -692,6 +768,8 @@ def time_candidates(
     kwargs = _variant_kwargs(x, w, variant)
     if "fp8" in variant:
         times: dict[tuple | None, float] = {None: float("inf")}
+    elif block_of(variant) is not None:
+        times = {None: cuda_time_ms(_block_fallback(x, w, kwargs), cold_l2=True)}
     elif "norm" in variant:
         from mini_sglang.layers.layernorm import RMSNorm  # deferred: it imports this module
 
@@ -705,6 +783,29 @@ def time_candidates(
         except Exception:  # a config the compiler rejects on this card
             continue
     return times
+
+
+def _block_fallback(x: torch.Tensor, w: torch.Tensor, kwargs: dict) -> Callable[[], torch.Tensor]:
+    """The path of a block-scaled FP8 layer where the pick is None, as a function to time:
+    fused_moe_gemv.block_fp8_gemv (the expert GEMVs' down kernel with one expert) with the
+    norm before it and the SiLU-mul after it as separate kernels, and the residual added in
+    its epilogue, as Fp8BlockLinearMethod runs them."""
+    # deferred: these modules import this one (layernorm) or sit beside it (moe)
+    from mini_sglang.layers.activation import SiluAndMul
+    from mini_sglang.layers.layernorm import RMSNorm
+    from mini_sglang.layers.moe.fused_moe_gemv import block_fp8_gemv
+
+    scale, block, residual = kwargs["w_scale"], kwargs["w_block"], kwargs.get("residual")
+    norm = None
+    if "eps" in kwargs:
+        norm = RMSNorm(x.shape[1], kwargs["eps"]).to(device=x.device, dtype=x.dtype)
+    act = SiluAndMul() if kwargs["silu_mul"] else None
+
+    def run() -> torch.Tensor:
+        out = block_fp8_gemv(norm(x) if norm else x, w, scale, block, residual=residual)
+        return act(out) if act else out
+
+    return run
 
 
 def choose(
@@ -725,7 +826,9 @@ def pick_rule(x: torch.Tensor) -> dict:
 
 def _pick(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple | None:
     times = time_candidates(x, w, variant)
-    best = choose(times, **pick_rule(x))
+    # a block-scaled layer's fallback is a Triton GEMV launched under PDL too: no margin
+    rule = {"margin": 1.0} if block_of(variant) is not None else pick_rule(x)
+    best = choose(times, **rule)
     logger.debug(
         "small-M GEMM M=%d N=%d K=%d %s: %s (%.1f us; cuBLAS %.1f us)",
         x.shape[0], w.shape[0], w.shape[1], variant, best or "cuBLAS", 1000 * times[best],
@@ -746,6 +849,7 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
         or x.shape[0] > MAX_M
         or x.dtype not in (torch.bfloat16, torch.float16)
         or not x.is_contiguous()
+        or (x.shape[0] > 1 and block_of(variant) is not None)
     ):
         return None
     # One pick per power-of-two bucket of M: the kernel pads M to that size anyway (BM), and
@@ -805,29 +909,51 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     return out + bias if bias is not None else out
 
 
-def linear_scaled(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor | None:
+def linear_scaled(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    w_block: tuple[int, int] | None = None,
+) -> torch.Tensor | None:
     """x @ (w * w_scale[:, None])^T for an FP8 w with per-row scales, through the Triton GEMV
     where _config picks it (the "fp8" variant: CUDA, at most MAX_M rows), else None: the
-    caller then runs its FP8 GEMM."""
-    cfg = _config(x, w, ("fp8",))
-    return None if cfg is None else gemv(x, w, cfg, pdl=pdl_enabled(x), w_scale=w_scale)
+    caller then runs its FP8 GEMM. With w_block, w_scale holds one scale per block of w
+    (gemv's w_block; one row of x only) and None leaves the caller its block-wise path."""
+    cfg = _config(x, w, _scaled((), w_scale, w_block))
+    if cfg is None:
+        return None
+    return gemv(x, w, cfg, pdl=pdl_enabled(x), w_scale=w_scale, w_block=w_block)
 
 
-def _scaled(variant: tuple[str, ...], w_scale: torch.Tensor | None) -> tuple[str, ...]:
-    return variant if w_scale is None else (*variant, "fp8")
+def _scaled(
+    variant: tuple[str, ...], w_scale: torch.Tensor | None, w_block: tuple[int, int] | None
+) -> tuple[str, ...]:
+    """The variant for a weight with per-row scales ("fp8"), block scales
+    ("fp8block{rows}x{cols}") or none."""
+    if w_scale is None:
+        return variant
+    return (*variant, "fp8" if w_block is None else f"fp8block{w_block[0]}x{w_block[1]}")
 
 
 def linear_silu_mul(
-    x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor | None = None,
+    w_block: tuple[int, int] | None = None,
 ) -> torch.Tensor | None:
     """silu(x @ gate^T) * (x @ up^T) for w = [gate; up] in one Triton GEMV where linear would
     use the Triton GEMV for x @ w^T, else None: the caller then runs linear and the
     activation itself. At batch 1 this saves the SiLU-mul kernel of every MLP.
-    MINI_SGLANG_DISABLE_GEMV_SILU_FUSION=1 always returns None. w_scale: see linear_scaled."""
-    cfg = _config(x, w, _scaled((), w_scale)) if _FUSE_SILU_MUL else None
+    MINI_SGLANG_DISABLE_GEMV_SILU_FUSION=1 always returns None. w_scale, w_block: see
+    linear_scaled."""
+    if not _FUSE_SILU_MUL:
+        return None
+    # A block-scaled weight's pick is timed with the SiLU-mul (its fallback runs the
+    # activation kernel); the others reuse the plain GEMV's pick.
+    cfg = _config(x, w, _scaled(("silu_mul",) if w_block else (), w_scale, w_block))
     if cfg is None:
         return None
-    return gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True, w_scale=w_scale)
+    return gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True, w_scale=w_scale, w_block=w_block)
 
 
 def linear_rmsnorm(
@@ -836,14 +962,19 @@ def linear_rmsnorm(
     norm_weight: torch.Tensor,
     eps: float,
     w_scale: torch.Tensor | None = None,
+    w_block: tuple[int, int] | None = None,
 ) -> torch.Tensor | None:
     """RMSNorm(x) * norm_weight @ w^T in one Triton GEMV (see gemv's norm_weight) where linear
     would use the Triton GEMV, else None and the caller runs the norm itself.
-    MINI_SGLANG_DISABLE_GEMV_NORM_FUSION=1 always returns None. w_scale: see linear_scaled."""
-    cfg = norm_fusion_config(x, w, _scaled(("norm",), w_scale))
+    MINI_SGLANG_DISABLE_GEMV_NORM_FUSION=1 always returns None. w_scale, w_block: see
+    linear_scaled."""
+    cfg = norm_fusion_config(x, w, _scaled(("norm",), w_scale, w_block))
     if cfg is None:
         return None
-    return gemv(x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps, w_scale=w_scale)
+    return gemv(
+        x, w, cfg, pdl=pdl_enabled(x), norm_weight=norm_weight, eps=eps, w_scale=w_scale,
+        w_block=w_block,
+    )  # fmt: skip
 
 
 def rmsnorm_silu_mul_fold(
@@ -852,6 +983,7 @@ def rmsnorm_silu_mul_fold(
     norm_weight: torch.Tensor,
     eps: float,
     w_scale: torch.Tensor | None = None,
+    w_block: tuple[int, int] | None = None,
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """For inputs like x (shape and dtype; its values are not read): a function computing
     silu(h @ gate^T) * (h @ up^T), h = RMSNorm(r) * norm_weight, for w = [gate; up] in one
@@ -862,25 +994,33 @@ def rmsnorm_silu_mul_fold(
     Only persistent programs: each loads x and g once for all its row blocks. A grid
     program loads them again for every block, and in the largest GEMV that cost more than
     the norm kernel it saves (docs/performance/decode-gemv.md, "the full fold").
-    MINI_SGLANG_DISABLE_GEMV_MLP_NORM_FOLD=1 always returns None."""
+    MINI_SGLANG_DISABLE_GEMV_MLP_NORM_FOLD=1 always returns None. w_scale, w_block: see
+    linear_scaled."""
     if not (_FOLD_MLP_NORM and _FUSE_SILU_MUL) or x.shape[0] != 1:
         return None
-    cfg = norm_fusion_config(x, w, _scaled(("norm",), w_scale))
+    variant = ("norm", "silu_mul") if w_block else ("norm",)
+    cfg = norm_fusion_config(x, w, _scaled(variant, w_scale, w_block))
     if not is_persistent(cfg):
         return None
     pdl = pdl_enabled(x)
     return lambda r: gemv(
-        r, w, cfg, pdl=pdl, silu_mul=True, norm_weight=norm_weight, eps=eps, w_scale=w_scale
-    )
+        r, w, cfg, pdl=pdl, silu_mul=True, norm_weight=norm_weight, eps=eps, w_scale=w_scale,
+        w_block=w_block,
+    )  # fmt: skip
 
 
 def linear_add_(
-    x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, w_scale: torch.Tensor | None = None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    residual: torch.Tensor,
+    w_scale: torch.Tensor | None = None,
+    w_block: tuple[int, int] | None = None,
 ) -> bool:
     """residual += x @ w^T in place, in the Triton GEMV's epilogue, where linear would use the
-    Triton GEMV; returns False (residual untouched) otherwise. w_scale: see linear_scaled."""
-    cfg = norm_fusion_config(x, w, _scaled(("residual",), w_scale))
+    Triton GEMV; returns False (residual untouched) otherwise. w_scale, w_block: see
+    linear_scaled."""
+    cfg = norm_fusion_config(x, w, _scaled(("residual",), w_scale, w_block))
     if cfg is None:
         return False
-    gemv(x, w, cfg, pdl=pdl_enabled(x), residual=residual, w_scale=w_scale)
+    gemv(x, w, cfg, pdl=pdl_enabled(x), residual=residual, w_scale=w_scale, w_block=w_block)
     return True

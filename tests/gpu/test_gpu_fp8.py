@@ -17,8 +17,8 @@ backend):
   GEMV, block-wise weights up to 4 rows fused_moe_gemv.block_fp8_gemv; both read x
   unquantized), equal to the emulated model's greedy choice at every step, except where
   the emulation itself was within 2 x the tolerance of a tie;
-- the small-M GEMV picked a config for the FP8 variant (small_m_gemm's choice table; not
-  for block-wise weights, which it does not serve).
+- the small-M GEMV picked a config for the FP8 variant (small_m_gemm's choice table;
+  block-wise weights at one row: its persistent configs against block_fp8_gemv).
 
 Skipped without CUDA; run on the GPU machine by scripts/run_gpu_suite.sh (tests, fp8).
 """
@@ -130,20 +130,64 @@ def test_fp8_weights_against_the_emulated_model(case, fmt, backend, tmp_path):
 
     # greedy decode under CUDA graphs: the FP8 GEMV at batch <= 8
     outs = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="g")]
-    for prompt, out in zip(PROMPTS, outs):
+    _assert_greedy_matches(emulated, PROMPTS, outs)
+    picked = [k for k in small_m_gemm._choice if any(v.startswith("fp8") for v in k[-1])]
+    print("FP8 GEMV picks:", {k: small_m_gemm._choice[k] for k in picked})
+    assert picked, "the FP8 GEMV was never considered"
+    m = sched.stats.memory_accounting()
+    assert m["protected"] == 0 and m["free"] + m["evictable"] == m["capacity"], m
+
+
+def _assert_greedy_matches(emulated, prompts: list[list[int]], outs: list[list[int]]) -> None:
+    """Every greedy token of outs was the emulated model's choice, or within 2 x the bf16
+    tolerance of it (an emulated near-tie)."""
+    from tests.models.test_fp8_models import bf16_tolerance
+
+    for prompt, out in zip(prompts, outs):
         seq = prompt + out
         rows = _all_logits(emulated, seq[:-1])
-        for step in range(MAX_NEW):
+        for step in range(len(out)):
             row = rows[len(prompt) - 1 + step]
             margin = (row.max() - row[out[step]]).item()
             step_tol = bf16_tolerance(row)
             assert margin <= 2 * step_tol, (prompt[:3], step, margin, step_tol)
-    if fmt != "fp8-block":
-        picked = [k for k in small_m_gemm._choice if "fp8" in k[-1]]
-        print("FP8 GEMV picks:", {k: small_m_gemm._choice[k] for k in picked})
-        assert picked, "the FP8 GEMV was never considered"
-    m = sched.stats.memory_accounting()
-    assert m["protected"] == 0 and m["free"] + m["evictable"] == m["capacity"], m
+
+
+def test_fp8_block_persistent_gemv_against_the_emulated_model(case, tmp_path, monkeypatch):
+    """Block-wise FP8 weights at batch 1 through small_m_gemm's persistent GEMV (its block
+    scales), forced for every linear shape where the start-up pick might time
+    block_fp8_gemv faster on a tiny model: qkv with the input norm folded, o_proj and
+    down_proj adding into the residual, gate_up_proj with the SiLU-mul (and the
+    post-attention norm, where the decoder folds it). One prompt at a time under CUDA
+    graphs: every greedy token matches the emulated FP8 model."""
+    from mini_sglang.layers import small_m_gemm
+    from tests.models.test_fp8_models import emulated_model
+
+    path, quantization, weights, group = _fp8_model(case, "fp8-block", tmp_path)
+    emulated = emulated_model(case.hf_model, weights, group)
+    cfg = (4, 0, 4, 1, small_m_gemm.PERSISTENT_BITS, 4)
+    c = case.hf_model.config
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    q, kv, h, inter = (
+        c.num_attention_heads * d,
+        c.num_key_value_heads * d,
+        c.hidden_size,
+        c.intermediate_size,
+    )
+    for shape in ((q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)):  # qkv, o, gate_up, down
+        monkeypatch.setitem(small_m_gemm._FORCED, shape, cfg)
+    monkeypatch.setattr(small_m_gemm, "_choice", {})  # picks made with the forced configs
+    sched = _scheduler(path, "flashinfer", quantization)
+    outs = [run_prompts(sched, [p], MAX_NEW, rid_prefix=f"p{i}")[0].output_ids
+            for i, p in enumerate(PROMPTS)]  # fmt: skip
+    _assert_greedy_matches(emulated, PROMPTS, outs)
+    block_picks = {
+        k: v for k, v in small_m_gemm._choice.items() if small_m_gemm.block_of(k[-1]) and k[0] == 1
+    }
+    print("block-wise FP8 GEMV picks at one row:", block_picks)
+    variants = {"+".join(k[-1]).removesuffix("+fp8block128x128") for k in block_picks}
+    assert {"norm", "residual"} <= variants, variants
+    assert set(block_picks.values()) == {cfg}, block_picks
 
 
 @torch.no_grad()

@@ -408,6 +408,58 @@ def test_gemv_persistent_configs_match_the_grid_ones(fp8):
         gemv(x.expand(2, k).contiguous(), wv, rows[0], **scale)
 
 
+@pytest.mark.parametrize("block", [(8, 16), (16, 32)])
+def test_gemv_persistent_block_scales_against_the_dequantized_weight(block):
+    """Block-wise FP8 scales (w_block: one scale per (rows, columns) block, Qwen3-FP8's
+    format at 128 x 128) in the persistent integer-decoding configs: each row block takes
+    its block row's scales, one per loaded column, so the result is x @ dequantized(w)^T,
+    plain and through each fused variant, where K ends inside a block (304 = 19 x 16, or
+    9.5 x 32) and the last programs' next blocks lie past N. These configs are the block
+    variant's only candidates, at one row only; a grid config refuses block scales."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.small_m_gemm import gemv
+
+    variant = (f"fp8block{block[0]}x{block[1]}",)
+    assert small_m_gemm.block_of(variant) == block
+    assert small_m_gemm.block_of(("norm", "fp8")) is None
+    assert small_m_gemm.candidates(variant) == small_m_gemm._FP8_ROW_CONFIGS
+    assert small_m_gemm.candidates(("residual", *variant), rows=2) == []
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    n, k = 64, 304  # 16 blocks of 4 rows over the interpreter's 2 x 4 programs
+    w = _rand(n, k, seed=31) / 16
+    wq, s = quantize_blocks(w, block)
+    assert s.shape == (n // block[0], -(-k // block[1])) and s.std() > 0
+    wq, s = wq.to(DEVICE), s.to(DEVICE)
+    wf = dequantize_blocks(wq.cpu(), s.cpu(), block)
+    x = _rand(1, k, seed=32).to(DEVICE, dtype)
+    g = (1 + 0.2 * _rand(1, k, seed=33)[0]).to(DEVICE, dtype)
+    r = _rand(1, n, seed=34).to(DEVICE, dtype)
+    xf = x.float().cpu()
+    h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * g.float().cpu()
+    silu_mul = lambda y: torch.nn.functional.silu(y[:, : y.shape[1] // 2]) * y[:, y.shape[1] // 2 :]  # noqa: E731
+    cases = (
+        ({}, xf @ wf.T),
+        ({"silu_mul": True}, silu_mul(xf @ wf.T)),
+        ({"norm_weight": g, "eps": 1e-6}, h @ wf.T),
+        ({"residual": r}, r.float().cpu() + xf @ wf.T),
+        ({"silu_mul": True, "norm_weight": g, "eps": 1e-6}, silu_mul(h @ wf.T)),
+    )
+    rtol, atol = (2e-2, 2e-2) if DEVICE == "cuda" else (1e-5, 1e-5)
+    configs = [
+        (4, 0, 4, 1, small_m_gemm.PERSISTENT_BITS, 4),
+        (8, 0, 4, 1, small_m_gemm.PERSISTENT_BITS, 1),
+    ]
+    for kw, expect in cases:
+        for cfg in configs:
+            args = dict(kw, residual=kw["residual"].clone()) if "residual" in kw else kw
+            out = gemv(x, wq, cfg, w_scale=s, w_block=block, **args)
+            assert out.shape == expect.shape
+            torch.testing.assert_close(out.float().cpu(), expect, rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="persistent"):
+        gemv(x, wq, (4, 128, 4, 2, small_m_gemm.PERSISTENT_BITS), w_scale=s, w_block=block)
+
+
 # ---- which quantization a model gets ----------------------------------------------------
 
 

@@ -215,8 +215,11 @@ class Fp8BlockLinearMethod(LinearMethodBase):
     """weight [N, K] float8_e4m3fn with weight_scale_inv [ceil(N / bn), ceil(K / bk)]
     float32, one scale per (bn, bk) block. Up to BLOCK_GEMV_MAX_M rows on CUDA the GEMV of
     fused_moe_gemv.block_fp8_gemv dequantizes the weight as it streams it (x unquantized,
-    as the per-channel method's GEMV) and may add into the residual (apply_add_); larger
-    batches quantize x per token and group of bk columns (fp8_kernels.block_fp8_linear).
+    as the per-channel method's GEMV) and may add into the residual (apply_add_); at one
+    row small_m_gemm's persistent GEMV serves instead where its start-up pick times it
+    faster, with the input norm, the SiLU-mul or the residual add folded in as for the
+    other methods; larger batches quantize x per token and group of bk columns
+    (fp8_kernels.block_fp8_linear).
     Every projection of a fused layer, and every rank's shard, must start on a block
     boundary. A tensor of another dtype loaded into the weight (an online update from an
     unquantized model) is quantized block by block."""
@@ -258,15 +261,47 @@ class Fp8BlockLinearMethod(LinearMethodBase):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         if _block_gemv_fits(x):
-            out = fused_moe_gemv.block_fp8_gemv(x, layer.weight, layer.weight_scale_inv, self.block)
+            w, scale = layer.weight, layer.weight_scale_inv
+            out = small_m_gemm.linear_scaled(x, w, scale, self.block)
+            if out is None:
+                out = fused_moe_gemv.block_fp8_gemv(x, w, scale, self.block)
             return out + bias if bias is not None else out
         return block_fp8_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias)
+
+    def apply_rmsnorm(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> torch.Tensor | None:
+        if not _block_gemv_fits(x):
+            return None
+        return small_m_gemm.linear_rmsnorm(
+            x, layer.weight, norm.weight.data, norm.variance_epsilon,
+            w_scale=layer.weight_scale_inv, w_block=self.block,
+        )  # fmt: skip
+
+    def apply_silu_mul(
+        self, layer: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor | None:
+        if not _block_gemv_fits(x):
+            return None
+        w, scale = layer.weight, layer.weight_scale_inv
+        return small_m_gemm.linear_silu_mul(x, w, scale, self.block)
+
+    def rmsnorm_silu_mul_fold(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if not _block_gemv_fits(x):
+            return None
+        return small_m_gemm.rmsnorm_silu_mul_fold(
+            x, layer.weight, norm.weight.data, norm.variance_epsilon,
+            w_scale=layer.weight_scale_inv, w_block=self.block,
+        )  # fmt: skip
 
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
         if not (_block_gemv_fits(x) and residual.dtype == x.dtype and residual.stride(1) == 1):
             return False
         w, scale = layer.weight, layer.weight_scale_inv
-        fused_moe_gemv.block_fp8_gemv(x, w, scale, self.block, residual=residual)
+        if not small_m_gemm.linear_add_(x, w, residual, scale, self.block):
+            fused_moe_gemv.block_fp8_gemv(x, w, scale, self.block, residual=residual)
         return True
 
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
