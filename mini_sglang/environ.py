@@ -189,7 +189,8 @@ class Envs:
     MINI_SGLANG_GEMV_CONFIGS = EnvStr(
         "",
         'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas" '
-        "(entries separated by ';' or '/').",
+        "(entries separated by ';' or '/'); an integer-decoding config (kind 3) applies to "
+        "FP8 weights only, and for block-wise FP8 weights 'cublas' selects their own GEMV.",
     )
     MINI_SGLANG_FP8_NORM_QUANT = EnvBool(
         True,

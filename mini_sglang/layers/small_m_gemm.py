@@ -862,14 +862,20 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return None
-        if tuple(w.shape) in _FORCED and (
-            bucket == 1 or not is_persistent(_FORCED[tuple(w.shape)])
-        ):
+        forced = _FORCED.get(tuple(w.shape), ())
+        if forced != () and (bucket == 1 or not is_persistent(forced)) and _fits(forced, w):
             _choice[key] = _FORCED[tuple(w.shape)]
             logger.debug("small-M GEMM N=%d K=%d %s: %s (forced)", *w.shape, variant, _choice[key])
         else:
             _choice[key] = _stored_or_timed(key, x, w, variant)
     return _choice[key]
+
+
+def _fits(cfg: tuple | None, w: torch.Tensor) -> bool:
+    """Whether a forced config can run w: an integer-decoding one (PERSISTENT_BITS) only an
+    FP8 weight, e.g. not a bf16 layer of the same shape that a checkpoint left unquantized."""
+    bits = cfg is not None and len(cfg) > 4 and cfg[4] == PERSISTENT_BITS
+    return not bits or w.dtype == torch.float8_e4m3fn
 
 
 def _choice_key(key: tuple) -> str:
