@@ -323,10 +323,10 @@ def test_fp8_fused_experts_match_reference(tokens, E, k, H, inter, block, monkey
 
 @needs_fp8
 @pytest.mark.parametrize("block", [None, FP8_BLOCK], ids=["channel", "block"])
-@pytest.mark.parametrize("tokens", [1, 5, 8])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 5, 8])
 def test_small_m_gemv_fp8_matches_reference(tokens, block):
-    """FP8 experts on the GEMV path (Qwen3-30B-A3B's shapes) compute the dequantized
-    experts on unquantized activations: the tolerances of
+    """FP8 experts on the GEMV path (Qwen3-30B-A3B's shapes, at each batch bucket's tuned
+    tiles) compute the dequantized experts on unquantized activations: the tolerances of
     test_fp8_fused_experts_match_reference."""
     from mini_sglang.layers.moe.experts_torch import fused_experts_torch
     from mini_sglang.layers.moe.fused_moe_gemv import fused_experts_gemv

@@ -552,8 +552,9 @@ def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
     config) returns exactly the GEMV path's result for batches up to it, launched with the
     tiles tuned for the batch's bucket (bf16/fp16 and block-wise FP8 experts, the latter for
     the weights' decoding: int32 words by default, MINI_SGLANG_FP8_GEMV_INT_DECODE=0 Triton's
-    cast) or the default tiles (per-channel FP8), unless MINI_SGLANG_MOE_GEMV_TILES forces a
-    bucket's."""
+    cast), per-channel FP8 experts' under the decoding beyond one token, or the default tiles
+    (per-channel FP8 at one token, or under the cast), unless MINI_SGLANG_MOE_GEMV_TILES forces
+    a bucket's."""
     assert envs.MINI_SGLANG_MOE_SMALL_M.default == 4
     assert envs.MINI_SGLANG_FP8_GEMV_INT_DECODE.default is True
     monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", False)
@@ -572,7 +573,17 @@ def test_small_m_threshold_selects_the_gemv_path(monkeypatch) -> None:
             tuned[4],
         ]
         assert fused_moe_gemv.default_config(8, quant) == fused_moe_gemv.DEFAULT_CONFIG
-    assert fused_moe_gemv.default_config(1, "fp8") == fused_moe_gemv.DEFAULT_CONFIG
+    words = fused_moe_gemv.TUNED_FP8_WORDS
+    assert [fused_moe_gemv.default_config(m, "fp8") for m in (1, 2, 3, 4)] == [
+        fused_moe_gemv.DEFAULT_CONFIG,
+        words[2],
+        words[4],
+        words[4],
+    ]
+    assert words[2] != fused_moe_gemv.DEFAULT_CONFIG != words[4]
+    monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", False)
+    assert fused_moe_gemv.default_config(4, "fp8") == fused_moe_gemv.DEFAULT_CONFIG
+    monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", True)
     # MINI_SGLANG_MOE_GEMV_TILES replaces kernel 1's tiles, or both, for its buckets
     forced = fused_moe_gemv._parse_forced("1=2,2048,8,1/4=4,512,1:8,128,8,3")
     monkeypatch.setattr(fused_moe_gemv, "_FORCED", forced)

@@ -113,22 +113,35 @@ TUNED: dict[int, SmallMConfig] = {
 # --small-m-sweep on an H100 (docs/results/fused_moe_small_m_fp8_block_dequant_h100.log):
 # per layer call 19.0 / 34.1 / 64.8 us at 1 / 2 / 4 tokens, against 35.5 / 36.1 / 69.0 with
 # the tiles swept when the kernels quantized the activations (one scale group a K step) and
-# 30.6 / 51.4 / 103.0 for bf16 experts on the same card. Per-channel FP8 experts, not swept,
-# keep DEFAULT_CONFIG.
+# 30.6 / 51.4 / 103.0 for bf16 experts on the same card. Per-channel FP8 experts under the
+# cast keep DEFAULT_CONFIG (TUNED_FP8_WORDS: theirs under the integer decoding).
 TUNED_FP8_BLOCK: dict[int, SmallMConfig] = {
     1: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(8, 256, 8, 3)),
     2: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(16, 128, 16)),
     4: SmallMConfig(GemvTiles(2, 1024, 1), GemvTiles(8, 128, 4)),
 }
-# TUNED_FP8_BLOCK for the weights decoded as int32 words (e4m3_decode; the default): at one
-# token from bench_fused_moe.py --dtype fp8-block --small-m-sweep on an H100
-# (docs/results/fused_moe_small_m_fp8_block_int_decode_h100.log), 19.4 us a layer call
-# against 21.4 with TUNED_FP8_BLOCK's tiles; Qwen3-30B-A3B-FP8 at batch 1 2.553 / 2.554
-# ms/token against 2.567 / 2.561 (moe_fp8_block_int_decode_ab_qwen3_30b_a3b_h100.log). Two
-# and four tokens, not swept with the decoding, keep the cast's tiles.
+# TUNED_FP8_BLOCK for the weights decoded as int32 words (e4m3_decode; the default), from
+# bench_fused_moe.py --dtype fp8-block --small-m-sweep on an H100 (docs/results/
+# fused_moe_small_m_fp8_block_int_decode_h100.log, fused_moe_small_m_fp8_words_h100.log):
+# per layer call 19.4 / 33.3 / 56.0 us at 1 / 2 / 4 tokens against 21.4 / 36.0 / 67.0 with
+# TUNED_FP8_BLOCK's tiles. Qwen3-30B-A3B-FP8 decode steps (ms): 2.553 / 2.554 against
+# 2.567 / 2.561 at batch 1 (moe_fp8_block_int_decode_ab_qwen3_30b_a3b_h100.log), 3.280 /
+# 3.276 against 3.415 / 3.416 at 2 and 4.968 / 4.967 against 5.607 / 5.606 at 4
+# (moe_fp8_words_tiles_ab_qwen3_30b_a3b_h100.log).
 TUNED_FP8_BLOCK_WORDS: dict[int, SmallMConfig] = {
-    **TUNED_FP8_BLOCK,
     1: SmallMConfig(GemvTiles(4, 512, 1), GemvTiles(16, 256, 16)),
+    2: SmallMConfig(GemvTiles(4, 512, 4), GemvTiles(16, 128, 16)),
+    4: SmallMConfig(GemvTiles(8, 256, 4), GemvTiles(16, 128, 4)),
+}
+# Per-channel FP8 experts (--quantization fp8) decoded as int32 words, from the same sweep
+# (--dtype fp8): 17.5 / 29.8 / 55.7 us at 1 / 2 / 4 tokens, where DEFAULT_CONFIG took 17.5
+# / 32.1 / 61.8 (one token keeps it). Qwen3-30B-A3B --quantization fp8 decode steps (ms):
+# 3.295 / 3.296 against 3.463 / 3.456 at batch 2, 6.209 / 6.212 against 6.383 / 6.364 at 4
+# (moe_fp8_words_tiles_ab_qwen3_30b_a3b_h100.log). With the float8 cast (decoding off)
+# these experts keep DEFAULT_CONFIG.
+TUNED_FP8_WORDS: dict[int, SmallMConfig] = {
+    2: SmallMConfig(GemvTiles(4, 512, 1), GemvTiles(16, 128, 16)),
+    4: SmallMConfig(GemvTiles(8, 512, 8), GemvTiles(16, 128, 4)),
 }
 # block_fp8_gemv's tiles by batch bucket: the fastest over Qwen3-30B-A3B-FP8's qkv and o
 # together in bench_linear.py --fp8-block on an H100 (docs/results/
@@ -172,8 +185,8 @@ _DECODE_E4M3 = envs.MINI_SGLANG_FP8_GEMV_INT_DECODE.get()
 def tuned_configs(quant: str | None) -> dict[int, SmallMConfig]:
     """The tuned tiles by batch bucket for experts in format `quant` (see default_config),
     for the weights' decoding in force (MINI_SGLANG_FP8_GEMV_INT_DECODE); {} if none."""
-    if quant == "fp8-block" and _DECODE_E4M3:
-        return TUNED_FP8_BLOCK_WORDS
+    if _DECODE_E4M3 and quant in ("fp8-block", "fp8"):
+        return TUNED_FP8_BLOCK_WORDS if quant == "fp8-block" else TUNED_FP8_WORDS
     return _TUNED_BY_QUANT.get(quant, {})
 
 
