@@ -12,6 +12,8 @@ of a decode step, to set against bench_one_batch's ms/token.
 scales, Qwen3-FP8's format) at each M: fp8_kernels.block_fp8_linear (x quantized per group,
 the block matmul) against fused_moe_gemv.block_fp8_gemv at each FP8_BLOCK_TILES entry and,
 at one row, small_m_gemm's persistent GEMV at each of its block-scaled candidates.
+`--fp8` times the attention projections and a dense MLP's with per-channel FP8 weights: small_m_gemm's
+"fp8" candidates against fused_moe_gemv.channel_fp8_gemv at the same tiles.
 """
 
 from __future__ import annotations
@@ -125,6 +127,39 @@ def time_fp8_block(m: int, n: int, k: int, block=(128, 128)) -> dict[str, float]
     return times
 
 
+def time_fp8_channel(m: int, n: int, k: int) -> dict[str, float]:
+    """Microseconds per x [m, k] (bf16) @ w^T for a per-channel FP8 w [n, k] (--quantization
+    fp8), weights cold in L2: small_m_gemm's candidates for the "fp8" variant (keyed
+    "gemv" and the config) and fused_moe_gemv.channel_fp8_gemv at each FP8_BLOCK_TILES
+    entry the compiler accepts (keyed by the tiles)."""
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, channel_fp8_gemv
+    from mini_sglang.layers.quantization.fp8_kernels import quantize_rows
+
+    copies = max(2, -(-(256 << 20) // (n * k)))
+    ws = [quantize_rows(torch.randn(n, k, device="cuda") * 0.02) for _ in range(copies)]
+    x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+
+    def timed(op) -> float:
+        turn = itertools.count()
+        return 1000 * cuda_time_ms(lambda: op(*ws[next(turn) % copies]), 30, copies, graph=True)
+
+    times = {}
+    for cfg in small_m_gemm.candidates(("fp8",), rows=m):
+        op = lambda w, s, c=cfg: small_m_gemm.gemv(x, w, c, w_scale=s)  # noqa: E731
+        try:
+            times[f"gemv {cfg}"] = timed(op)
+        except Exception:  # a config the compiler rejects on this card
+            continue
+    for tiles in FP8_BLOCK_TILES:
+        op = lambda w, s, t=GemvTiles(*tiles): channel_fp8_gemv(x, w, s, tiles=t)  # noqa: E731
+        try:
+            times[str(tiles)] = timed(op)
+        except Exception:
+            continue
+    return times
+
+
 def small_m_pick(m: int, n: int, k: int) -> str:
     """What small_m_gemm's own per-shape pick (cold-L2 timing, one weight) chooses here, with
     its timings of cuBLAS and of the chosen config."""
@@ -161,6 +196,12 @@ def main() -> None:
         action="store_true",
         help="also time qkv and o with block-wise FP8 weights (block_fp8_gemv's tiles)",
     )
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="also time the attention projections and a dense MLP's with per-channel FP8 weights: "
+        "small_m_gemm's candidates against channel_fp8_gemv's tiles",
+    )
     args = ap.parse_args()
     if args.cublaslt:
         torch.backends.cuda.preferred_blas_library("cublaslt")
@@ -189,6 +230,20 @@ def main() -> None:
         print(
             f"{m:>5} GEMMs of one decode step ({layers} layers + LM head): {step_us / 1000:.3f} ms"
         )
+        moe = "num_experts" in config(args.model)  # its MLPs are experts (bench_fused_moe.py)
+        for name in (("qkv", "o") if moe else ("qkv", "o", "gate_up", "down")) if args.fp8 else ():
+            n, k = projections(args.model)[name]
+            times = time_fp8_channel(m, n, k)
+            ranked = sorted(times.items(), key=lambda i: i[1])
+            gemv = next((t, us) for t, us in ranked if t.startswith("gemv"))
+            kern = next(((t, us) for t, us in ranked if not t.startswith("gemv")), ("-", 0.0))
+            print(f"{m:>5} fp8 {name} {n}x{k}: best small_m_gemm {gemv[0]} {gemv[1]:.1f} us, "
+                  f"best channel_fp8_gemv {kern[0]} {kern[1]:.1f} us")  # fmt: skip
+            if args.out:
+                with open(args.out, "a") as f:
+                    rec = {"model": args.model, "m": m, "gemm": name, "n": n, "k": k,
+                           "fp8_channel_us": times, "card": card}  # fmt: skip
+                    f.write(json.dumps(rec) + "\n")
         for name in ("qkv", "o") if args.fp8_block else ():
             n, k = projections(args.model)[name]
             times = time_fp8_block(m, n, k)

@@ -662,3 +662,26 @@ def test_block_fp8_gemv_matches_dequantized_linear(rows, decode, monkeypatch) ->
     residual = torch.randn(rows, 40, generator=gen)
     got = fused_moe_gemv.block_fp8_gemv(xd, qd, sd, block, residual=residual.to(DEVICE, copy=True))
     torch.testing.assert_close(got.cpu(), residual + x @ ref_w.T, atol=1e-4, rtol=1e-4)
+
+
+@needs_fp8
+@pytest.mark.parametrize("decode", ["words", "cast"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_channel_fp8_gemv_matches_dequantized_linear(rows, decode, monkeypatch) -> None:
+    """The same kernel for per-channel FP8 weights (one scale per row, --quantization fp8):
+    x @ the dequantized weight^T, 40 output rows for tiles that leave a short last block,
+    then added into a residual in place."""
+    monkeypatch.setattr(fused_moe_gemv, "_DECODE_E4M3", decode == "words")
+    gen = torch.Generator().manual_seed(rows + 10)
+    q, scale = quantize_rows(torch.randn(40, 72, generator=gen) * torch.rand(40, 1, generator=gen))
+    ref_w = dequantize_rows(q, scale)
+    x = torch.randn(rows, 72, generator=gen)
+    if DEVICE.type == "cpu" and decode == "cast":  # the interpreter has no FP8 cast
+        q = q.float()
+    xd, qd, sd = x.to(DEVICE), q.to(DEVICE), scale.to(DEVICE)
+    for tiles in (GemvTiles(8, 16, 4), GemvTiles(32, 64, 4)):
+        out = fused_moe_gemv.channel_fp8_gemv(xd, qd, sd, tiles=tiles)
+        torch.testing.assert_close(out.cpu(), x @ ref_w.T, atol=1e-4, rtol=1e-4)
+    residual = torch.randn(rows, 40, generator=gen)
+    got = fused_moe_gemv.channel_fp8_gemv(xd, qd, sd, residual=residual.to(DEVICE, copy=True))
+    torch.testing.assert_close(got.cpu(), residual + x @ ref_w.T, atol=1e-4, rtol=1e-4)

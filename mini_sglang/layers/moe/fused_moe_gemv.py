@@ -639,9 +639,33 @@ def block_fp8_gemv(
     gate_up_kernel). `tiles`: DENSE_FP8_BLOCK_TILES' for M's power-of-two bucket (above 4:
     4's) if None. With `residual` ([M, N], x's dtype) the product is added into it and
     residual returned. Launched as a programmatic dependent where kernels.pdl_enabled(x)."""
+    return _dense_fp8_gemv(x, w, w_scale, block, residual, tiles)
+
+
+def channel_fp8_gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    tiles: GemvTiles | None = None,
+) -> torch.Tensor:
+    """block_fp8_gemv for w [N, K] float8_e4m3fn with one scale per row, w_scale [N]
+    (per-channel FP8, --quantization fp8): the scales apply in the epilogue."""
+    return _dense_fp8_gemv(x, w, w_scale, None, residual, tiles)
+
+
+def _dense_fp8_gemv(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    block: tuple[int, int] | None,
+    residual: torch.Tensor | None,
+    tiles: GemvTiles | None,
+) -> torch.Tensor:
+    """The down kernel with one expert (DENSE) for block_fp8_gemv and channel_fp8_gemv."""
     from mini_sglang.layers.kernels import pdl_enabled
 
-    assert w.stride(1) == 1 and w_scale.stride(1) == 1
+    assert w.stride(1) == 1 and w_scale.stride(-1) == 1
     x = x.contiguous()
     out = _output(x, w.shape[0], residual)
     bucket = 1 << (x.shape[0] - 1).bit_length()
