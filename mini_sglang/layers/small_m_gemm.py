@@ -863,7 +863,8 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
         if torch.cuda.is_current_stream_capturing():
             return None
         forced = _FORCED.get(tuple(w.shape), ())
-        if forced != () and (bucket == 1 or not is_persistent(forced)) and _fits(forced, w):
+        fits = _fits(forced, w, variant)
+        if forced != () and (bucket == 1 or not is_persistent(forced)) and fits:
             _choice[key] = _FORCED[tuple(w.shape)]
             logger.debug("small-M GEMM N=%d K=%d %s: %s (forced)", *w.shape, variant, _choice[key])
         else:
@@ -871,9 +872,13 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
     return _choice[key]
 
 
-def _fits(cfg: tuple | None, w: torch.Tensor) -> bool:
-    """Whether a forced config can run w: an integer-decoding one (PERSISTENT_BITS) only an
-    FP8 weight, e.g. not a bf16 layer of the same shape that a checkpoint left unquantized."""
+def _fits(cfg: tuple | None, w: torch.Tensor, variant: tuple[str, ...]) -> bool:
+    """Whether a forced config can run w as `variant`: an integer-decoding one
+    (PERSISTENT_BITS) only an FP8 weight, e.g. not a bf16 layer of the same shape that a
+    checkpoint left unquantized; a block-scaled weight only None (its own GEMV) or a
+    persistent config."""
+    if block_of(variant) is not None and cfg is not None and not is_persistent(cfg):
+        return False
     bits = cfg is not None and len(cfg) > 4 and cfg[4] == PERSISTENT_BITS
     return not bits or w.dtype == torch.float8_e4m3fn
 

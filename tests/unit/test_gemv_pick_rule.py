@@ -9,6 +9,8 @@ import torch
 
 from mini_sglang.layers.small_m_gemm import (
     PERSISTENT,
+    PERSISTENT_BITS,
+    _fits,
     _parse_forced,
     choose,
     is_persistent,
@@ -64,3 +66,18 @@ def test_forced_configs_parse_shape_to_config_or_cublas():
     # persistent config is kept to one row
     assert [is_persistent(c) for c in forced.values()] == [False, False, False]
     assert is_persistent((2, 0, 8, 1, PERSISTENT, 4))
+
+
+def test_forced_configs_apply_only_where_they_can_run():
+    # an integer-decoding config reads e4m3 words: not a bf16 weight of the same shape (a
+    # layer a block-wise FP8 checkpoint left unquantized); a block-scaled FP8 weight takes
+    # only persistent configs or None (its own block_fp8_gemv, "cublas" in the variable)
+    bf16 = torch.zeros(8, 8, dtype=torch.bfloat16)
+    fp8 = torch.zeros(8, 8).to(torch.float8_e4m3fn)
+    bits = (2, 0, 4, 1, PERSISTENT_BITS, 4)
+    grid = (4, 2048, 4, 2)
+    assert not _fits(bits, bf16, ("norm",)) and _fits(bits, fp8, ("norm", "fp8"))
+    assert _fits(grid, bf16, ()) and _fits(None, bf16, ())
+    block = ("residual", "fp8block128x128")
+    assert _fits(bits, fp8, block) and _fits(None, fp8, block)
+    assert not _fits(grid, fp8, block)
