@@ -83,7 +83,46 @@ def is_layer_ignored(prefix: str, ignored: list[str]) -> bool:
     return all(flags)
 
 
-class Fp8LinearMethod(LinearMethodBase):
+class _Fp8GemvFusions(LinearMethodBase):
+    """The small-M GEMV's fusions (small_m_gemm: the input RMSNorm, the SiLU-mul and both
+    together folded into the GEMV) for an FP8 method, given where its GEMV serves x
+    (_gemv_fits) and the weight's scales (_scales: per row, or per block with the block)."""
+
+    def _gemv_fits(self, x: torch.Tensor) -> bool:
+        raise NotImplementedError
+
+    def _scales(self, layer: nn.Module) -> tuple[torch.Tensor, tuple[int, int] | None]:
+        raise NotImplementedError
+
+    def apply_rmsnorm(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> torch.Tensor | None:
+        if not self._gemv_fits(x):
+            return None
+        scale, block = self._scales(layer)
+        return small_m_gemm.linear_rmsnorm(
+            x, layer.weight, norm.weight.data, norm.variance_epsilon, w_scale=scale, w_block=block
+        )
+
+    def apply_silu_mul(
+        self, layer: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor | None:
+        if not self._gemv_fits(x):
+            return None
+        return small_m_gemm.linear_silu_mul(x, layer.weight, *self._scales(layer))
+
+    def rmsnorm_silu_mul_fold(
+        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
+    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        if not self._gemv_fits(x):
+            return None
+        scale, block = self._scales(layer)
+        return small_m_gemm.rmsnorm_silu_mul_fold(
+            x, layer.weight, norm.weight.data, norm.variance_epsilon, w_scale=scale, w_block=block
+        )
+
+
+class Fp8LinearMethod(_Fp8GemvFusions):
     """weight [N, K] float8_e4m3fn with weight_scale [N] float32 (one per output row).
 
     A weight tensor of another dtype loaded into it (a bf16 checkpoint, an online update) is
@@ -134,30 +173,11 @@ class Fp8LinearMethod(LinearMethodBase):
     def dequantized_weight(self, layer: nn.Module) -> torch.Tensor:
         return dequantize_rows(layer.weight.data, layer.weight_scale.data)
 
-    def apply_rmsnorm(
-        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
-    ) -> torch.Tensor | None:
-        if not triton_fp8_supported(x):
-            return None
-        return small_m_gemm.linear_rmsnorm(
-            x, layer.weight, norm.weight.data, norm.variance_epsilon, w_scale=layer.weight_scale
-        )
+    def _gemv_fits(self, x: torch.Tensor) -> bool:
+        return triton_fp8_supported(x)  # small_m_gemm itself declines CPU and large batches
 
-    def apply_silu_mul(
-        self, layer: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor | None:
-        if not triton_fp8_supported(x):
-            return None
-        return small_m_gemm.linear_silu_mul(x, layer.weight, layer.weight_scale)
-
-    def rmsnorm_silu_mul_fold(
-        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
-    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        if not triton_fp8_supported(x):
-            return None
-        return small_m_gemm.rmsnorm_silu_mul_fold(
-            x, layer.weight, norm.weight.data, norm.variance_epsilon, w_scale=layer.weight_scale
-        )
+    def _scales(self, layer: nn.Module) -> tuple[torch.Tensor, None]:
+        return layer.weight_scale, None
 
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
         if not triton_fp8_supported(x):
@@ -211,7 +231,7 @@ def _block_gemv_fits(x: torch.Tensor) -> bool:
     )
 
 
-class Fp8BlockLinearMethod(LinearMethodBase):
+class Fp8BlockLinearMethod(_Fp8GemvFusions):
     """weight [N, K] float8_e4m3fn with weight_scale_inv [ceil(N / bn), ceil(K / bk)]
     float32, one scale per (bn, bk) block. Up to BLOCK_GEMV_MAX_M rows on CUDA the GEMV of
     fused_moe_gemv.block_fp8_gemv dequantizes the weight as it streams it (x unquantized,
@@ -268,33 +288,11 @@ class Fp8BlockLinearMethod(LinearMethodBase):
             return out + bias if bias is not None else out
         return block_fp8_linear(x, layer.weight, layer.weight_scale_inv, self.block, bias)
 
-    def apply_rmsnorm(
-        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
-    ) -> torch.Tensor | None:
-        if not _block_gemv_fits(x):
-            return None
-        return small_m_gemm.linear_rmsnorm(
-            x, layer.weight, norm.weight.data, norm.variance_epsilon,
-            w_scale=layer.weight_scale_inv, w_block=self.block,
-        )  # fmt: skip
+    def _gemv_fits(self, x: torch.Tensor) -> bool:
+        return _block_gemv_fits(x)
 
-    def apply_silu_mul(
-        self, layer: nn.Module, x: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor | None:
-        if not _block_gemv_fits(x):
-            return None
-        w, scale = layer.weight, layer.weight_scale_inv
-        return small_m_gemm.linear_silu_mul(x, w, scale, self.block)
-
-    def rmsnorm_silu_mul_fold(
-        self, layer: nn.Module, x: torch.Tensor, norm: RMSNorm
-    ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        if not _block_gemv_fits(x):
-            return None
-        return small_m_gemm.rmsnorm_silu_mul_fold(
-            x, layer.weight, norm.weight.data, norm.variance_epsilon,
-            w_scale=layer.weight_scale_inv, w_block=self.block,
-        )  # fmt: skip
+    def _scales(self, layer: nn.Module) -> tuple[torch.Tensor, tuple[int, int]]:
+        return layer.weight_scale_inv, self.block
 
     def apply_add_(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor) -> bool:
         if not (_block_gemv_fits(x) and residual.dtype == x.dtype and residual.stride(1) == 1):
