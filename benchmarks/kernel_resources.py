@@ -7,6 +7,7 @@ run.
     python benchmarks/kernel_resources.py --tiles 8,128,8 8,128,16 --arch 90 --out rows.jsonl
     python benchmarks/kernel_resources.py --attention   # the fused decode attention kernel
     python benchmarks/kernel_resources.py --align 256,8 128,8 64,4   # moe_align_block_size
+    python benchmarks/kernel_resources.py --gemv [qkv:5120:2048:norm ...]   # persistent GEMV
 
 Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down) per tile config,
 and the router's top-k kernel at its launch's warps and at 4, at Qwen3-30B-A3B's shapes by
@@ -22,6 +23,12 @@ flight while the one before it drains, as the compiler actually placed it. Every
 argument is compiled as 16-divisible (aligned pointers, sizes and strides), as the JIT
 specializes these models' shapes; without that hint no load is vectorized and the counts
 are far higher.
+
+The counts are this Triton's: another version compiles the same kernel differently (the
+persistent qkv GEMV (2, 0, 8, 1, 2, 4) of Qwen3-30B-A3B: 32 registers with Triton 3.9 here,
+65 in a profile of the GPU machine's 3.6), so compare them with the GPU's own (a profile's
+trace lists each kernel's registers) before reading occupancy off them. The first line
+printed names the version.
 """
 
 from __future__ import annotations
@@ -142,6 +149,57 @@ def _attention_rows(arch: int) -> list[dict]:
     return [row | res]
 
 
+# --gemv: the persistent one-row GEMV (small_m_gemm._gemv_rows_kernel) as a model launches it,
+# "NAME:N:K:VARIANT" with VARIANT "+"-joined from small_m_gemm's (norm, silu_mul, residual,
+# fp8, fp8block128x128; plain for none); default Qwen3-30B-A3B's attention projections.
+GEMV_SHAPES = [
+    "qkv:5120:2048:norm", "o:2048:4096:plain",
+    "qkv:5120:2048:norm+fp8block128x128", "o:2048:4096:fp8block128x128",
+]  # fmt: skip
+
+
+def _gemv_rows(arch: int, shapes: list[str], configs: list[str] | None) -> list[dict]:
+    """small_m_gemm._gemv_rows_kernel per shape and persistent config (its candidates for
+    the variant by default): registers and the programs an SM holds against the programs
+    per SM the config launches (a persistent grid beyond that runs in two waves)."""
+    from mini_sglang.layers import small_m_gemm
+
+    fn = small_m_gemm._gemv_rows_kernel
+    rows = []
+    for spec in shapes:
+        name, n, k, variant = spec.split(":")
+        n, k, var = int(n), int(k), tuple(v for v in variant.split("+") if v != "plain")
+        block = small_m_gemm.block_of(var)
+        fp8 = block is not None or "fp8" in var
+        cfgs = [tuple(map(int, c.split(","))) for c in configs] if configs else None
+        for cfg in cfgs or small_m_gemm.candidates(var):
+            if not small_m_gemm.is_persistent(cfg):
+                continue
+            bn, _, warps, stages, kind, per_sm = cfg
+            bits = kind == small_m_gemm.PERSISTENT_BITS
+            silu = "silu_mul" in var
+            types = {a: "i32" for a in fn.arg_names}
+            types.update(x="*bf16", out="*bf16", norm_w="*bf16", w_scale="*fp32", eps="fp32")
+            types["w"] = "*i32" if bits else ("*fp8e4nv" if fp8 else "*bf16")
+            consts = dict(
+                BN=max(1, bn // 2) if silu else bn,
+                BK=triton.next_power_of_2(k // 4 if bits else k), PDL=True, SILU_MUL=silu,
+                ADD_RES="residual" in var, NORM="norm" in var, NORM_G="norm" in var,
+                W_SCALE=fp8 and block is None, BITS=bits, W_BLOCK=block is not None,
+                SB_N=block[0] if block else 1,
+                SB_K=(block[1] // 4 if bits else block[1]) if block else 1,
+            )  # fmt: skip
+            res = resources(fn, types, consts, warps, arch, stages)
+            rows.append({"kernel": f"gemv {name} {n}x{k} {variant}", "warps": warps,
+                         "stages": stages, "tiles": list(cfg), "per_sm": per_sm, **res})  # fmt: skip
+    for r in rows:
+        waves = "one wave" if r["ctas_per_sm"] >= r["per_sm"] else "TWO WAVES"
+        print(f"sm{arch} {r['kernel']} {tuple(r['tiles'])}: {r['regs']} registers, "
+              f"{r['ctas_per_sm']} per SM held against {r['per_sm']} launched ({waves}), "
+              f"{r['loads_before_wait']} loads before the PDL wait")  # fmt: skip
+    return rows
+
+
 def _align_rows(arch: int, experts: int, variants: list[str]) -> list[dict]:
     """moe_align_block_size's two kernels (layers/moe/align.py) per CHUNK,NUM_WARPS[,SUB]
     variant (SUB: pairs ranked at a time, 0 or left out ranks by comparison):
@@ -185,9 +243,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--align", nargs="+", default=None, metavar="CHUNK,WARPS[,SUB]",
         help="moe_align_block_size's kernels at these pairs per program and warps instead",
     )  # fmt: skip
+    p.add_argument(
+        "--gemv", nargs="*", default=None, metavar="NAME:N:K:VARIANT",
+        help="small_m_gemm's persistent one-row GEMV instead (default: GEMV_SHAPES)",
+    )  # fmt: skip
+    p.add_argument(
+        "--gemv-configs", nargs="+", default=None, metavar="BN,0,WARPS,STAGES,KIND,PER_SM",
+        help="with --gemv: these persistent configs instead of the variant's candidates",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    common = {"arch": args.arch}
-    if args.align:
+    common = {"arch": args.arch, "triton": triton.__version__}
+    print(f"Triton {triton.__version__}, sm{args.arch}")
+    if args.gemv is not None:
+        rows = _gemv_rows(args.arch, args.gemv or GEMV_SHAPES, args.gemv_configs)
+    elif args.align:
         rows = _align_rows(args.arch, args.experts, args.align)
         for r in rows:
             print(f"sm{args.arch} E={args.experts} {r['kernel']} chunk,sub={r['tiles']} "

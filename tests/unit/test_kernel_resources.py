@@ -49,7 +49,7 @@ def test_reports_registers_and_occupancy_of_each_kernel(tmp_path: Path) -> None:
     # first w2 tiles before that wait, and the compiled code keeps them there
     assert all(r["loads_after_wait"] > 0 for r in rows)
     assert rows[1]["loads_before_wait"] > 0
-    assert len(stdout.strip().splitlines()) == len(rows)
+    assert stdout.strip().splitlines()[1:] and len(stdout.strip().splitlines()) == len(rows) + 1
 
 
 def test_attention_kernel_loads_before_its_wait(tmp_path: Path) -> None:
@@ -60,7 +60,8 @@ def test_attention_kernel_loads_before_its_wait(tmp_path: Path) -> None:
     assert (row["kernel"], row["warps"], row["arch"]) == ("decode_from_qkv", 4, 90)
     assert row["loads_before_wait"] > 0 and row["loads_after_wait"] > 0
     assert 0 < row["regs"] <= 255 and row["ctas_per_sm"] > 0
-    assert len(stdout.strip().splitlines()) == 1
+    assert stdout.startswith(f"Triton {triton.__version__}, sm90\n") and row["triton"]
+    assert len(stdout.strip().splitlines()) == 2
 
 
 def test_align_kernels_spill_only_when_ranking_large_chunks_by_comparison(
@@ -77,4 +78,30 @@ def test_align_kernels_spill_only_when_ranking_large_chunks_by_comparison(
         for kernel in ("align count", "align place, one chunk", "align place, chunks")
     ]
     assert [r["stack"] > 0 for r in rows] == [False, True, True] + [False] * 6
-    assert len(stdout.strip().splitlines()) == len(rows)
+    assert len(stdout.strip().splitlines()) == len(rows) + 1
+
+
+def test_persistent_gemv_occupancy_against_its_launch(tmp_path: Path) -> None:
+    """--gemv: small_m_gemm's persistent one-row GEMV per shape and config, bf16 with the
+    norm folded and block-scaled FP8 (integer decoding), with the programs an SM holds set
+    against the programs per SM the config launches: a launch beyond them is flagged as
+    two waves. The weight's first row block is loaded before the PDL wait."""
+    cfgs = ["2,0,8,1,2,4", "2,0,4,1,3,32"]  # 32 programs per SM: more than any SM holds
+    rows, stdout = _rows(
+        tmp_path, "--gemv", "qkv:5120:2048:norm", "o:2048:4096:fp8block128x128",
+        "--gemv-configs", *cfgs,
+    )  # fmt: skip
+    assert [(r["kernel"], r["tiles"]) for r in rows] == [
+        (f"gemv {name}", [int(v) for v in c.split(",")])
+        for name in ("qkv 5120x2048 norm", "o 2048x4096 fp8block128x128")
+        for c in cfgs
+    ]
+    for r in rows:
+        allocated = -(-r["regs"] // 8) * 8
+        assert r["ctas_per_sm"] == min(65536 // (allocated * 32 * r["warps"]), 64 // r["warps"], 32)
+        assert r["loads_before_wait"] > 0 and r["loads_after_wait"] > 0
+    lines = stdout.strip().splitlines()[1:]
+    assert len(lines) == len(rows)
+    for r, line in zip(rows, lines):
+        assert ("TWO WAVES" in line) == (r["ctas_per_sm"] < r["per_sm"])
+    assert "TWO WAVES" in lines[1] and "TWO WAVES" in lines[3]
