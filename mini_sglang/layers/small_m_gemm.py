@@ -119,6 +119,17 @@ _FP8_ROW_CONFIGS = [
 ]
 
 
+# Block-scaled FP8 weights: _FP8_ROW_CONFIGS and two that launch only the programs an SM
+# holds for o_proj-like rows (K 4096): the scales (a [BK] vector a program, double-buffered)
+# take it to 79 registers a thread at (2, 0, 8, 1, 3, 4) and 125 at (2, 0, 4, 1, 3, 5 | 6),
+# 3 and 4 programs an SM (kernel_resources.py --gemv, Triton 3.6, sm90), so those launches
+# ran a second wave of programs after the first.
+_FP8_BLOCK_ROW_CONFIGS = _FP8_ROW_CONFIGS + [
+    (2, 0, 8, 1, PERSISTENT_BITS, 3),
+    (2, 0, 4, 1, PERSISTENT_BITS, 4),
+]
+
+
 # FP8 weights only: grid configs (BLOCK_N, BLOCK_K, warps, stages, PERSISTENT_BITS) whose
 # kernel decodes e4m3 with integer ops too (BLOCK_K counts weights; the tiles hold a
 # quarter as many int32 words). For down (4096 x 14336) no persistent config fits its
@@ -151,9 +162,10 @@ def candidates(variant: tuple[str, ...] = (), rows: int = 1) -> list[tuple]:
     the persistent one-row configs where rows == 1 (_FP8_ROW_CONFIGS for an FP8 weight,
     else _ROW_CONFIGS), and the tensor-core dot configs for an FP8 weight (with SiLU-mul
     only those whose half of BLOCK_N, a program's gate rows, is still tl.dot's smallest N,
-    16). Block-wise FP8 scales: the persistent integer-decoding configs at one row only."""
+    16). Block-wise FP8 scales: the persistent integer-decoding configs at one row only
+    (_FP8_BLOCK_ROW_CONFIGS)."""
     if block_of(variant) is not None:
-        return list(_FP8_ROW_CONFIGS) if rows == 1 else []
+        return list(_FP8_BLOCK_ROW_CONFIGS) if rows == 1 else []
     if "fp8" not in variant:
         return _CONFIGS + (_ROW_CONFIGS if rows == 1 else [])
     dots = [c for c in _FP8_DOT_CONFIGS if "silu_mul" not in variant or c[0] >= 32]

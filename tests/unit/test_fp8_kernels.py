@@ -423,7 +423,10 @@ def test_gemv_persistent_block_scales_against_the_dequantized_weight(block):
     variant = (f"fp8block{block[0]}x{block[1]}",)
     assert small_m_gemm.block_of(variant) == block
     assert small_m_gemm.block_of(("norm", "fp8")) is None
-    assert small_m_gemm.candidates(variant) == small_m_gemm._FP8_ROW_CONFIGS
+    block_rows = small_m_gemm._FP8_BLOCK_ROW_CONFIGS
+    assert small_m_gemm.candidates(variant) == block_rows
+    assert set(small_m_gemm._FP8_ROW_CONFIGS) < set(block_rows)
+    assert all(c[4] == small_m_gemm.PERSISTENT_BITS for c in block_rows)
     assert small_m_gemm.candidates(("residual", *variant), rows=2) == []
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     n, k = 64, 304  # 16 blocks of 4 rows over the interpreter's 2 x 4 programs
