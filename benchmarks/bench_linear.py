@@ -11,9 +11,9 @@ of a decode step, to set against bench_one_batch's ms/token.
 `--fp8-block` also times the attention projections with block-wise FP8 weights (128 x 128
 scales, Qwen3-FP8's format) at each M: fp8_kernels.block_fp8_linear (x quantized per group,
 the block matmul) against fused_moe_gemv.block_fp8_gemv at each FP8_BLOCK_TILES entry and,
-at one row, small_m_gemm's persistent GEMV at each of its block-scaled candidates.
-`--fp8` times the attention projections and a dense MLP's with per-channel FP8 weights: small_m_gemm's
-"fp8" candidates against fused_moe_gemv.channel_fp8_gemv at the same tiles.
+at one row, small_m_gemm's persistent GEMV at each of its block-scaled candidates. `--fp8`
+times the attention projections and a dense MLP's with per-channel FP8 weights:
+small_m_gemm's "fp8" candidates against fused_moe_gemv.channel_fp8_gemv at the same tiles.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -97,22 +98,31 @@ FP8_BLOCK_TILES = [
 ]  # fmt: skip
 
 
+def _cold_timer(n: int, k: int, quantize) -> Callable[[Callable], float]:
+    """A timer of op(weight, scale) in microseconds, rotating through enough copies of a
+    random [n, k] weight, quantized by `quantize` into (weight, scale), that none is read
+    from L2 (256 MiB of them, at least two)."""
+    copies = max(2, -(-(256 << 20) // (n * k)))
+    ws = [quantize(torch.randn(n, k, device="cuda") * 0.02) for _ in range(copies)]
+
+    def timed(op: Callable) -> float:
+        turn = itertools.count()
+        return 1000 * cuda_time_ms(lambda: op(*ws[next(turn) % copies]), 30, copies, graph=True)
+
+    return timed
+
+
 def time_fp8_block(m: int, n: int, k: int, block=(128, 128)) -> dict[str, float]:
     """Microseconds per x [m, k] (bf16) @ w^T for a block-wise FP8 w [n, k], weights cold in
     L2: "block_fp8_linear", and block_fp8_gemv at each FP8_BLOCK_TILES entry the compiler
-    accepts (keyed by the tiles)."""
+    accepts (keyed by the tiles), and at one row small_m_gemm's block-scaled persistent
+    candidates (keyed "persistent" and the config)."""
     from mini_sglang.layers import small_m_gemm
     from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, block_fp8_gemv
     from mini_sglang.layers.quantization.fp8_kernels import block_fp8_linear, quantize_blocks
 
-    copies = max(2, -(-(256 << 20) // (n * k)))
-    ws = [quantize_blocks(torch.randn(n, k, device="cuda") * 0.02, block) for _ in range(copies)]
+    timed = _cold_timer(n, k, lambda w: quantize_blocks(w, block))
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-
-    def timed(op) -> float:
-        turn = itertools.count()
-        return 1000 * cuda_time_ms(lambda: op(*ws[next(turn) % copies]), 30, copies, graph=True)
-
     times = {"block_fp8_linear": timed(lambda w, s: block_fp8_linear(x, w, s, block))}
     for tiles in FP8_BLOCK_TILES:
         op = lambda w, s, t=GemvTiles(*tiles): block_fp8_gemv(x, w, s, block, tiles=t)  # noqa: E731
@@ -136,14 +146,8 @@ def time_fp8_channel(m: int, n: int, k: int) -> dict[str, float]:
     from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, channel_fp8_gemv
     from mini_sglang.layers.quantization.fp8_kernels import quantize_rows
 
-    copies = max(2, -(-(256 << 20) // (n * k)))
-    ws = [quantize_rows(torch.randn(n, k, device="cuda") * 0.02) for _ in range(copies)]
+    timed = _cold_timer(n, k, quantize_rows)
     x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-
-    def timed(op) -> float:
-        turn = itertools.count()
-        return 1000 * cuda_time_ms(lambda: op(*ws[next(turn) % copies]), 30, copies, graph=True)
-
     times = {}
     for cfg in small_m_gemm.candidates(("fp8",), rows=m):
         op = lambda w, s, c=cfg: small_m_gemm.gemv(x, w, c, w_scale=s)  # noqa: E731
