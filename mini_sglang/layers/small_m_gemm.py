@@ -141,6 +141,19 @@ _FP8_GRID_BITS_CONFIGS = [
 ]
 
 
+# FP8 weights with per-row scales, several rows of x: (BLOCK_N, BLOCK_K, warps, 0, DENSE_DOWN)
+# runs fused_moe_gemv.channel_fp8_gemv at those tiles, the expert down kernel with one
+# expert (the kernel block-wise FP8 layers run at 2-4 rows): one program per row block and
+# row of x, the weight read as int32 words, the scale and a residual add in its epilogue.
+# No norm or SiLU-mul prologue, so only the plain and residual variants take it (_fits).
+DENSE_DOWN = 4
+
+
+def is_dense_down(cfg: tuple | None) -> bool:
+    """Whether a GEMV config selects fused_moe_gemv.channel_fp8_gemv (DENSE_DOWN)."""
+    return cfg is not None and len(cfg) == 5 and cfg[4] == DENSE_DOWN
+
+
 def is_persistent(cfg: tuple | None) -> bool:
     """Whether a GEMV config selects _gemv_rows_kernel (one row of x only); None (cuBLAS,
     e.g. forced with MINI_SGLANG_GEMV_CONFIGS=NxK:cublas) does not."""
@@ -641,6 +654,12 @@ def gemv(
     n = w.shape[0]
     bn, bk, warps = cfg[:3]
     extra = {"num_stages": cfg[3]} if len(cfg) > 3 else {}
+    if is_dense_down(cfg):
+        if silu_mul or norm_weight is not None or eps is not None or w_block or w_scale is None:
+            raise ValueError(f"{cfg} runs per-row scaled FP8 weights without a prologue")
+        from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, channel_fp8_gemv
+
+        return channel_fp8_gemv(x, w, w_scale, residual, GemvTiles(bn, bk, warps))
     if is_persistent(cfg):
         return _gemv_rows(x, w, cfg, pdl, silu_mul, residual, norm_weight, eps, w_scale, w_block)
     if w_block is not None:
@@ -888,10 +907,12 @@ def _fits(cfg: tuple | None, w: torch.Tensor, variant: tuple[str, ...]) -> bool:
     """Whether a forced config can run w as `variant`: an integer-decoding one
     (PERSISTENT_BITS) only an FP8 weight, e.g. not a bf16 layer of the same shape that a
     checkpoint left unquantized; a block-scaled weight only None (its own GEMV) or a
-    persistent config."""
+    persistent config; DENSE_DOWN only a per-row scaled FP8 weight with no prologue."""
     if block_of(variant) is not None and cfg is not None and not is_persistent(cfg):
         return False
-    bits = cfg is not None and len(cfg) > 4 and cfg[4] == PERSISTENT_BITS
+    if is_dense_down(cfg) and ("fp8" not in variant or {"norm", "silu_mul"} & set(variant)):
+        return False
+    bits = cfg is not None and len(cfg) > 4 and cfg[4] in (PERSISTENT_BITS, DENSE_DOWN)
     return not bits or w.dtype == torch.float8_e4m3fn
 
 
@@ -974,7 +995,7 @@ def linear_silu_mul(
     # A block-scaled weight's pick is timed with the SiLU-mul (its fallback runs the
     # activation kernel); the others reuse the plain GEMV's pick.
     cfg = _config(x, w, _scaled(("silu_mul",) if w_block else (), w_scale, w_block))
-    if cfg is None:
+    if cfg is None or is_dense_down(cfg):  # DENSE_DOWN has no SiLU-mul epilogue
         return None
     return gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True, w_scale=w_scale, w_block=w_block)
 

@@ -338,6 +338,33 @@ def test_gemv_integer_decoding_grid_configs_match_the_elementwise_ones(m, x_form
             torch.testing.assert_close(out.float(), expect, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_dense_down_config_matches_the_grid_kernel(m):
+    """A DENSE_DOWN config runs fused_moe_gemv.channel_fp8_gemv at its tiles: the result of
+    the grid kernel, plain and adding into the residual; a prologue it lacks is refused."""
+    pytest.importorskip("triton")
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.small_m_gemm import gemv
+
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    rtol, atol = (2e-2, 2e-2) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    n, k = 24, 384
+    wq, s = quantize_rows(_rand(n, k, seed=31) / 16)
+    wv = (wq.float() if DEVICE == "cpu" else wq).to(DEVICE)
+    scale = s.to(DEVICE)
+    x = _rand(m, k, seed=32).to(DEVICE, dtype)
+    dense = (8, 128, 4, 0, small_m_gemm.DENSE_DOWN)
+    ref = gemv(x, wv, (4, 128, 4), w_scale=scale)
+    torch.testing.assert_close(gemv(x, wq.to(DEVICE), dense, w_scale=scale).float(),
+                               ref.float(), rtol=rtol, atol=atol)  # fmt: skip
+    r = _rand(m, n, seed=33).to(DEVICE, dtype)
+    got = gemv(x, wq.to(DEVICE), dense, w_scale=scale, residual=r.clone())
+    expect = gemv(x, wv, (4, 128, 4), w_scale=scale, residual=r.clone())
+    torch.testing.assert_close(got.float(), expect.float(), rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="without a prologue"):
+        gemv(x, wq.to(DEVICE), dense, w_scale=scale, silu_mul=True)
+
+
 @pytest.mark.parametrize("fp8", [False, True])
 def test_gemv_persistent_configs_match_the_grid_ones(fp8):
     """The one-row persistent configs (small_m_gemm._ROW_CONFIGS and, for FP8 weights, the

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from mini_sglang.layers.small_m_gemm import (
+    DENSE_DOWN,
     PERSISTENT,
     PERSISTENT_BITS,
     _fits,
@@ -81,3 +82,10 @@ def test_forced_configs_apply_only_where_they_can_run():
     block = ("residual", "fp8block128x128")
     assert _fits(bits, fp8, block) and _fits(None, fp8, block)
     assert not _fits(grid, fp8, block)
+    # the dense down kernel (channel_fp8_gemv): a per-row scaled FP8 weight, plain or adding
+    # into the residual; no norm or SiLU-mul prologue, no bf16 or block-scaled weight
+    dense = (16, 512, 8, 0, DENSE_DOWN)
+    assert _fits(dense, fp8, ("fp8",)) and _fits(dense, fp8, ("residual", "fp8"))
+    assert not _fits(dense, fp8, ("norm", "fp8")) and not _fits(dense, fp8, ("silu_mul", "fp8"))
+    assert not _fits(dense, bf16, ()) and not _fits(dense, fp8, block)
+    assert not is_persistent(dense)
