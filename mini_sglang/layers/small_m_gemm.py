@@ -145,7 +145,8 @@ _FP8_GRID_BITS_CONFIGS = [
 # runs fused_moe_gemv.channel_fp8_gemv at those tiles, the expert down kernel with one
 # expert (the kernel block-wise FP8 layers run at 2-4 rows): one program per row block and
 # row of x, the weight read as int32 words, the scale and a residual add in its epilogue.
-# No norm or SiLU-mul prologue, so only the plain and residual variants take it (_fits).
+# No norm or SiLU-mul prologue: forced for a shape, it runs the plain and residual variants,
+# and the others unfused (forced_choice).
 DENSE_DOWN = 4
 
 
@@ -893,14 +894,36 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
             return None
-        forced = _FORCED.get(tuple(w.shape), ())
-        fits = _fits(forced, w, variant)
-        if forced != () and (bucket == 1 or not is_persistent(forced)) and fits:
-            _choice[key] = _FORCED[tuple(w.shape)]
-            logger.debug("small-M GEMM N=%d K=%d %s: %s (forced)", *w.shape, variant, _choice[key])
+        forced = forced_choice(_FORCED.get(tuple(w.shape), ()), w, variant, bucket)
+        if forced != ():
+            _choice[key] = forced
+            logger.debug("small-M GEMM N=%d K=%d %s: %s (forced)", *w.shape, variant, forced)
         else:
             _choice[key] = _stored_or_timed(key, x, w, variant)
     return _choice[key]
+
+
+def forced_choice(
+    forced: tuple | None, w: torch.Tensor, variant: tuple[str, ...], bucket: int
+) -> tuple | None:
+    """The choice a config forced for w's shape (MINI_SGLANG_GEMV_CONFIGS; () where none is)
+    makes for `variant` at M's power-of-two bucket, or () where the timed pick stands: a
+    persistent config serves one row only, and a config w or the variant cannot run is
+    ignored (_fits), except that a DENSE_DOWN one runs the shape's norm and SiLU-mul
+    variants unfused (None: the prologue's own kernel, then the plain variant on it)."""
+    if forced == ():
+        return ()
+    if _fits(forced, w, variant):
+        return forced if bucket == 1 or not is_persistent(forced) else ()
+    if is_dense_down(forced) and _fits(forced, w, _plain(variant)):
+        return None
+    return ()
+
+
+def _plain(variant: tuple[str, ...]) -> tuple[str, ...]:
+    """variant without the norm and SiLU-mul that a GEMV may fold in (the weight's format
+    and the residual epilogue stay)."""
+    return tuple(v for v in variant if v not in ("norm", "silu_mul"))
 
 
 def _fits(cfg: tuple | None, w: torch.Tensor, variant: tuple[str, ...]) -> bool:
@@ -910,7 +933,7 @@ def _fits(cfg: tuple | None, w: torch.Tensor, variant: tuple[str, ...]) -> bool:
     persistent config; DENSE_DOWN only a per-row scaled FP8 weight with no prologue."""
     if block_of(variant) is not None and cfg is not None and not is_persistent(cfg):
         return False
-    if is_dense_down(cfg) and ("fp8" not in variant or {"norm", "silu_mul"} & set(variant)):
+    if is_dense_down(cfg) and ("fp8" not in variant or _plain(variant) != variant):
         return False
     bits = cfg is not None and len(cfg) > 4 and cfg[4] in (PERSISTENT_BITS, DENSE_DOWN)
     return not bits or w.dtype == torch.float8_e4m3fn

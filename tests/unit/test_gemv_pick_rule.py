@@ -14,6 +14,7 @@ from mini_sglang.layers.small_m_gemm import (
     _fits,
     _parse_forced,
     choose,
+    forced_choice,
     is_persistent,
     pick_rule,
 )
@@ -89,3 +90,23 @@ def test_forced_configs_apply_only_where_they_can_run():
     assert not _fits(dense, fp8, ("norm", "fp8")) and not _fits(dense, fp8, ("silu_mul", "fp8"))
     assert not _fits(dense, bf16, ()) and not _fits(dense, fp8, block)
     assert not is_persistent(dense)
+
+
+def test_forced_choice_per_variant_and_bucket():
+    # what MINI_SGLANG_GEMV_CONFIGS makes of one shape's calls: a grid config at every bucket,
+    # a persistent one at one row only, a config the weight cannot run not at all (()), and a
+    # DENSE_DOWN one the norm / SiLU-mul variants unfused (None), the plain one on it
+    bf16 = torch.zeros(8, 8, dtype=torch.bfloat16)
+    fp8 = torch.zeros(8, 8).to(torch.float8_e4m3fn)
+    grid, row = (4, 2048, 4, 2), (2, 0, 8, 1, PERSISTENT, 4)
+    dense = (16, 512, 8, 0, DENSE_DOWN)
+    assert forced_choice((), bf16, (), 1) == ()
+    assert forced_choice(grid, bf16, ("norm",), 4) == grid
+    assert forced_choice(None, bf16, (), 4) is None
+    assert forced_choice(row, bf16, (), 1) == row and forced_choice(row, bf16, (), 2) == ()
+    assert forced_choice((2, 0, 4, 1, PERSISTENT_BITS, 4), bf16, (), 1) == ()
+    assert forced_choice(dense, fp8, ("fp8",), 4) == dense
+    assert forced_choice(dense, fp8, ("residual", "fp8"), 2) == dense
+    assert forced_choice(dense, fp8, ("norm", "fp8"), 4) is None
+    assert forced_choice(dense, bf16, ("norm",), 4) == ()
+    assert forced_choice(dense, fp8, ("fp8block128x128",), 1) == ()
