@@ -190,7 +190,9 @@ class Envs:
         "",
         'Forced GEMV picks per weight shape, e.g. "4096x4096:4,2048,4,2;28672x4096:cublas" '
         "(entries separated by ';' or '/'); an integer-decoding config (kind 3) applies to "
-        "FP8 weights only, and for block-wise FP8 weights 'cublas' selects their own GEMV.",
+        "FP8 weights only, for block-wise FP8 weights 'cublas' selects their own GEMV, and a "
+        "dense-down config (BLOCK_N,BLOCK_K,warps,0,4) runs per-channel FP8 weights on the "
+        "expert down kernel, their input norm and SiLU-mul unfused.",
     )
     MINI_SGLANG_FP8_NORM_QUANT = EnvBool(
         True,
