@@ -35,3 +35,19 @@ def test_overlapping_kernels_are_charged_their_extension_of_the_span(tmp_path: P
     assert {name: rows[(name, grid)] for name in "ABCD"} == {
         "A": [1, 10.0], "B": [1, 5.0], "C": [1, 1.0], "D": [1, 0.0],
     }  # fmt: skip
+
+
+def test_timeline_starts_at_the_anchors_middle_launch() -> None:
+    # two "layers" of A (PDL: B starts before A ends); the run starts at the second A,
+    # charged from the first B's end (15)
+    kernels = [
+        _kernel("A", 0, 10), _kernel("B", 8, 7),
+        _kernel("A", 20, 10), _kernel("B", 25, 10), _kernel("C", 40, 1),
+    ]  # fmt: skip
+    kernels[3]["args"].update(block=[128, 1, 1], **{"registers per thread": 64})
+    rows = summary.timeline(kernels, "A", 2)
+    assert [(r["name"], r["start"], r["end"], r["charge"]) for r in rows] == [
+        ("A", 0, 10, 15.0), ("B", 5, 15, 5.0),
+    ]  # fmt: skip
+    assert (rows[1]["threads"], rows[1]["registers"]) == (128, 64)
+    assert summary.timeline(kernels, "X", 3) == []
