@@ -8,6 +8,7 @@ run.
     python benchmarks/kernel_resources.py --attention   # the fused decode attention kernel
     python benchmarks/kernel_resources.py --align 256,8 128,8 64,4   # moe_align_block_size
     python benchmarks/kernel_resources.py --gemv [qkv:5120:2048:norm ...]   # persistent GEMV
+    python benchmarks/kernel_resources.py --gemv qkv:5120:2048:norm+fp8 --gemv-rows 4   # grid
 
 Rows: the expert kernels of layers/moe/fused_moe_gemv.py (gate_up, down) per tile config,
 and the router's top-k kernel at its launch's warps and at 4, at Qwen3-30B-A3B's shapes by
@@ -158,10 +159,14 @@ GEMV_SHAPES = [
 ]  # fmt: skip
 
 
-def _gemv_rows(arch: int, shapes: list[str], configs: list[str] | None) -> list[dict]:
-    """small_m_gemm._gemv_rows_kernel per shape and persistent config (its candidates for
-    the variant by default): registers and the programs an SM holds against the programs
-    per SM the config launches (a persistent grid beyond that runs in two waves)."""
+def _gemv_rows(
+    arch: int, shapes: list[str], configs: list[str] | None, m: int = 1, sms: int = 132
+) -> list[dict]:
+    """small_m_gemm's GEMV per shape and config (its candidates for the variant at m rows of
+    x by default): at one row the persistent _gemv_rows_kernel, registers and the programs
+    an SM holds against the programs per SM the config launches (a persistent grid beyond
+    that runs in two waves); the grid _gemv_kernel at any m, its programs against what
+    `sms` SMs hold at once (waves)."""
     from mini_sglang.layers import small_m_gemm
 
     fn = small_m_gemm._gemv_rows_kernel
@@ -172,8 +177,13 @@ def _gemv_rows(arch: int, shapes: list[str], configs: list[str] | None) -> list[
         block = small_m_gemm.block_of(var)
         fp8 = block is not None or "fp8" in var
         cfgs = [tuple(map(int, c.split(","))) for c in configs] if configs else None
-        for cfg in cfgs or small_m_gemm.candidates(var):
+        for cfg in cfgs or small_m_gemm.candidates(var, m):
+            if small_m_gemm.is_dense_down(cfg):  # fused_moe_gemv's kernel, not reported here
+                continue
             if not small_m_gemm.is_persistent(cfg):
+                rows.append(_gemv_grid_row(arch, name, n, k, variant, var, cfg, m, sms))
+                continue
+            if m != 1:
                 continue
             bn, _, warps, stages, kind, per_sm = cfg
             bits = kind == small_m_gemm.PERSISTENT_BITS
@@ -193,11 +203,42 @@ def _gemv_rows(arch: int, shapes: list[str], configs: list[str] | None) -> list[
             rows.append({"kernel": f"gemv {name} {n}x{k} {variant}", "warps": warps,
                          "stages": stages, "tiles": list(cfg), "per_sm": per_sm, **res})  # fmt: skip
     for r in rows:
+        if "programs" in r:
+            waves = "one wave" if r["waves"] == 1 else f"{r['waves']} WAVES"
+            print(f"sm{arch} {r['kernel']} {tuple(r['tiles'])} at {m} rows: {r['regs']} "
+                  f"registers, {r['ctas_per_sm']} per SM held, {r['programs']} programs on "
+                  f"{sms} SMs ({waves}), {r['loads_before_wait']} loads before the PDL wait")  # fmt: skip
+            continue
         waves = "one wave" if r["ctas_per_sm"] >= r["per_sm"] else "TWO WAVES"
         print(f"sm{arch} {r['kernel']} {tuple(r['tiles'])}: {r['regs']} registers, "
               f"{r['ctas_per_sm']} per SM held against {r['per_sm']} launched ({waves}), "
               f"{r['loads_before_wait']} loads before the PDL wait")  # fmt: skip
     return rows
+
+
+def _gemv_grid_row(
+    arch: int, name: str, n: int, k: int, variant: str, var: tuple, cfg: tuple, m: int, sms: int
+) -> dict:
+    """small_m_gemm._gemv_kernel compiled as gemv launches cfg at m rows (grid_launch), with
+    its programs and the waves they take on `sms` SMs."""
+    from mini_sglang.layers import small_m_gemm
+
+    fn = small_m_gemm._gemv_kernel
+    silu = "silu_mul" in var
+    launch = small_m_gemm.grid_launch(cfg, m, n, silu)
+    programs = launch.pop("programs")
+    types = {a: "i32" for a in fn.arg_names}
+    types.update(x="*bf16", out="*bf16", norm_w="*bf16", w_scale="*fp32", eps="fp32")
+    types["w"] = "*i32" if launch["BITS"] else ("*fp8e4nv" if "fp8" in var else "*bf16")
+    consts = dict(
+        launch, PDL=True, SILU_MUL=silu, ADD_RES="residual" in var, NORM="norm" in var,
+        NORM_G="norm" in var, W_SCALE="fp8" in var, IEEE=False, X_WORDS=False,
+    )  # fmt: skip
+    stages = cfg[3] if len(cfg) > 3 else None
+    res = resources(fn, types, consts, cfg[2], arch, stages)
+    waves = -(-programs // max(1, res["ctas_per_sm"] * sms))
+    return {"kernel": f"gemv {name} {n}x{k} {variant}", "warps": cfg[2], "stages": stages,
+            "tiles": list(cfg), "rows": m, "programs": programs, "waves": waves, **res}  # fmt: skip
 
 
 def _align_rows(arch: int, experts: int, variants: list[str]) -> list[dict]:
@@ -249,13 +290,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )  # fmt: skip
     p.add_argument(
         "--gemv-configs", nargs="+", default=None, metavar="BN,0,WARPS,STAGES,KIND,PER_SM",
-        help="with --gemv: these persistent configs instead of the variant's candidates",
+        help="with --gemv: these configs (persistent or grid) instead of the variant's candidates",
     )  # fmt: skip
+    p.add_argument(
+        "--gemv-rows",
+        type=int,
+        default=1,
+        help="with --gemv: rows of x (grid configs only above 1)",
+    )
+    p.add_argument(
+        "--sms", type=int, default=132, help="with --gemv: SMs a grid config's programs spread over"
+    )
     args = p.parse_args(argv)
     common = {"arch": args.arch, "triton": triton.__version__}
     print(f"Triton {triton.__version__}, sm{args.arch}")
     if args.gemv is not None:
-        rows = _gemv_rows(args.arch, args.gemv or GEMV_SHAPES, args.gemv_configs)
+        rows = _gemv_rows(
+            args.arch, args.gemv or GEMV_SHAPES, args.gemv_configs, args.gemv_rows, args.sms
+        )
     elif args.align:
         rows = _align_rows(args.arch, args.experts, args.align)
         for r in rows:

@@ -665,6 +665,47 @@ def gemv(
         return _gemv_rows(x, w, cfg, pdl, silu_mul, residual, norm_weight, eps, w_scale, w_block)
     if w_block is not None:
         raise ValueError(f"block-wise weight scales take a persistent config, not {cfg}")
+    launch = grid_launch(cfg, m, n, silu_mul)
+    if launch["BITS"]:  # the kernel's tiles count int32 words of four weights
+        w = e4m3_words(w, k)
+    x_words = (
+        launch["BITS"]
+        and launch["BM"] == 1
+        and _bf16_words(x)
+        and (norm_weight is None or _bf16_words(norm_weight))
+    )
+    out_n = n // 2 if silu_mul else n
+    out, fused = _fused(x, w, out_n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
+    programs = launch.pop("programs")
+    _gemv_kernel[(programs,)](
+        x,
+        w,
+        out,
+        m,
+        out_n,
+        k,
+        x.stride(0),
+        w.stride(0),
+        out.stride(0),
+        IEEE=x.dtype == torch.float32,
+        X_WORDS=x_words,
+        num_warps=warps,
+        **launch,
+        **extra,
+        **fused,
+    )
+    return out
+
+
+def grid_launch(cfg: tuple, m: int, n: int, silu_mul: bool = False) -> dict:
+    """_gemv_kernel's tile constants for a grid config (BLOCK_N, BLOCK_K, warps[, stages[,
+    1 | PERSISTENT_BITS]]) at m rows of x and n weight rows, and its grid ("programs"):
+    BM is m rounded up to a power of two (16 at least for tensor-core dots); a K tile
+    shrinks by BM without dots, so a thread's tile stays bounded, and counts int32 words
+    of four weights with BITS; with SiLU-mul a program reads BN / 2 gate and BN / 2 up
+    rows. E.g. (8, 2048, 4, 2, 3) at 4 rows, n 5120: BM 4, BK 2048 / 4 / 4 = 128 words,
+    BN 8, 640 programs."""
+    bn, bk = cfg[:2]
     dot = len(cfg) > 4 and cfg[4] == 1
     bits = len(cfg) > 4 and cfg[4] == PERSISTENT_BITS
     bm = max(1, triton.next_power_of_2(m))
@@ -672,39 +713,15 @@ def gemv(
         bm = max(16, bm)  # tl.dot's smallest M; the extra rows are masked off
     elif bm > 1:
         bk = max(32, bk // bm)  # keep the per-thread register tile bounded
-    if bits:  # the kernel's tiles count int32 words of four weights
-        w, bk = e4m3_words(w, k), max(1, bk // 4)
-    x_words = (
-        bits and bm == 1 and _bf16_words(x) and (norm_weight is None or _bf16_words(norm_weight))
-    )
+    if bits:
+        bk = max(1, bk // 4)
     if silu_mul:
         assert n % 2 == 0 and bn >= 2, (n, cfg)
         if dot:  # tl.dot needs 16 gate rows a program: gate_up's pick is timed without SiLU
             bn = max(bn, 32)
         n, bn = n // 2, bn // 2
-    out, fused = _fused(x, w, n, pdl, silu_mul, residual, norm_weight, eps, w_scale)
-    _gemv_kernel[(triton.cdiv(n, bn),)](
-        x,
-        w,
-        out,
-        m,
-        n,
-        k,
-        x.stride(0),
-        w.stride(0),
-        out.stride(0),
-        BM=bm,
-        BN=bn,
-        BK=bk,
-        DOT=dot,
-        IEEE=x.dtype == torch.float32,
-        BITS=bits,
-        X_WORDS=x_words,
-        num_warps=warps,
-        **extra,
-        **fused,
-    )
-    return out
+    return {"BM": bm, "BN": bn, "BK": bk, "DOT": dot, "BITS": bits,
+            "programs": triton.cdiv(n, bn)}  # fmt: skip
 
 
 def _bf16_words(v: torch.Tensor) -> bool:

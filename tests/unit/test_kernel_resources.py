@@ -105,3 +105,21 @@ def test_persistent_gemv_occupancy_against_its_launch(tmp_path: Path) -> None:
     for r, line in zip(rows, lines):
         assert ("TWO WAVES" in line) == (r["ctas_per_sm"] < r["per_sm"])
     assert "TWO WAVES" in lines[1] and "TWO WAVES" in lines[3]
+
+
+def test_grid_gemv_waves_at_several_rows(tmp_path: Path) -> None:
+    """--gemv with --gemv-rows: small_m_gemm's grid GEMV compiled as gemv launches a config
+    at that many rows of x (grid_launch), its programs set against what the SMs hold at once.
+    Per-channel FP8 qkv at four rows: (8, 2048, 4, 2, 3) launches 640 programs of BLOCK_N 8;
+    with 4 SMs they need several waves."""
+    cfgs = ["8,2048,4,2,3", "64,64,4"]
+    rows, stdout = _rows(
+        tmp_path, "--gemv", "qkv:5120:2048:norm+fp8", "--gemv-rows", "4", "--sms", "4",
+        "--gemv-configs", *cfgs,
+    )  # fmt: skip
+    assert [(r["tiles"], r["rows"], r["programs"]) for r in rows] == [
+        ([8, 2048, 4, 2, 3], 4, 640), ([64, 64, 4], 4, 80),
+    ]  # fmt: skip
+    for r, line in zip(rows, stdout.strip().splitlines()[1:]):
+        assert r["waves"] == -(-r["programs"] // (r["ctas_per_sm"] * 4)) > 1
+        assert f"{r['waves']} WAVES" in line and r["loads_after_wait"] > 0
