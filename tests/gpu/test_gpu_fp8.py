@@ -190,6 +190,35 @@ def test_fp8_block_persistent_gemv_against_the_emulated_model(case, tmp_path, mo
     assert set(block_picks.values()) == {cfg}, block_picks
 
 
+def test_fp8_dense_down_gemv_against_the_emulated_model(case, tmp_path, monkeypatch):
+    """Per-channel FP8 weights (--quantization fp8) with every linear shape forced to the
+    dense down kernel (DENSE_DOWN: fused_moe_gemv.channel_fp8_gemv), as an A/B arm runs
+    them: qkv and gate_up then run their norm unfused and gate_up its SiLU-mul, o_proj and
+    down_proj add into the residual. All prompts together (2-4 rows a decode step) under
+    CUDA graphs: every greedy token matches the emulated FP8 model, and the picks of the
+    norm variants are None (unfused)."""
+    from mini_sglang.layers import small_m_gemm
+    from tests.models.test_fp8_models import emulated_model
+
+    path, quantization, weights, group = _fp8_model(case, "online", tmp_path)
+    emulated = emulated_model(case.hf_model, weights, group)
+    cfg = (16, 128, 4, 0, small_m_gemm.DENSE_DOWN)
+    c = case.hf_model.config
+    d = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    q, kv = c.num_attention_heads * d, c.num_key_value_heads * d
+    h, inter = c.hidden_size, c.intermediate_size
+    for shape in ((q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)):  # qkv, o, gate_up, down
+        monkeypatch.setitem(small_m_gemm._FORCED, shape, cfg)
+    monkeypatch.setattr(small_m_gemm, "_choice", {})  # picks made with the forced configs
+    sched = _scheduler(path, "flashinfer", quantization)
+    outs = [r.output_ids for r in run_prompts(sched, PROMPTS, MAX_NEW, rid_prefix="d")]
+    _assert_greedy_matches(emulated, PROMPTS, outs)
+    picks = {k: v for k, v in small_m_gemm._choice.items() if "fp8" in k[-1]}
+    print("per-channel FP8 picks with DENSE_DOWN forced:", picks)
+    assert {v for k, v in picks.items() if "norm" not in k[-1]} == {cfg}, picks
+    assert {v for k, v in picks.items() if "norm" in k[-1]} <= {None}, picks
+
+
 @torch.no_grad()
 def _all_logits(model, ids: list[int]) -> torch.Tensor:
     """A transformers model's float32 logits at every position of ids, [len(ids), vocab]."""
