@@ -188,9 +188,7 @@ def _gemv_rows(
             bn, _, warps, stages, kind, per_sm = cfg
             bits = kind == small_m_gemm.PERSISTENT_BITS
             silu = "silu_mul" in var
-            types = {a: "i32" for a in fn.arg_names}
-            types.update(x="*bf16", out="*bf16", norm_w="*bf16", w_scale="*fp32", eps="fp32")
-            types["w"] = "*i32" if bits else ("*fp8e4nv" if fp8 else "*bf16")
+            types = _gemv_types(fn, "*i32" if bits else ("*fp8e4nv" if fp8 else "*bf16"))
             consts = dict(
                 BN=max(1, bn // 2) if silu else bn,
                 BK=triton.next_power_of_2(k // 4 if bits else k), PDL=True, SILU_MUL=silu,
@@ -216,6 +214,14 @@ def _gemv_rows(
     return rows
 
 
+def _gemv_types(fn, w_type: str) -> dict:
+    """Triton types of a small_m_gemm GEMV kernel's arguments, as a bf16 model launches it
+    with a weight of type w_type."""
+    types = {a: "i32" for a in fn.arg_names}
+    types.update(x="*bf16", out="*bf16", norm_w="*bf16", w_scale="*fp32", eps="fp32", w=w_type)
+    return types
+
+
 def _gemv_grid_row(
     arch: int, name: str, n: int, k: int, variant: str, var: tuple, cfg: tuple, m: int, sms: int
 ) -> dict:
@@ -227,9 +233,7 @@ def _gemv_grid_row(
     silu = "silu_mul" in var
     launch = small_m_gemm.grid_launch(cfg, m, n, silu)
     programs = launch.pop("programs")
-    types = {a: "i32" for a in fn.arg_names}
-    types.update(x="*bf16", out="*bf16", norm_w="*bf16", w_scale="*fp32", eps="fp32")
-    types["w"] = "*i32" if launch["BITS"] else ("*fp8e4nv" if "fp8" in var else "*bf16")
+    types = _gemv_types(fn, "*i32" if launch["BITS"] else ("*fp8e4nv" if "fp8" in var else "*bf16"))
     consts = dict(
         launch, PDL=True, SILU_MUL=silu, ADD_RES="residual" in var, NORM="norm" in var,
         NORM_G="norm" in var, W_SCALE="fp8" in var, IEEE=False, X_WORDS=False,
@@ -286,21 +290,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )  # fmt: skip
     p.add_argument(
         "--gemv", nargs="*", default=None, metavar="NAME:N:K:VARIANT",
-        help="small_m_gemm's persistent one-row GEMV instead (default: GEMV_SHAPES)",
+        help="small_m_gemm's GEMV instead, persistent and grid configs (default: GEMV_SHAPES)",
     )  # fmt: skip
     p.add_argument(
-        "--gemv-configs", nargs="+", default=None, metavar="BN,0,WARPS,STAGES,KIND,PER_SM",
-        help="with --gemv: these configs (persistent or grid) instead of the variant's candidates",
+        "--gemv-configs", nargs="+", default=None, metavar="CONFIG",
+        help="with --gemv: these configs (persistent BN,0,WARPS,STAGES,KIND,PER_SM or grid) "
+        "instead of the variant's candidates",
     )  # fmt: skip
-    p.add_argument(
-        "--gemv-rows",
-        type=int,
-        default=1,
-        help="with --gemv: rows of x (grid configs only above 1)",
-    )
-    p.add_argument(
-        "--sms", type=int, default=132, help="with --gemv: SMs a grid config's programs spread over"
-    )
+    p.add_argument("--gemv-rows", type=int, default=1,
+                   help="with --gemv: rows of x (grid configs only above 1)")  # fmt: skip
+    p.add_argument("--sms", type=int, default=132,
+                   help="with --gemv: SMs a grid config's programs spread over")  # fmt: skip
     args = p.parse_args(argv)
     common = {"arch": args.arch, "triton": triton.__version__}
     print(f"Triton {triton.__version__}, sm{args.arch}")

@@ -50,7 +50,7 @@ def charge(kernels: list[dict]) -> dict[tuple[str, str], list[float]]:
 def timeline(kernels: list[dict], anchor: str, count: int) -> list[dict]:
     """`count` kernels from the middle launch of the first kernel named with prefix `anchor`
     (none: []): name, grid, threads, registers, start and end in us from that launch's
-    start, and the charge of `charge` counted from the kernel launched just before."""
+    start, and the charge of `charge`, counted from the latest end before that launch."""
     hits = [i for i, k in enumerate(kernels) if k["name"].startswith(anchor)]
     if not hits:
         return []

@@ -952,7 +952,7 @@ def _fits(cfg: tuple | None, w: torch.Tensor, variant: tuple[str, ...]) -> bool:
         return False
     if is_dense_down(cfg) and ("fp8" not in variant or _plain(variant) != variant):
         return False
-    bits = cfg is not None and len(cfg) > 4 and cfg[4] in (PERSISTENT_BITS, DENSE_DOWN)
+    bits = cfg is not None and len(cfg) > 4 and cfg[4] == PERSISTENT_BITS
     return not bits or w.dtype == torch.float8_e4m3fn
 
 
