@@ -353,16 +353,12 @@ def _expert_rows(args: argparse.Namespace) -> list[dict]:
             rows.append({"kernel": name, "warps": t.num_warps, "stages": t.num_stages,
                          "tiles": [bn, bk], **res})  # fmt: skip
     topk = router.topk_softmax_kernel
-    topk_types = {**_arg_types(topk, False), "pf_ptr": "*u8", "pf_stride": "i64"}
     consts = dict(TOP_K=k, RENORMALIZE=True, PDL=True, **router.topk_constants(k, e))
-    # the top-k kernel as launched, then with the opt-in L2 prefetch of the chosen experts
-    # (MINI_SGLANG_MOE_TOPK_PREFETCH_KB=512)
-    variants = [(w, 0) for w in dict.fromkeys((router.TOPK_NUM_WARPS, 4))]
-    for warps, nbytes in [*variants, (router.TOPK_NUM_WARPS, 512 * 1024)]:
-        c = dict(consts, PF_BYTES=nbytes)
-        res = resources(topk, topk_types, c, warps, args.arch)
-        name = "topk_softmax" if nbytes == 0 else "topk+prefetch"
-        rows.append({"kernel": name, "warps": warps, "stages": None, "tiles": None, **res})
+    for warps in dict.fromkeys((router.TOPK_NUM_WARPS, 4)):
+        res = resources(topk, _arg_types(topk, False), consts, warps, args.arch)
+        rows.append(
+            {"kernel": "topk_softmax", "warps": warps, "stages": None, "tiles": None, **res}
+        )
     for r in rows:
         print(
             f"sm{args.arch} E={e} top-{k}{' fp8' if args.fp8 else ''} {r['kernel']:>12} "

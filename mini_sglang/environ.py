@@ -204,11 +204,6 @@ class Envs:
     MINI_SGLANG_MOE_SMALL_M = EnvInt(
         4, "MoE batches up to this many tokens run the two-kernel expert GEMV path (0: off)."
     )
-    MINI_SGLANG_MOE_TOPK_PREFETCH_KB = EnvInt(
-        0,
-        "Experiment: the MoE top-k kernel asks L2 for the first this many KB of each chosen "
-        "expert's gate/up weight at the expert GEMV path's batches (sm90+; 0: off).",
-    )
     MINI_SGLANG_FP8_GEMV_INT_DECODE = EnvBool(
         True,
         "0: the expert GEMVs and block_fp8_gemv convert FP8 weights with Triton's float8 "

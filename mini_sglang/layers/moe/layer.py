@@ -196,12 +196,7 @@ class FusedMoE(nn.Module):
         (all-reduced where reduce_results at tp > 1); with `residual` it is added into
         residual in place (in the last expert kernel where no all-reduce comes between) and
         residual is returned."""
-        topk_weights, topk_ids = select_experts(
-            router_logits,
-            self.top_k,
-            self.renormalize,
-            prefetch=self.w13_weight if self.ep_size == 1 else None,
-        )
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         if self.record_experts is not None:
             self.record_experts(topk_ids)
         topk_ids = self._local_ids(topk_ids)

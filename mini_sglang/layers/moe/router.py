@@ -14,12 +14,6 @@ reduction is register shuffles or, for integers, one warp-reduce instruction (sm
 keys take two a round, where a float max and an index min took two shuffle trees), while
 four warps add a shared-memory exchange and a barrier to each reduction (19 barriers at
 k = 8 in the compiled kernel; benchmarks/kernel_resources.py counts them).
-
-Opt-in (MINI_SGLANG_MOE_TOPK_PREFETCH_KB, sm90+, the expert GEMV path's few tokens): once it
-has ranked a token and stored its ids, the program asks L2 for the first KB of each chosen
-expert's gate/up weight (bulk prefetches, `l2_prefetch_experts`). Between the top-k and the gate/up kernel
-nothing streams: the gate/up programs can read no weight before their wait on this kernel
-(the ids pick the weights), so the prefetch starts the expert stream that much earlier.
 """
 
 from __future__ import annotations
@@ -85,25 +79,6 @@ if triton is not None:
         return top_w, top_id
 
     @triton.jit
-    def l2_prefetch_experts(base, expert_bytes, ids, TOP_K: tl.constexpr, NBYTES: tl.constexpr):
-        """Ask L2 for bytes [0, NBYTES) (a multiple of 16) of each expert ids[s], s < TOP_K,
-        of the weight at `base` (uint8; expert e's bytes start at e * expert_bytes): one sm90
-        bulk prefetch (cp.async.bulk.prefetch.L2) an expert. A hint: nothing waits for it.
-        The instruction takes warp-uniform operands, so the compiled code issues one
-        prefetch per distinct (address, size) among the lanes: TOP_K of them, however the
-        ids are spread over the lanes."""
-        slots = tl.arange(0, ids.shape[0])
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,r",
-            [base + ids.to(tl.int64) * expert_bytes, tl.where(slots < TOP_K, NBYTES, 0)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-    @triton.jit
     def topk_softmax_kernel(
         logits_ptr,
         weights_ptr,
@@ -115,12 +90,8 @@ if triton is not None:
         RENORMALIZE: tl.constexpr,
         BLOCK_E: tl.constexpr,
         PDL: tl.constexpr,
-        pf_ptr=None,
-        pf_stride=0,
-        PF_BYTES: tl.constexpr = 0,
     ):
-        """Row program_id(0)'s TOP_K (weights, ids) (topk_route) into [rows, TOP_K]; with
-        PF_BYTES > 0, then l2_prefetch_experts(pf_ptr, pf_stride, ...) of those ids."""
+        """Row program_id(0)'s TOP_K (weights, ids) (topk_route) into [rows, TOP_K]."""
         if PDL:  # the logits come from the kernel before
             gdc_launch_dependents()
             gdc_wait()
@@ -131,11 +102,9 @@ if triton is not None:
         slots = tl.arange(0, SLOTS)
         tl.store(weights_ptr + row * TOP_K + slots, top_w, mask=slots < TOP_K)
         tl.store(ids_ptr + row * TOP_K + slots, top_id, mask=slots < TOP_K)
-        if PF_BYTES > 0:  # after the stores: the gate/up kernel waits for them
-            l2_prefetch_experts(pf_ptr, pf_stride, top_id, TOP_K, PF_BYTES)
 
 else:  # CPU installs: torch routes
-    topk_route = topk_softmax_kernel = l2_prefetch_experts = None
+    topk_route = topk_softmax_kernel = None
 
 # the top-k kernel's launch: one warp (see the module)
 TOPK_NUM_WARPS = 1
@@ -149,38 +118,11 @@ def topk_constants(top_k: int, num_experts: int) -> dict:
     }
 
 
-def prefetch_args(w13: torch.Tensor | None, tokens: int) -> dict:
-    """topk_softmax_kernel's prefetch arguments for the experts' gate/up weight w13 [E, 2I,
-    H] (module docstring): {} unless MINI_SGLANG_MOE_TOPK_PREFETCH_KB > 0, w13 is on an
-    sm90+ GPU, contiguous and 16-byte aligned, and the tokens take the expert GEMV path.
-    The prefetch is that many KB of each chosen expert, at most the expert's whole w13."""
-    from mini_sglang.environ import envs
-    from mini_sglang.layers.moe.fused_moe_gemv import use_small_m
-
-    kb = envs.MINI_SGLANG_MOE_TOPK_PREFETCH_KB.get()
-    if kb <= 0 or w13 is None or not w13.is_cuda or not use_small_m(tokens):
-        return {}
-    expert_bytes = w13[0].numel() * w13.element_size()
-    if (
-        torch.cuda.get_device_capability(w13.device)[0] < 9
-        or not w13.is_contiguous()
-        or w13.data_ptr() % 16
-        or expert_bytes % 16
-    ):
-        return {}
-    nbytes = min(kb * 1024, expert_bytes)
-    return {"pf_ptr": w13.view(torch.uint8), "pf_stride": expert_bytes, "PF_BYTES": nbytes}
-
-
 def select_experts_triton(
-    router_logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    prefetch: torch.Tensor | None = None,
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """select_experts_torch in one Triton kernel. It launches as a programmatic dependent
-    where kernels.pdl_enabled(router_logits) (a decode step's few tokens). prefetch: the
-    experts' gate/up weight, for the opt-in L2 prefetch (prefetch_args)."""
+    where kernels.pdl_enabled(router_logits) (a decode step's few tokens)."""
     from mini_sglang.layers.kernels import pdl_enabled
 
     tokens, num_experts = router_logits.shape
@@ -199,7 +141,6 @@ def select_experts_triton(
             RENORMALIZE=renormalize,
             **topk_constants(top_k, num_experts),
             PDL=pdl,
-            **prefetch_args(prefetch, tokens),
             num_warps=TOPK_NUM_WARPS,
             launch_pdl=pdl,
         )
@@ -207,13 +148,9 @@ def select_experts_triton(
 
 
 def select_experts(
-    router_logits: torch.Tensor,
-    top_k: int,
-    renormalize: bool,
-    prefetch: torch.Tensor | None = None,
+    router_logits: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights float32 [tokens, top_k], expert ids int32 [tokens, top_k]); see the module.
-    prefetch: the experts' gate/up weight [E, 2I, H] for the opt-in L2 prefetch (CUDA)."""
+    """(weights float32 [tokens, top_k], expert ids int32 [tokens, top_k]); see the module."""
     if router_logits.is_cuda and triton is not None:
-        return select_experts_triton(router_logits, top_k, renormalize, prefetch)
+        return select_experts_triton(router_logits, top_k, renormalize)
     return select_experts_torch(router_logits, top_k, renormalize)
