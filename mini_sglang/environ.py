@@ -194,6 +194,10 @@ class Envs:
         "dense-down config (BLOCK_N,BLOCK_K,warps,0,4) runs per-channel FP8 weights on the "
         "expert down kernel, their input norm and SiLU-mul unfused.",
     )
+    MINI_SGLANG_DISABLE_FP8_CHANNEL_DENSE = _flag(
+        "1: per-channel FP8 GEMVs at 3-4 rows keep their timed picks (by default those "
+        "without a SiLU-mul fold run the expert down kernel, their input norm unfused)."
+    )
     MINI_SGLANG_FP8_NORM_QUANT = EnvBool(
         True,
         "0: with --quantization fp8, above the GEMV's batch sizes the add-RMSNorms before qkv "

@@ -53,6 +53,7 @@ _ENABLED = not envs.MINI_SGLANG_DISABLE_SMALL_M_GEMM.get()
 _FUSE_SILU_MUL = not envs.MINI_SGLANG_DISABLE_GEMV_SILU_FUSION.get()
 FUSE_NORM = not envs.MINI_SGLANG_DISABLE_GEMV_NORM_FUSION.get()
 _FOLD_MLP_NORM = not envs.MINI_SGLANG_DISABLE_GEMV_MLP_NORM_FOLD.get()
+_CHANNEL_DENSE = not envs.MINI_SGLANG_DISABLE_FP8_CHANNEL_DENSE.get()
 # (M bucket, N, K, dtype, fused variant) -> None (cuBLAS) or the Triton config (BLOCK_N,
 # BLOCK_K, num_warps[, num_stages])
 _choice: dict[tuple, tuple | None] = {}
@@ -148,6 +149,37 @@ _FP8_GRID_BITS_CONFIGS = [
 # No norm or SiLU-mul prologue: forced for a shape, it runs the plain and residual variants,
 # and the others unfused (forced_choice).
 DENSE_DOWN = 4
+
+
+# Per-channel FP8 weights at 3-4 rows of x (the 4-row bucket) run this DENSE_DOWN config,
+# not the timed pick, except where the GEMV folds a SiLU-mul (linear_silu_mul keeps its pick)
+# or a config is forced for the shape (channel_fp8_dense_choice). Timed alone the two are
+# level (bench_linear.py: o_proj 11.5 against 11.6 us at 4 rows), but inside the decode step
+# the picks, tensor-core dot configs there, ran o_proj in 26 us where alone it took 11: on
+# an H100, forced in the model, Qwen3-30B-A3B (12 layers) went from 1.652 to 1.487 ms a step
+# at batch 4 and from 1.671 to 1.506 at batch 3, Llama-3.1-8B (qkv, o_proj and down) from
+# 10.20 / 10.82 to 9.76 at batch 4 (docs/performance/moe.md). At 2 rows it was level on
+# Qwen3 and 11% slower on Llama, so that bucket keeps its picks.
+CHANNEL_FP8_DENSE = (16, 512, 8, 0, DENSE_DOWN)
+CHANNEL_FP8_DENSE_BUCKET = 4
+
+
+def channel_fp8_dense_choice(
+    w: torch.Tensor, variant: tuple[str, ...], bucket: int
+) -> tuple | None:
+    """The choice CHANNEL_FP8_DENSE makes for a per-channel FP8 `variant` at M's bucket
+    (forced_choice's: the config, or None to run a norm prologue unfused), or () where the
+    timed pick stands: other buckets and formats, a shape with a forced config, and
+    MINI_SGLANG_DISABLE_FP8_CHANNEL_DENSE=1."""
+    if (
+        bucket != CHANNEL_FP8_DENSE_BUCKET
+        or "fp8" not in variant
+        or block_of(variant) is not None
+        or tuple(w.shape) in _FORCED
+        or not _CHANNEL_DENSE
+    ):
+        return ()
+    return forced_choice(CHANNEL_FP8_DENSE, w, variant, bucket)
 
 
 def is_dense_down(cfg: tuple | None) -> bool:
@@ -886,10 +918,13 @@ def _pick(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple |
     return best
 
 
-def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> tuple | None:
+def _config(
+    x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = (), dense: bool = True
+) -> tuple | None:
     """The Triton config to compute x @ w^T with as the fused variant (see _variant_kwargs;
     () is the plain GEMV), or None where F.linear (cuBLAS) serves: CPU, float32, more than
-    MAX_M rows, or cuBLAS timed faster."""
+    MAX_M rows, or cuBLAS timed faster. dense=False skips CHANNEL_FP8_DENSE (a caller that
+    folds a SiLU-mul into the plain variant's pick)."""
     if (
         not _ENABLED
         or triton is None
@@ -907,6 +942,8 @@ def _config(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...] = ()) -> 
     # ~0.1 s of graph captures; timing each new M at run time cost 15% of Llama-3.1-8B's
     # nano-vllm throughput.
     bucket = triton.next_power_of_2(x.shape[0])
+    if dense and (choice := channel_fp8_dense_choice(w, variant, bucket)) != ():
+        return choice  # not cached: linear_silu_mul's key is the plain variant's
     key = (bucket, w.shape[0], w.shape[1], x.dtype, variant)
     if key not in _choice:
         if torch.cuda.is_current_stream_capturing():
@@ -1034,7 +1071,8 @@ def linear_silu_mul(
         return None
     # A block-scaled weight's pick is timed with the SiLU-mul (its fallback runs the
     # activation kernel); the others reuse the plain GEMV's pick.
-    cfg = _config(x, w, _scaled(("silu_mul",) if w_block else (), w_scale, w_block))
+    variant = _scaled(("silu_mul",) if w_block else (), w_scale, w_block)
+    cfg = _config(x, w, variant, dense=False)
     if cfg is None or is_dense_down(cfg):  # DENSE_DOWN has no SiLU-mul epilogue
         return None
     return gemv(x, w, cfg, pdl=pdl_enabled(x), silu_mul=True, w_scale=w_scale, w_block=w_block)

@@ -110,3 +110,27 @@ def test_forced_choice_per_variant_and_bucket():
     assert forced_choice(dense, fp8, ("norm", "fp8"), 4) is None
     assert forced_choice(dense, bf16, ("norm",), 4) == ()
     assert forced_choice(dense, fp8, ("fp8block128x128",), 1) == ()
+
+
+def test_per_channel_fp8_at_three_or_four_rows_runs_the_dense_down_kernel(monkeypatch):
+    # the in-model A/B's rule (CHANNEL_FP8_DENSE): the 4-row bucket only, per-channel FP8
+    # only, the norm variant unfused; a config forced for the shape or the opt-out keeps the
+    # timed pick (())
+    from mini_sglang.layers import small_m_gemm
+
+    fp8 = torch.zeros(8, 8).to(torch.float8_e4m3fn)
+    bf16 = torch.zeros(8, 8, dtype=torch.bfloat16)
+    dense = small_m_gemm.CHANNEL_FP8_DENSE
+    assert small_m_gemm.is_dense_down(dense)
+    choice = small_m_gemm.channel_fp8_dense_choice
+    assert choice(fp8, ("fp8",), 4) == dense
+    assert choice(fp8, ("residual", "fp8"), 4) == dense
+    assert choice(fp8, ("norm", "fp8"), 4) is None
+    assert choice(fp8, ("fp8",), 2) == () and choice(fp8, ("fp8",), 8) == ()
+    assert choice(bf16, (), 4) == () and choice(bf16, ("norm",), 4) == ()
+    assert choice(fp8, ("fp8block128x128",), 4) == ()
+    monkeypatch.setattr(small_m_gemm, "_FORCED", {(8, 8): (4, 2048, 4, 2)})
+    assert choice(fp8, ("fp8",), 4) == ()
+    monkeypatch.setattr(small_m_gemm, "_FORCED", {})
+    monkeypatch.setattr(small_m_gemm, "_CHANNEL_DENSE", False)
+    assert choice(fp8, ("fp8",), 4) == ()
