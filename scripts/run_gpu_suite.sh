@@ -11,7 +11,8 @@
 #   OUT          results folder (default /tmp/gpu_out)
 #   MODEL_ROOT   where benchmarks/models/prepare.py writes the model directories (default /tmp/m)
 #   MODELS       model list (default "qwen3-0.6b llama-3.1-8b"); NAME-fp8-block is NAME as
-#                a block-wise FP8 checkpoint (benchmarks/models/prepare.py)
+#                a block-wise FP8 checkpoint, NAME-l<N> NAME cut to N layers (faster to load
+#                for an A/B of per-layer kernels; benchmarks/models/prepare.py)
 #   JIT_CACHE_DIR  folder holding triton-cache.tgz from an earlier save_jit (default .device)
 #   GGUF_PARTS_DIRS  for default_model and fp8_quality: the folders holding part1 ... part4 and sha256
 #                written by scripts/stage_default_model_parts.sh (default ".smol_a .smol_b .smol_c .smol_d")

@@ -11,6 +11,11 @@ A name ending in `-fp8-block` (e.g. `qwen3-30b-a3b-fp8-block`) is the model with
 suffix declaring the `quantization_config` of Qwen's FP8 checkpoints (Qwen3-30B-A3B-FP8:
 `fp8`, dynamic activations, 128 x 128 weight blocks), so dummy weights load as block-wise
 FP8.
+
+A name ending in `-l<N>` (e.g. `qwen3-30b-a3b-l12`, `qwen3-30b-a3b-fp8-block-l12`) is that
+model cut to its first N layers: every layer keeps its shapes, so an A/B of per-layer
+kernels loads and captures in a fraction of the time, and the step's per-layer part shrinks
+by the same factor (the LM head and sampling do not).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -55,15 +61,40 @@ FP8_BLOCK_CONFIG = {
 }
 
 
+LAYERS_SUFFIX = re.compile(r"-l(\d+)$")
+
+
+def _edit_config(out_dir: str, edit) -> None:
+    path = os.path.join(out_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    edit(config)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def cut_layers(config: dict, layers: int) -> None:
+    """config (a config.json's dict) with its first `layers` decoder layers only, and the
+    per-layer fields that name layer indices or count layers cut to match."""
+    if not 0 < layers <= config["num_hidden_layers"]:
+        raise SystemExit(f"-l{layers}: the model has {config['num_hidden_layers']} layers")
+    config["num_hidden_layers"] = layers
+    if "max_window_layers" in config:
+        config["max_window_layers"] = min(config["max_window_layers"], layers)
+    if "mlp_only_layers" in config:
+        config["mlp_only_layers"] = [i for i in config["mlp_only_layers"] if i < layers]
+    if "layer_types" in config:
+        config["layer_types"] = config["layer_types"][:layers]
+
+
 def prepare(name: str, out_dir: str) -> str:
+    if m := LAYERS_SUFFIX.search(name):
+        prepare(name[: m.start()], out_dir)
+        _edit_config(out_dir, lambda config: cut_layers(config, int(m.group(1))))
+        return out_dir
     if name.endswith(FP8_BLOCK_SUFFIX):
         prepare(name.removesuffix(FP8_BLOCK_SUFFIX), out_dir)
-        path = os.path.join(out_dir, "config.json")
-        with open(path) as f:
-            config = json.load(f)
-        config["quantization_config"] = FP8_BLOCK_CONFIG
-        with open(path, "w") as f:
-            json.dump(config, f, indent=2)
+        _edit_config(out_dir, lambda config: config.update(quantization_config=FP8_BLOCK_CONFIG))
         return out_dir
     src = os.path.join(HERE, name)
     if not os.path.isdir(src):
