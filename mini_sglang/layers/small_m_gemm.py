@@ -173,8 +173,7 @@ def channel_fp8_dense_choice(
     MINI_SGLANG_DISABLE_FP8_CHANNEL_DENSE=1."""
     if (
         bucket != CHANNEL_FP8_DENSE_BUCKET
-        or "fp8" not in variant
-        or block_of(variant) is not None
+        or "fp8" not in variant  # per-row scales only: block scales are "fp8block..."
         or tuple(w.shape) in _FORCED
         or not _CHANNEL_DENSE
     ):
