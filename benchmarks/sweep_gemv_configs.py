@@ -19,9 +19,9 @@ beats the pick by >= 2%, FILE.all the best config of every shape. On an H100 thi
 found nothing the picks miss (docs/performance/decode-gemv.md).
 
 --fp8: the weights of `--quantization fp8` (float8_e4m3fn, one scale per output row, the
-"fp8" variant; the LM head stays bf16 there, so it is left out). cuBLAS has no FP8 GEMV, so
-the pick is the best of small_m_gemm's candidates and the TB/s count one byte per weight:
-the bandwidth share that sets batch-1 FP8 decode speed.
+"fp8" variant; the LM head stays bf16 there, so it is left out). The pick's "cuBLAS" is
+then the layer's own path (x quantized per token, torch._scaled_mm), and the TB/s count one
+byte per weight: the bandwidth share that sets batch-1 FP8 decode speed.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_linear import projections  # noqa: E402
 from mini_sglang.layers import small_m_gemm  # noqa: E402
+from mini_sglang.layers.quantization import fp8 as _fp8  # noqa: E402, F401  (its GEMM for the pick)
 from mini_sglang.utils.cuda_timing import cuda_time_ms  # noqa: E402
 
 # the fused variant each projection runs as at batch 1 (llama.norms_in_gemvs); gate_up's pick
@@ -80,8 +81,9 @@ def sweep(
     w = w[:, :k]
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     kwargs = small_m_gemm._variant_kwargs(x, w, variant)
-    # gate_up's pick is timed without its SiLU-mul epilogue, as the model picks it
-    pick_variant = tuple(v for v in variant if v != "silu_mul")
+    # a bf16 gate_up's pick is timed without its SiLU-mul epilogue, an FP8 one's with it,
+    # as the model picks them (small_m_gemm.linear_silu_mul)
+    pick_variant = variant if fp8 else tuple(v for v in variant if v != "silu_mul")
     pick_times = small_m_gemm.time_candidates(x, w, pick_variant)
     pick = small_m_gemm.choose(pick_times, **small_m_gemm.pick_rule(x))
     cublas = 1000 * pick_times[None] if pick_times[None] != float("inf") else None

@@ -151,17 +151,23 @@ _FP8_GRID_BITS_CONFIGS = [
 DENSE_DOWN = 4
 
 
-# Per-channel FP8 weights at 3-4 rows of x (the 4-row bucket) run this DENSE_DOWN config,
-# not the timed pick, except where the GEMV folds a SiLU-mul (linear_silu_mul keeps its pick)
-# or a config is forced for the shape (channel_fp8_dense_choice). Timed alone the two are
-# level (bench_linear.py: o_proj 11.5 against 11.6 us at 4 rows), but inside the decode step
-# the picks, tensor-core dot configs there, ran o_proj in 26 us where alone it took 11: on
-# an H100, forced in the model, Qwen3-30B-A3B (12 layers) went from 1.652 to 1.487 ms a step
-# at batch 4 and from 1.671 to 1.506 at batch 3, Llama-3.1-8B (qkv, o_proj and down) from
-# 10.20 / 10.82 to 9.76 at batch 4 (docs/performance/moe.md). At 2 rows it was level on
-# Qwen3 and 11% slower on Llama, so that bucket keeps its picks.
+# Per-channel FP8 weights of at most CHANNEL_FP8_DENSE_MAX_BYTES at 3-4 rows of x (the
+# 4-row bucket) run this DENSE_DOWN config, not the timed pick, except where the GEMV folds a
+# SiLU-mul (linear_silu_mul keeps its pick) or a config is forced for the shape
+# (channel_fp8_dense_choice). Timed alone the two are level (bench_linear.py: o_proj 11.5
+# against 11.6 us at 4 rows), but inside the decode step the picks, tensor-core dot configs
+# there, ran Qwen3-30B-A3B's o_proj in 26 us where alone it took 11: on an H100, Qwen3-30B-A3B
+# (12 layers) took 1.480 ms a step at batch 4 with the rule against 1.688 without, 1.500
+# against 1.700 at batch 3. Llama-3.1-8B's larger weights (qkv 24 MiB, o_proj 16, down 56)
+# went the other way, 9.51 ms a step at batch 4 with the rule against 5.93 without: the
+# kernel runs a program per row block and row of x, so each weight tile is read once per
+# row, and only a weight that stays in L2 (50 MiB on the H100) serves the rereads; Qwen3's
+# projections are 8 and 10 MiB. The bound lies between the shapes measured (docs/
+# performance/decode-gemv.md). At 2 rows it was level on Qwen3 and 11% slower on Llama, so
+# that bucket keeps its picks.
 CHANNEL_FP8_DENSE = (16, 512, 8, 0, DENSE_DOWN)
 CHANNEL_FP8_DENSE_BUCKET = 4
+CHANNEL_FP8_DENSE_MAX_BYTES = 12 << 20
 
 
 def channel_fp8_dense_choice(
@@ -169,11 +175,12 @@ def channel_fp8_dense_choice(
 ) -> tuple | None:
     """The choice CHANNEL_FP8_DENSE makes for a per-channel FP8 `variant` at M's bucket
     (forced_choice's: the config, or None to run a norm prologue unfused), or () where the
-    timed pick stands: other buckets and formats, a shape with a forced config, and
-    MINI_SGLANG_DISABLE_FP8_CHANNEL_DENSE=1."""
+    timed pick stands: other buckets and formats, weights over CHANNEL_FP8_DENSE_MAX_BYTES,
+    a shape with a forced config, and MINI_SGLANG_DISABLE_FP8_CHANNEL_DENSE=1."""
     if (
         bucket != CHANNEL_FP8_DENSE_BUCKET
         or "fp8" not in variant  # per-row scales only: block scales are "fp8block..."
+        or w.numel() * w.element_size() > CHANNEL_FP8_DENSE_MAX_BYTES
         or tuple(w.shape) in _FORCED
         or not _CHANNEL_DENSE
     ):
@@ -840,16 +847,17 @@ def time_candidates(
 ) -> dict[tuple | None, float]:
     """Milliseconds per x @ w^T, weight cold in L2, for cuBLAS (key None) and each Triton
     config the compiler accepts on this card, the Triton kernel as the given fused variant
-    (see _variant_kwargs): a prologue or epilogue can change which config is fastest. An
-    FP8 weight ("fp8" variant) has no cuBLAS GEMV: cuBLAS is timed as never faster. For the
+    (see _variant_kwargs): a prologue or epilogue can change which config is fastest. For
+    an FP8 weight key None times the layer's own path instead (_fp8_fallback). For the
     "norm" variant cuBLAS is timed with the RMSNorm kernel the layer runs before it when it
     does not fold the norm: the fold saves that kernel, so leaving it out of cuBLAS's side
     would compare the fold against a path that does not exist."""
     kwargs = _variant_kwargs(x, w, variant)
-    if "fp8" in variant:
-        times: dict[tuple | None, float] = {None: float("inf")}
-    elif block_of(variant) is not None:
-        times = {None: cuda_time_ms(_block_fallback(x, w, kwargs), cold_l2=True)}
+    if "fp8" in variant or block_of(variant) is not None:
+        fallback = _fp8_fallback(x, w, kwargs)
+        times: dict[tuple | None, float] = {
+            None: float("inf") if fallback is None else cuda_time_ms(fallback, cold_l2=True)
+        }
     elif "norm" in variant:
         from mini_sglang.layers.layernorm import RMSNorm  # deferred: it imports this module
 
@@ -865,24 +873,65 @@ def time_candidates(
     return times
 
 
-def _block_fallback(x: torch.Tensor, w: torch.Tensor, kwargs: dict) -> Callable[[], torch.Tensor]:
-    """The path of a block-scaled FP8 layer where the pick is None, as a function to time:
-    fused_moe_gemv.block_fp8_gemv (the expert GEMVs' down kernel with one expert) with the
-    norm before it and the SiLU-mul after it as separate kernels, and the residual added in
-    its epilogue, as Fp8BlockLinearMethod runs them."""
+# Per-row scaled FP8 layers' own GEMM where the pick is None: (gemm(x, w, w_scale), whether
+# it serves x and w fast). Registered by the quantization method that runs it
+# (register_fp8_channel_gemm), which imports this module, so this one cannot import it.
+_fp8_channel_gemm: tuple[Callable, Callable[[torch.Tensor, torch.Tensor], bool]] | None = None
+
+
+def register_fp8_channel_gemm(
+    gemm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    serves: Callable[[torch.Tensor, torch.Tensor], bool],
+) -> None:
+    """Sets the GEMM a per-row scaled FP8 layer runs where the GEMV pick is None, for
+    time_candidates to time against the Triton configs."""
+    global _fp8_channel_gemm
+    _fp8_channel_gemm = (gemm, serves)
+
+
+def _fp8_fallback(
+    x: torch.Tensor, w: torch.Tensor, kwargs: dict
+) -> Callable[[], torch.Tensor] | None:
+    """The path of an FP8 layer where the pick is None, as a function to time, with the
+    norm before it and the SiLU-mul after it as separate kernels, as the layer's method
+    runs them; None where that path is not worth timing (always slower).
+
+    Block-wise scales: fused_moe_gemv.block_fp8_gemv (the expert GEMVs' down kernel with one
+    expert), the residual added in its epilogue. Per-row scales with the SiLU-mul: the plain
+    variant's pick where it is a Triton config. Otherwise the GEMM registered with
+    register_fp8_channel_gemm (fp8_kernels.fp8_linear: x quantized per token,
+    torch._scaled_mm), then the residual add; None where that GEMM does not serve x and w
+    (fp8_linear would dequantize the whole weight) or none is registered. At 2-8 rows
+    _scaled_mm beat the GEMV picks timed against nothing: Llama-3.1-8B at batch 2 / 4 took
+    5.41 / 5.55 ms a step with every linear on it against 7.41 / 9.62 with the picks (one
+    H100; docs/performance/decode-gemv.md)."""
     # deferred: these modules import this one (layernorm) or sit beside it (moe)
     from mini_sglang.layers.activation import SiluAndMul
     from mini_sglang.layers.layernorm import RMSNorm
     from mini_sglang.layers.moe.fused_moe_gemv import block_fp8_gemv
 
-    scale, block, residual = kwargs["w_scale"], kwargs["w_block"], kwargs.get("residual")
+    scale, block, residual = kwargs["w_scale"], kwargs.get("w_block"), kwargs.get("residual")
+    if block is None and (_fp8_channel_gemm is None or not _fp8_channel_gemm[1](x, w)):
+        return None
     norm = None
     if "eps" in kwargs:
         norm = RMSNorm(x.shape[1], kwargs["eps"]).to(device=x.device, dtype=x.dtype)
     act = SiluAndMul() if kwargs["silu_mul"] else None
 
+    # A per-row scaled gate_up whose fold loses runs the plain variant's pick, then the
+    # activation (linear_silu_mul returns None, the method runs linear_scaled).
+    plain = _config(x, w, ("fp8",)) if act and block is None else None
+
     def run() -> torch.Tensor:
-        out = block_fp8_gemv(norm(x) if norm else x, w, scale, block, residual=residual)
+        h = norm(x) if norm else x
+        if block is not None:
+            out = block_fp8_gemv(h, w, scale, block, residual=residual)
+        elif plain is not None:
+            out = gemv(h, w, plain, w_scale=scale, residual=residual)
+        else:
+            out = _fp8_channel_gemm[0](h, w, scale)
+            if residual is not None:
+                out = residual.add_(out)
         return act(out) if act else out
 
     return run
@@ -1009,7 +1058,7 @@ def _stored_or_timed(
         return None
     if isinstance(stored, list) and tuple(stored) in candidates(variant):
         return tuple(stored)
-    best = _pick(x.new_zeros((key[0], x.shape[1])), w, variant)
+    best = _pick(torch.randn((key[0], x.shape[1]), dtype=x.dtype, device=x.device), w, variant)
     kernel_choices.record("gemv", card, name, list(best) if best else None)
     return best
 
@@ -1068,9 +1117,10 @@ def linear_silu_mul(
     linear_scaled."""
     if not _FUSE_SILU_MUL:
         return None
-    # A block-scaled weight's pick is timed with the SiLU-mul (its fallback runs the
-    # activation kernel); the others reuse the plain GEMV's pick.
-    variant = _scaled(("silu_mul",) if w_block else (), w_scale, w_block)
+    # An FP8 weight's pick is timed with the SiLU-mul, against its fallback with the
+    # activation kernel: the fold doubles a tensor-core dot program's rows (grid_launch).
+    # A bf16 weight reuses the plain GEMV's pick.
+    variant = _scaled(("silu_mul",) if w_scale is not None else (), w_scale, w_block)
     cfg = _config(x, w, variant, dense=False)
     if cfg is None or is_dense_down(cfg):  # DENSE_DOWN has no SiLU-mul epilogue
         return None

@@ -114,7 +114,7 @@ def test_forced_choice_per_variant_and_bucket():
 
 def test_per_channel_fp8_at_three_or_four_rows_runs_the_dense_down_kernel(monkeypatch):
     # the in-model A/B's rule (CHANNEL_FP8_DENSE): the 4-row bucket only, per-channel FP8
-    # only, the norm variant unfused; a config forced for the shape or the opt-out keeps the
+    # weights up to CHANNEL_FP8_DENSE_MAX_BYTES only, the norm variant unfused; a config forced for the shape or the opt-out keeps the
     # timed pick (())
     from mini_sglang.layers import small_m_gemm
 
@@ -129,8 +129,49 @@ def test_per_channel_fp8_at_three_or_four_rows_runs_the_dense_down_kernel(monkey
     assert choice(fp8, ("fp8",), 2) == () and choice(fp8, ("fp8",), 8) == ()
     assert choice(bf16, (), 4) == () and choice(bf16, ("norm",), 4) == ()
     assert choice(fp8, ("fp8block128x128",), 4) == ()
+    # Qwen3-30B-A3B's qkv (10 MiB) takes it, Llama-3.1-8B's o_proj (16 MiB) keeps its pick
+    assert choice(torch.empty(5120, 2048, dtype=torch.float8_e4m3fn), ("fp8",), 4) == dense
+    assert choice(torch.empty(4096, 4096, dtype=torch.float8_e4m3fn), ("fp8",), 4) == ()
     monkeypatch.setattr(small_m_gemm, "_FORCED", {(8, 8): (4, 2048, 4, 2)})
     assert choice(fp8, ("fp8",), 4) == ()
     monkeypatch.setattr(small_m_gemm, "_FORCED", {})
     monkeypatch.setattr(small_m_gemm, "_CHANNEL_DENSE", False)
     assert choice(fp8, ("fp8",), 4) == ()
+
+
+def test_per_channel_fp8_pick_times_the_layers_own_path(monkeypatch):
+    # key None of an FP8 pick times what Fp8LinearMethod runs where the GEMV loses: the norm
+    # kernel, x quantized per token for the registered GEMM, the SiLU-mul kernel, the
+    # residual add. Each variant's fallback computes what its fused GEMV computes.
+    import torch.nn.functional as F
+
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.quantization import fp8  # registers fp8_linear
+    from mini_sglang.layers.quantization.fp8_kernels import fp8_linear, quantize_rows
+
+    gemm, serves = small_m_gemm._fp8_channel_gemm
+    assert gemm is fp8_linear and serves is fp8.scaled_mm_supported
+    torch.manual_seed(0)
+    x = 4 * torch.randn(3, 64, dtype=torch.bfloat16)  # rms 4: a skipped norm shows
+    w, scale = quantize_rows(torch.randn(128, 64))
+    # on CPU _scaled_mm does not serve, so the pick leaves the GEMV nothing to beat
+    kwargs = small_m_gemm._variant_kwargs(x, w, ("fp8",))
+    assert small_m_gemm._fp8_fallback(x, w, kwargs) is None
+    monkeypatch.setattr(small_m_gemm, "_fp8_channel_gemm", (gemm, lambda x, w: True))
+    wf = (w.float() * scale[:, None]).to(torch.bfloat16)
+    cases = {
+        ("fp8",): lambda kw: F.linear(x, wf),
+        ("norm", "fp8"): lambda kw: F.linear(F.rms_norm(x, (64,), eps=kw["eps"]), wf),
+        ("residual", "fp8"): lambda kw: F.linear(x, wf) + 1,
+        ("silu_mul", "fp8"): lambda kw: F.silu(F.linear(x, wf[:64])) * F.linear(x, wf[64:]),
+    }
+    for variant, reference in cases.items():
+        kwargs = small_m_gemm._variant_kwargs(x, w, variant)
+        kwargs["w_scale"] = scale
+        if "residual" in kwargs:
+            kwargs["residual"] += 1
+        expected = reference(kwargs).float()
+        out = small_m_gemm._fp8_fallback(x, w, kwargs)().float()
+        # x is quantized per token on this path: FP8's relative error
+        assert out.shape == expected.shape, variant
+        assert (out - expected).abs().max() < 0.1 * expected.abs().max(), variant

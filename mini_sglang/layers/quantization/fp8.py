@@ -45,6 +45,7 @@ from mini_sglang.layers.quantization.fp8_kernels import (
     quantize_blocks,
     quantize_rows,
     rmsnorm_per_token_quant,
+    scaled_mm_supported,
     silu_mul_per_token_quant,
     triton_fp8_supported,
 )
@@ -54,6 +55,10 @@ from mini_sglang.layers.quantization.unquantized import UnquantizedLinearMethod
 
 if TYPE_CHECKING:
     from mini_sglang.layers.layernorm import RMSNorm
+
+# Fp8LinearMethod.apply's GEMM where the small-M GEMV pick is None: the pick times it
+# against the GEMV configs.
+small_m_gemm.register_fp8_channel_gemm(fp8_linear, scaled_mm_supported)
 
 # A fused layer's checkpoint projections: a layer is left unquantized only if all of its
 # projections are (a fused weight has one precision).
