@@ -196,7 +196,7 @@ class Envs:
     )
     MINI_SGLANG_DISABLE_FP8_CHANNEL_DENSE = _flag(
         "1: per-channel FP8 GEMVs at 3-4 rows keep their timed picks (by default those "
-        "without a SiLU-mul fold run the expert down kernel, their input norm unfused)."
+        "of weights up to 12 MiB run the expert down kernel, their input norm unfused)."
     )
     MINI_SGLANG_FP8_NORM_QUANT = EnvBool(
         True,
