@@ -159,11 +159,11 @@ DENSE_DOWN = 4
 # there, ran Qwen3-30B-A3B's o_proj in 26 us where alone it took 11: on an H100, Qwen3-30B-A3B
 # (12 layers) took 1.480 ms a step at batch 4 with the rule against 1.688 without, 1.500
 # against 1.700 at batch 3. Llama-3.1-8B's larger weights (qkv 24 MiB, o_proj 16, down 56)
-# went the other way, 9.51 ms a step at batch 4 with the rule against 5.93 without: the
-# kernel runs a program per row block and row of x, so each weight tile is read once per
-# row, and only a weight that stays in L2 (50 MiB on the H100) serves the rereads; Qwen3's
-# projections are 8 and 10 MiB. The bound lies between the shapes measured (docs/
-# performance/decode-gemv.md). At 2 rows it was level on Qwen3 and 11% slower on Llama, so
+# went the other way, 9.51 ms a step at batch 4 with the rule against 5.93 without. The
+# kernel runs a program per row block and row of x, so it reads each weight tile once per
+# row; the likely reason (not profiled) is that only a weight that stays in L2 (50 MiB on
+# the H100) serves those rereads, and Qwen3's projections are 8 and 10 MiB. The bound lies
+# between the shapes measured (docs/performance/decode-gemv.md). At 2 rows it was level on Qwen3 and 11% slower on Llama, so
 # that bucket keeps its picks.
 CHANNEL_FP8_DENSE = (16, 512, 8, 0, DENSE_DOWN)
 CHANNEL_FP8_DENSE_BUCKET = 4
