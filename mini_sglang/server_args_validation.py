@@ -45,6 +45,7 @@ MOE_RUNNER_BACKEND_CHOICES = ["auto", "deep_gemm", "triton", "triton_kernel", "f
                               "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl",
                               "cutlass"]  # fmt: skip
 MOE_A2A_BACKEND_CHOICES = ["none", "deepep", "mooncake"]
+EXPERT_DISTRIBUTION_RECORDER_MODE_CHOICES = ["stat", "stat_approx", "per_pass", "per_token"]
 GRAMMAR_BACKEND_CHOICES = ["xgrammar", "outlines", "llguidance", "none"]
 RADIX_EVICTION_POLICY_CHOICES = ["lru", "lfu"]
 TOKENIZER_MODE_CHOICES = ["auto", "slow"]
@@ -99,8 +100,6 @@ UNSUPPORTED_FLAGS: dict[str, Any] = {
     "enable_return_hidden_states": bool,
     "moe_runner_backend": lambda v: v not in ("auto", "triton"),
     "moe_a2a_backend": lambda v: v != "none",
-    # SGLang's per-pass / per-token detail records (host copies every pass)
-    "expert_distribution_recorder_mode": lambda v: v not in (None, "stat", "stat_approx"),
 }
 
 # Fields whose value must be one of a fixed list (argparse checks the CLI; this checks code).
@@ -119,6 +118,7 @@ CHOICES: dict[str, list[Any]] = {
     "sampling_backend": [None, *SAMPLING_BACKEND_CHOICES],
     "moe_runner_backend": MOE_RUNNER_BACKEND_CHOICES,
     "moe_a2a_backend": MOE_A2A_BACKEND_CHOICES,
+    "expert_distribution_recorder_mode": [None, *EXPERT_DISTRIBUTION_RECORDER_MODE_CHOICES],
     "grammar_backend": [None, *GRAMMAR_BACKEND_CHOICES],
     "log_level": LOG_LEVEL_CHOICES,
     "log_level_http": [None, *LOG_LEVEL_CHOICES],

@@ -540,7 +540,8 @@ class Scheduler:
 
     def expert_distribution(self, recv: ExpertDistributionReq) -> ExpertDistributionReqOutput:
         """/start|stop|dump_expert_distribution_record on this rank's recorder
-        (layers/moe/expert_distribution.py); TP rank 0 writes the dump."""
+        (layers/moe/expert_distribution.py); TP rank 0 writes the dump (every rank its own
+        in the per_pass and per_token modes)."""
         recorder = self.tp_worker.model_runner.expert_recorder
         if recorder is None:
             reason = (
@@ -554,7 +555,7 @@ class Scheduler:
         elif recv.action == ExpertDistributionReqType.STOP_RECORD:
             recorder.stop()
         else:
-            path = recorder.dump(write=self.tp_rank == 0)
+            path = recorder.dump(write=self.tp_rank == 0 or recorder.detail)
             return ExpertDistributionReqOutput(True, path or "")
         return ExpertDistributionReqOutput(True, "")
 

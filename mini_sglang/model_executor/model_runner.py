@@ -112,6 +112,9 @@ class ModelRunner:
                 model_config.num_hidden_layers,
                 config.expert_distribution_recorder_buffer_size,
                 self.device,
+                mode=config.expert_distribution_recorder_mode,
+                rank=get_tp_rank(),
+                max_tokens=config.expert_distribution_max_tokens,
             )
             if self.expert_recorder is None:
                 logger.warning(
@@ -362,7 +365,7 @@ class ModelRunner:
         batch) the EmbeddingPoolerOutput of layers/pooler.py's contract."""
         recorder = self.expert_recorder
         if recorder is not None:
-            recorder.begin_forward(len(fb.input_ids))
+            recorder.begin_forward(fb)
         if get_embedding:
             self.attn_backend.init_forward_metadata(fb)
             out = self.model(fb.input_ids, fb.positions, fb, get_embedding=True)

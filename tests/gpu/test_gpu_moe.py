@@ -115,6 +115,45 @@ def test_expert_distribution_counts_skip_graph_padding(tiny_moe, tmp_path, monke
     assert per_pass[:, 0].tolist() == [sum(map(len, prompts)) * k] + [3 * k] * (new_tokens - 1)
 
 
+def test_expert_distribution_per_token_under_cuda_graphs(tiny_moe, tmp_path, monkeypatch):
+    """--expert-distribution-recorder-mode per_token under CUDA graphs: the batch-4 graph
+    writes its padded row's choices too, and each decode record holds the 3 real tokens
+    only, k distinct experts each for the sparse layers; the decode passes' input ids are
+    the tokens the requests sampled."""
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReq
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReqType as Action
+    from tests.conftest import run_prompts
+
+    model_path, _ = tiny_moe
+    monkeypatch.setenv("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", str(tmp_path))
+    sched, outputs = _make_gpu_scheduler(
+        model_path,
+        cuda_graph_bs=[4],
+        disable_overlap_schedule=True,
+        expert_distribution_recorder_mode="per_token",
+    )
+    sched.test_outputs = outputs
+    assert sched.tp_worker.model_runner.graph_runner is not None, "CUDA graphs are off"
+    k = sched.model_config.hf_config.num_experts_per_tok
+    prompts = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
+    new_tokens = 6
+    assert sched.expert_distribution(ExpertDistributionReq(Action.START_RECORD)).success
+    results = run_prompts(sched, prompts, new_tokens)
+    out = sched.expert_distribution(ExpertDistributionReq(Action.DUMP_RECORD))
+    records = torch.load(out.message)["records"]
+    assert [len(r["input_ids"]) for r in records] == [sum(map(len, prompts))] + [3] * (
+        new_tokens - 1
+    )
+    for step, r in enumerate(records[1:]):
+        assert r["input_ids"] == [res.output_ids[step] for res in results]
+        topk = r["topk_ids_of_layer"]
+        sparse = (topk >= 0).any(2).all(1)
+        assert sparse.any() and (topk[~sparse] == -1).all()
+        chosen = topk[sparse][:, :, :k]
+        assert (chosen >= 0).all() and (topk[sparse][:, :, k:] == -1).all()
+        assert all(len(set(row)) == k for row in chosen.reshape(-1, k).tolist())
+
+
 def _problem(tokens: int, E: int, k: int, H: int, inter: int, dtype, seed: int = 0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, H, device="cuda", generator=gen).to(dtype)

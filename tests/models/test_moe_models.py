@@ -187,6 +187,79 @@ def test_expert_distribution_record_counts_hf_routing(tiny_models, tmp_path, mon
     assert_memory_all_free(sched)
 
 
+@pytest.mark.parametrize("mode", ["per_pass", "per_token"])
+@torch.no_grad()
+def test_expert_distribution_detail_records_match_hf_routing(
+    tiny_models, tmp_path, monkeypatch, mode
+) -> None:
+    """SGLang's detail modes: the dump is one file per rank holding a record per recorded
+    forward pass. per_pass records each pass's counts; per_token each token's input id,
+    position and top-k choices per layer (-1 for the dense layer and unused columns), so the
+    records' tokens, in order, are the tokens the model ran, routed as transformers routes
+    them."""
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReq
+    from mini_sglang.managers.io_struct.control import ExpertDistributionReqType as Action
+
+    tiny = tiny_models["qwen2_moe"]  # layer 0 dense, top-2 of 8
+    monkeypatch.setenv("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", str(tmp_path / "records"))
+    sched = make_scheduler(
+        tiny.path, expert_distribution_recorder_mode=mode, disable_overlap_schedule=True
+    )
+
+    def call(action: Action):
+        out = sched.expert_distribution(ExpertDistributionReq(action))
+        assert out.success, out.message
+        return out.message
+
+    run_prompts(sched, tiny.prompts[3:], 4)  # before the start: not recorded
+    call(Action.START_RECORD)
+    prompts = tiny.prompts[:2]
+    results = run_prompts(sched, prompts, 6, stagger=lambda i: 2 * i)
+    call(Action.STOP_RECORD)
+    path = call(Action.DUMP_RECORD)
+    assert os.path.basename(path).startswith("expert_distribution_recorder_")
+    assert path.endswith("_0.pt")  # the rank
+    dump = torch.load(path)
+    assert sorted(dump) == ["last_physical_to_logical_map", "records"]
+    assert dump["last_physical_to_logical_map"].tolist() == [list(range(8))] * 2
+    records = dump["records"]
+    ids = [r["forward_pass_id"] for r in records]
+    assert ids == list(range(ids[0], ids[0] + len(ids))) and ids[0] > 0
+    assert all(r["rank"] == 0 and r["gatherer_key"] == "primary" for r in records)
+
+    want = torch.zeros(2, 8, dtype=torch.int64)
+    routes = {}  # (token, position) -> transformers' top-2 choices of layer 1 there
+    for prompt, res in zip(prompts, results):
+        ran = torch.tensor([prompt + res.output_ids[:-1]])
+        (router_logits,) = tiny.hf_model(ran, output_router_logits=True).router_logits
+        top = router_logits.topk(2, dim=-1).indices
+        want[1] += torch.bincount(top.reshape(-1), minlength=8)
+        for pos, (tok, choice) in enumerate(zip(ran[0].tolist(), top.tolist())):
+            routes[(tok, pos)] = routes.get((tok, pos), []) + [sorted(choice)]
+    if mode == "per_pass":
+        counts = torch.stack([r["global_physical_count"] for r in records])
+        assert counts.dtype == torch.int32 and counts.shape[1:] == (2, 8)
+        assert counts.sum(0).tolist() == want.tolist()
+        assert (counts[:, 1].sum(1) > 0).all() and counts[:, 0].sum() == 0
+    else:
+        ran_tokens = 0
+        for r in records:
+            topk = r["topk_ids_of_layer"]
+            n = len(r["input_ids"])
+            assert topk.dtype == torch.int32 and topk.shape == (2, n, 8)
+            assert len(r["positions"]) == n and r["misc_objects"] == []
+            assert r["forward_mode"] in (1, 2)  # SGLang's ForwardMode EXTEND, DECODE
+            assert (r["extend_seq_lens"] is not None) == (r["forward_mode"] == 1)
+            assert (topk[0] == -1).all() and (topk[1, :, 2:] == -1).all()
+            for tok, pos, choice in zip(r["input_ids"], r["positions"], topk[1, :, :2].tolist()):
+                assert sorted(choice) in routes[(tok, pos)], (tok, pos)
+            ran_tokens += n
+        assert ran_tokens == int(want[1].sum()) // 2
+    # The dump reset the record.
+    assert torch.load(call(Action.DUMP_RECORD))["records"] == []
+    assert_memory_all_free(sched)
+
+
 # ---- tp=2 and ep=2 on two gloo ranks -------------------------------------------------------
 def _rank_generate(server_args, prompts: list[list[int]], tp_rank: int) -> dict[int, list]:
     """On one TP rank: TP_TOKENS greedy tokens per prompt with the experts split as the
