@@ -68,9 +68,9 @@ class ModelRunnerConfig:
     # by ServerArgs whenever a mode is
     expert_distribution_recorder_mode: str | None = None
     expert_distribution_recorder_buffer_size: int | None = None
-    # per_token's rows: the most tokens of a pass it records (SGLang's chunked_prefill_size
-    # x 8, or max_prefill_tokens without chunking)
-    expert_distribution_max_tokens: int = 0
+    # size the per_token recorder's rows (expert_distribution_max_tokens)
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int = 16384
 
     @classmethod
     def from_server_args(cls, server_args: ServerArgs) -> ModelRunnerConfig:
@@ -94,12 +94,16 @@ class ModelRunnerConfig:
             attention=AttentionConfig.from_server_args(sa),
             expert_distribution_recorder_mode=sa.expert_distribution_recorder_mode,
             expert_distribution_recorder_buffer_size=sa.expert_distribution_recorder_buffer_size,
-            expert_distribution_max_tokens=(
-                8 * sa.chunked_prefill_size
-                if sa.chunked_prefill_size and sa.chunked_prefill_size > 0
-                else sa.max_prefill_tokens
-            ),
+            chunked_prefill_size=sa.chunked_prefill_size,
+            max_prefill_tokens=sa.max_prefill_tokens,
         )
+
+    @property
+    def expert_distribution_max_tokens(self) -> int:
+        """The most tokens of a pass the per_token expert recorder records: SGLang's
+        chunked_prefill_size x 8, or max_prefill_tokens without chunked prefill."""
+        chunk = self.chunked_prefill_size
+        return 8 * chunk if chunk and chunk > 0 else self.max_prefill_tokens
 
 
 @dataclass(frozen=True)
