@@ -163,8 +163,8 @@ DENSE_DOWN = 4
 # kernel runs a program per row block and row of x, so it reads each weight tile once per
 # row; the likely reason (not profiled) is that only a weight that stays in L2 (50 MiB on
 # the H100) serves those rereads, and Qwen3's projections are 8 and 10 MiB. The bound lies
-# between the shapes measured (docs/performance/decode-gemv.md). At 2 rows it was level on Qwen3 and 11% slower on Llama, so
-# that bucket keeps its picks.
+# between the shapes measured (docs/performance/decode-gemv.md). At 2 rows it was level on
+# Qwen3 and 11% slower on Llama, so that bucket keeps its picks.
 CHANNEL_FP8_DENSE = (16, 512, 8, 0, DENSE_DOWN)
 CHANNEL_FP8_DENSE_BUCKET = 4
 CHANNEL_FP8_DENSE_MAX_BYTES = 12 << 20
@@ -900,8 +900,9 @@ def _fp8_fallback(
     expert), the residual added in its epilogue. Per-row scales with the SiLU-mul: the plain
     variant's pick where it is a Triton config. Otherwise the GEMM registered with
     register_fp8_channel_gemm (fp8_kernels.fp8_linear: x quantized per token,
-    torch._scaled_mm), then the residual add; None where that GEMM does not serve x and w
-    (fp8_linear would dequantize the whole weight) or none is registered. At 2-8 rows
+    torch._scaled_mm), then the residual add; None where that is the path and the GEMM does
+    not serve x and w (fp8_linear would dequantize the whole weight) or none is registered.
+    At 2-8 rows
     _scaled_mm beat the GEMV picks timed against nothing: Llama-3.1-8B at batch 2 / 4 took
     5.41 / 5.55 ms a step with every linear on it against 7.41 / 9.62 with the picks (one
     H100; docs/performance/decode-gemv.md)."""
@@ -911,16 +912,16 @@ def _fp8_fallback(
     from mini_sglang.layers.moe.fused_moe_gemv import block_fp8_gemv
 
     scale, block, residual = kwargs["w_scale"], kwargs.get("w_block"), kwargs.get("residual")
-    if block is None and (_fp8_channel_gemm is None or not _fp8_channel_gemm[1](x, w)):
+    act = SiluAndMul() if kwargs["silu_mul"] else None
+    # A per-row scaled gate_up whose fold loses runs the plain variant's pick, then the
+    # activation (linear_silu_mul returns None, the method runs linear_scaled).
+    plain = _config(x, w, ("fp8",)) if act and block is None else None
+    gemm_serves = _fp8_channel_gemm is not None and _fp8_channel_gemm[1](x, w)
+    if block is None and plain is None and not gemm_serves:
         return None
     norm = None
     if "eps" in kwargs:
         norm = RMSNorm(x.shape[1], kwargs["eps"]).to(device=x.device, dtype=x.dtype)
-    act = SiluAndMul() if kwargs["silu_mul"] else None
-
-    # A per-row scaled gate_up whose fold loses runs the plain variant's pick, then the
-    # activation (linear_silu_mul returns None, the method runs linear_scaled).
-    plain = _config(x, w, ("fp8",)) if act and block is None else None
 
     def run() -> torch.Tensor:
         h = norm(x) if norm else x

@@ -82,10 +82,14 @@ def test_moe_top5_logprobs_match_hf(tiny_moe, backend):
     _check_top5_against_hf(sched, outputs, hf, late=1)
 
 
-def test_expert_distribution_counts_skip_graph_padding(tiny_moe, tmp_path, monkeypatch):
-    """--expert-distribution-recorder-mode stat under CUDA graphs: three requests decode
-    in the batch-4 graph (one padded row), and every recorded pass counts k choices for
-    each real token only; in all, every token the model ran (no overlap)."""
+PROMPTS_3 = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
+NEW_TOKENS = 6
+
+
+def _record_three_requests(tiny_moe, tmp_path, monkeypatch, mode: str, **server_kw):
+    """PROMPTS_3 decoded NEW_TOKENS each in the batch-4 CUDA graph (one padded row), no
+    overlap, recorded from start to dump with --expert-distribution-recorder-mode `mode`:
+    (k, the dump as loaded, the requests' results)."""
     from mini_sglang.managers.io_struct.control import ExpertDistributionReq
     from mini_sglang.managers.io_struct.control import ExpertDistributionReqType as Action
     from tests.conftest import run_prompts
@@ -96,23 +100,32 @@ def test_expert_distribution_counts_skip_graph_padding(tiny_moe, tmp_path, monke
         model_path,
         cuda_graph_bs=[4],
         disable_overlap_schedule=True,
-        expert_distribution_recorder_mode="stat",
-        expert_distribution_recorder_buffer_size=-1,
+        expert_distribution_recorder_mode=mode,
+        **server_kw,
     )
     sched.test_outputs = outputs
     assert sched.tp_worker.model_runner.graph_runner is not None, "CUDA graphs are off"
-    k = sched.model_config.hf_config.num_experts_per_tok
-    prompts = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
-    new_tokens = 6
     assert sched.expert_distribution(ExpertDistributionReq(Action.START_RECORD)).success
-    run_prompts(sched, prompts, new_tokens)
+    results = run_prompts(sched, PROMPTS_3, NEW_TOKENS)
     out = sched.expert_distribution(ExpertDistributionReq(Action.DUMP_RECORD))
-    count = torch.load(out.message)["logical_count"]
+    assert out.success, out.message
+    k = sched.model_config.hf_config.num_experts_per_tok
+    return k, torch.load(out.message), results
+
+
+def test_expert_distribution_counts_skip_graph_padding(tiny_moe, tmp_path, monkeypatch):
+    """--expert-distribution-recorder-mode stat under CUDA graphs: three requests decode
+    in the batch-4 graph (one padded row), and every recorded pass counts k choices for
+    each real token only; in all, every token the model ran (no overlap)."""
+    k, dump, _ = _record_three_requests(
+        tiny_moe, tmp_path, monkeypatch, "stat", expert_distribution_recorder_buffer_size=-1
+    )
+    count = dump["logical_count"]
     sparse = count.sum((0, 2)) > 0
     per_pass = count[:, sparse].sum(2)  # [passes, sparse layers]
     assert (per_pass == per_pass[:, :1]).all()
     # one prefill of all three prompts, then decode steps of 3 tokens each
-    assert per_pass[:, 0].tolist() == [sum(map(len, prompts)) * k] + [3 * k] * (new_tokens - 1)
+    assert per_pass[:, 0].tolist() == [sum(map(len, PROMPTS_3)) * k] + [3 * k] * (NEW_TOKENS - 1)
 
 
 def test_expert_distribution_per_token_under_cuda_graphs(tiny_moe, tmp_path, monkeypatch):
@@ -120,29 +133,10 @@ def test_expert_distribution_per_token_under_cuda_graphs(tiny_moe, tmp_path, mon
     writes its padded row's choices too, and each decode record holds the 3 real tokens
     only, k distinct experts each for the sparse layers; the decode passes' input ids are
     the tokens the requests sampled."""
-    from mini_sglang.managers.io_struct.control import ExpertDistributionReq
-    from mini_sglang.managers.io_struct.control import ExpertDistributionReqType as Action
-    from tests.conftest import run_prompts
-
-    model_path, _ = tiny_moe
-    monkeypatch.setenv("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", str(tmp_path))
-    sched, outputs = _make_gpu_scheduler(
-        model_path,
-        cuda_graph_bs=[4],
-        disable_overlap_schedule=True,
-        expert_distribution_recorder_mode="per_token",
-    )
-    sched.test_outputs = outputs
-    assert sched.tp_worker.model_runner.graph_runner is not None, "CUDA graphs are off"
-    k = sched.model_config.hf_config.num_experts_per_tok
-    prompts = [[11, 12, 13, 14, 15], [21, 22], [31, 32, 33]]
-    new_tokens = 6
-    assert sched.expert_distribution(ExpertDistributionReq(Action.START_RECORD)).success
-    results = run_prompts(sched, prompts, new_tokens)
-    out = sched.expert_distribution(ExpertDistributionReq(Action.DUMP_RECORD))
-    records = torch.load(out.message)["records"]
-    assert [len(r["input_ids"]) for r in records] == [sum(map(len, prompts))] + [3] * (
-        new_tokens - 1
+    k, dump, results = _record_three_requests(tiny_moe, tmp_path, monkeypatch, "per_token")
+    records = dump["records"]
+    assert [len(r["input_ids"]) for r in records] == [sum(map(len, PROMPTS_3))] + [3] * (
+        NEW_TOKENS - 1
     )
     for step, r in enumerate(records[1:]):
         assert r["input_ids"] == [res.output_ids[step] for res in results]

@@ -244,7 +244,7 @@ class ExpertDistributionRecorder:
                 name = f"expert_distribution_recorder_{time.time()}_{self.rank}.pt"
                 layers, experts = self.counts.shape
                 data = {
-                    "records": list(self.records),
+                    "records": self.records,
                     "last_physical_to_logical_map": torch.arange(experts).repeat(layers, 1),
                 }
             else:
