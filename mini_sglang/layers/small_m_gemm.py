@@ -959,9 +959,11 @@ def _pick(x: torch.Tensor, w: torch.Tensor, variant: tuple[str, ...]) -> tuple |
     # a block-scaled layer's fallback is a Triton GEMV launched under PDL too: no margin
     rule = {"margin": 1.0} if block_of(variant) is not None else pick_rule(x)
     best = choose(times, **rule)
+    # key None: cuBLAS for a bf16 weight, the FP8 layer's own path (_fp8_fallback) otherwise
+    none = "fallback" if "fp8" in variant or block_of(variant) is not None else "cuBLAS"
     logger.debug(
-        "small-M GEMM M=%d N=%d K=%d %s: %s (%.1f us; cuBLAS %.1f us)",
-        x.shape[0], w.shape[0], w.shape[1], variant, best or "cuBLAS", 1000 * times[best],
+        "small-M GEMM M=%d N=%d K=%d %s: %s (%.1f us; %s %.1f us)",
+        x.shape[0], w.shape[0], w.shape[1], variant, best or none, 1000 * times[best], none,
         1000 * times[None],
     )  # fmt: skip
     return best
