@@ -5,7 +5,8 @@
 # PYTHONPATH first). Usage, from the repository root:
 #   bash scripts/run_gpu_suite.sh [tests] [one_batch] [offline] [serving] [profile] [decode_ab]
 #     [ab] [nano_ab] [fp8] [compare] [tp] [default_model] [kernels] [startup] [moe] [mixtral]
-#     [moe_tune] [vlm] [embedding] [gemv_sweep] [kv_fp8_kernels] [fp8_quality] [save_jit]
+#     [moe_tune] [vlm] [embedding] [gemv_sweep] [gemv_in_step] [kv_fp8_kernels] [fp8_quality]
+#     [save_jit]
 # With no arguments tests, one_batch, offline and serving run.
 # Environment (all optional):
 #   OUT          results folder (default /tmp/gpu_out)
@@ -320,6 +321,16 @@ for step in "${steps[@]}"; do
           python benchmarks/sweep_gemv_configs.py --model "$m" $q ${GEMV_SWEEP_ARGS:-} --out "$OUT/gemv_sweep.jsonl" \
             2>&1 | tee -a "$OUT/gemv_sweep.log" | grep -vE "^   "
         done
+      done ;;
+    gemv_in_step)
+      # the small-M GEMV picks of $MODELS tuned inside the CUDA-graph decode step
+      # (benchmarks/tune_gemv_in_step.py); GEMV_IN_STEP_ARGS e.g. "--quantization fp8
+      # --tune-batch-size 1 2 --top 3". The changed picks land in
+      # $OUT/gemv_in_step_<model>.json, a kernel_choices table to confirm with an ab run
+      for m in $MODELS; do
+        python benchmarks/tune_gemv_in_step.py --model-path "$MODEL_ROOT/$m" --load-format dummy \
+          ${GEMV_IN_STEP_ARGS:-} --out "$OUT/gemv_in_step_$m.json" 2>&1 \
+          | grep -vE "Capturing batches|^DEBUG" | tee -a "$OUT/gemv_in_step.log" | tail -40
       done ;;
     startup)
       # Server start-up, spawn to first token, ours beside sgl-project/mini-sglang (staged by

@@ -1,0 +1,289 @@
+"""Small-M GEMV picks tuned inside the model's CUDA-graph decode step.
+
+small_m_gemm times each shape's candidates alone, weight cold in L2, at start-up. Inside
+the decode step a config's neighbours can reverse that order: on an H100, Llama-3.1-8B
+`--quantization fp8` ran 3.28 / 4.42 ms a step at batch 1 / 2 with gate_up on a grid config
+the standalone timing ranks below the pick, against 3.37 / 4.73 with the pick, and the
+profile put part of the difference in the kernels around gate_up
+(docs/performance/decode-gemv.md). Each such pick so far came from a hand-run A/B of one
+forced config; this script runs that search for every pick of a model:
+
+    python benchmarks/tune_gemv_in_step.py --model-path DIR --load-format dummy \\
+        [--quantization fp8] [--tune-batch-size 1 2] [--top 3] [--input-len 512] \\
+        [--steps 48] [--threshold 0.005] [--out picks.json] [--record]
+
+After the start-up picks (which capture the CUDA graphs of --tune-batch-size), each pick of
+those batch sizes' buckets is tried in turn (coordinate descent, one pass): its --top
+fastest candidates timed alone (small_m_gemm.time_candidates) and key None (cuBLAS, or an
+FP8 layer's own path) are each set as the pick, the graphs captured again and decode steps
+timed: the GPU time of --steps forwards (bench_one_batch.run_once's events), a fresh batch
+of prompts of --input-len tokens each time. A challenger replaces the pick only if, in
+--confirm rounds with the two alternating, each of its times beats each of the pick's and
+its mean is at least --threshold (a fraction of the step) faster. A pick that changes may
+make the step ask for keys it did not ask before (a gate_up whose norm fold is dropped asks
+for its SiLU-mul fold): those join the queue.
+
+Prints every trial; --out writes the picks that changed as a kernel_choices table (the
+form of mini_sglang/layers/kernel_configs/gemv_<card>.json), to ship there once a model
+A/B (run_gpu_suite.sh ab, the picks forced per shape) confirms them; --record writes them
+into this machine's pick cache instead (kernel_choices.record), so the next start uses
+them. One GPU, --tp-size 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+Choice = tuple | None
+
+
+@dataclass
+class Outcome:
+    """What descend decided for one key: the pick it started from, the one it kept, and every
+    timing it took (choice, ms) in order."""
+
+    key: Hashable
+    start: Choice
+    kept: Choice
+    trials: list[tuple[Choice, float]] = field(default_factory=list)
+
+
+def descend(
+    queue: list[Hashable],
+    current: Callable[[Hashable], Choice],
+    options: Callable[[Hashable], Iterable[Choice]],
+    apply: Callable[[Hashable, Choice], None],
+    measure: Callable[[], float],
+    new_keys: Callable[[], Iterable[Hashable]] = lambda: (),
+    threshold: float = 0.005,
+    confirm: int = 2,
+    report: Callable[[str], None] = print,
+) -> list[Outcome]:
+    """One pass of coordinate descent over the keys in `queue`, which grows by the keys
+    new_keys() returns that no earlier key had (each checked after a key is decided).
+
+    For each key: measure() with its current choice, then with each other option applied
+    (apply(key, choice) sets it; measure() returns ms, lower is better). The fastest
+    challenger is confirmed in `confirm` rounds, the current choice first in each: kept
+    only if every challenger time is below every time of the current choice (the first
+    measurement included) and its mean is below the current mean by threshold x that
+    mean; otherwise the current choice is applied back. Returns one Outcome per key, in the
+    order decided."""
+    outcomes: list[Outcome] = []
+    seen = set(queue)
+    i = 0
+    while i < len(queue):
+        key = queue[i]
+        i += 1
+        start = current(key)
+        out = Outcome(key, start, start)
+        base = [measure()]
+        out.trials.append((start, base[0]))
+        best, best_ms = start, base[0]
+        for choice in options(key):
+            if choice == start:
+                continue
+            apply(key, choice)
+            ms = measure()
+            out.trials.append((choice, ms))
+            report(f"{key}: {choice} {ms:.4f} ms (current {start}: {base[0]:.4f})")
+            if ms < best_ms:
+                best, best_ms = choice, ms
+        if best != start:
+            challenger = [best_ms]
+            for _ in range(confirm):
+                apply(key, start)
+                base.append(measure())
+                apply(key, best)
+                challenger.append(measure())
+                out.trials += [(start, base[-1]), (best, challenger[-1])]
+            gain = statistics.mean(base) - statistics.mean(challenger)
+            if max(challenger) < min(base) and gain >= threshold * statistics.mean(base):
+                out.kept = best
+            report(
+                f"{key}: {'kept' if out.kept == best else 'not kept'} {best}: "
+                f"{', '.join(f'{t:.4f}' for t in challenger)} ms against {start}: "
+                f"{', '.join(f'{t:.4f}' for t in base)}"
+            )
+        apply(key, out.kept)
+        outcomes.append(out)
+        for k in new_keys():
+            if k not in seen:
+                seen.add(k)
+                queue.append(k)
+    return outcomes
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, object]:
+    from mini_sglang.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ServerArgs.add_cli_args(parser)
+    parser.add_argument("--tune-batch-size", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--top", type=int, default=3, help="candidates per pick, by time alone")
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=48, help="decode steps a measurement")
+    parser.add_argument("--threshold", type=float, default=0.005)
+    parser.add_argument("--confirm", type=int, default=2)
+    parser.add_argument("--out", type=str, default=None)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.cuda_graph_bs:
+        args.cuda_graph_bs = sorted(set(args.tune_batch_size))
+    server_args = ServerArgs.from_cli_args(args)
+    if server_args.tp_size != 1 or server_args.dp_size != 1:
+        parser.error("one GPU: --tp-size 1 --dp-size 1")
+    return args, server_args
+
+
+class _Recording(dict):
+    """small_m_gemm's pick cache, noting each key read (`read`) since it was last cleared."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.read: set = set()
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def _weight(model, n: int, k: int, fp8: bool):
+    """A layer weight of shape (n, k) that a small-M GEMV of that key reads (an e4m3 one for
+    an FP8 variant), for timing the candidates alone; None where no layer has one."""
+    import torch
+
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if (
+            isinstance(w, torch.Tensor)
+            and tuple(w.shape) == (n, k)
+            and (w.dtype == torch.float8_e4m3fn) == fp8
+        ):
+            return w.data
+    return None
+
+
+class StepTimer:
+    """The real decode step of one model, for descend: apply sets a pick in small_m_gemm's
+    cache, measure captures the CUDA graphs again where a pick changed and returns the GPU
+    ms a decode step of `batch` rows, options ranks a key's candidates by their time alone.
+
+    `read` holds the keys the last capture read (small_m_gemm._config looks each pick up
+    with _choice[key]): a pick timed during a trial stays in the cache after the trial is
+    undone, but the step no longer asks for it."""
+
+    def __init__(self, worker, input_len: int, steps: int, top: int) -> None:
+        from mini_sglang.layers import small_m_gemm
+
+        self.worker, self.runner, self.gemm = worker, worker.model_runner, small_m_gemm
+        self.input_len, self.steps, self.top = input_len, steps, top
+        self.batch, self.dirty = 1, False
+        small_m_gemm._choice = self.cache = _Recording(small_m_gemm._choice)
+        self.capture()  # once more, to record the keys the step reads
+
+    @property
+    def read(self) -> set:
+        return self.cache.read
+
+    def capture(self) -> None:
+        self.runner.graph_runner.release()
+        self.cache.read.clear()
+        self.runner.init_cuda_graphs()
+        self.dirty = False
+
+    def current(self, key: tuple) -> Choice:
+        return self.cache.get(key)
+
+    def apply(self, key: tuple, choice: Choice) -> None:
+        if self.cache.get(key, ()) != choice:
+            self.cache[key] = choice
+            self.dirty = True  # the graphs hold the configs they were captured with
+
+    def measure(self) -> float:
+        from mini_sglang.bench_one_batch import run_once
+
+        if self.dirty:
+            self.capture()
+        _, dec, forward_s = run_once(self.worker, self.batch, self.input_len, self.steps + 1)
+        return 1000 * forward_s / len(dec)
+
+    def options(self, key: tuple) -> list[Choice]:
+        import torch
+
+        bucket, n, k, dtype, variant = key
+        fp8 = "fp8" in variant or self.gemm.block_of(variant) is not None
+        w = _weight(self.runner.model, n, k, fp8)
+        if w is None:
+            return []
+        x = torch.randn((bucket, k), dtype=dtype, device=w.device)
+        step_reads = set(self.read)  # an FP8 fallback's timing looks up the plain pick
+        times = self.gemm.time_candidates(x, w, variant)
+        self.read.clear()
+        self.read.update(step_reads)
+        ranked = sorted((c for c in times if c is not None), key=times.__getitem__)
+        return [None] + ranked[: self.top]
+
+
+def main(argv: list[str] | None = None) -> list[Outcome]:
+    import logging
+
+    from mini_sglang.layers import kernel_choices, small_m_gemm
+    from mini_sglang.layers.kernels import wait_flashinfer_builds
+    from mini_sglang.managers.tp_worker import TpModelWorker
+
+    args, server_args = parse_args(argv)
+    logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
+    worker = TpModelWorker(server_args, gpu_id=server_args.base_gpu_id)
+    wait_flashinfer_builds()
+    buckets = {1 << (b - 1).bit_length() for b in args.tune_batch_size}
+    if not any(k[0] in buckets for k in small_m_gemm._choice):
+        print("no small-M GEMV picks to tune (they run on CUDA with bf16 / fp16 weights only)")
+        return []
+    step = StepTimer(worker, args.input_len, args.steps, args.top)
+    outcomes: list[Outcome] = []
+    for batch in sorted(set(args.tune_batch_size)):
+        bucket = 1 << (batch - 1).bit_length()
+        step.batch = batch
+        step.measure()  # warm-up: lazy initialisations, the first prefill of this size
+        queue = [k for k in step.read if k[0] == bucket]
+        print(f"batch {batch}: {len(queue)} picks to try")
+        outcomes += descend(
+            queue,
+            step.current,
+            step.options,
+            step.apply,
+            step.measure,
+            new_keys=lambda b=bucket: [k for k in step.read if k[0] == b],
+            threshold=args.threshold,
+            confirm=args.confirm,
+        )
+    changed = {
+        small_m_gemm._choice_key(o.key): (list(o.kept) if o.kept else None)
+        for o in outcomes
+        if o.kept != o.start
+    }
+    print(f"changed picks: {json.dumps(changed)}")
+    card = kernel_choices.device_name(worker.model_runner.device)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(kernel_choices.dumps(changed))
+        print(f"wrote {args.out} (card {card})")
+    if args.record:
+        for name, value in changed.items():
+            kernel_choices.record("gemv", card, name, value)
+    return outcomes
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""benchmarks/tune_gemv_in_step.py: the coordinate descent over the picks, driven by a step
+whose time is a function of the choices (the script's own measure needs CUDA graphs), and
+the script on CPU, where no small-M GEMV runs and so nothing is tuned."""
+
+from __future__ import annotations
+
+import itertools
+
+from benchmarks.tune_gemv_in_step import descend, main
+
+
+class Step:
+    """A decode step whose time (ms) is 3 plus the cost of each pick it asks for, plus a
+    repeating noise sequence. Like Llama's MLP at one row, it asks for gate_up's SiLU-mul
+    pick only where gate_up's norm-fold pick is None (the fold not taken), and that new
+    pick starts as the start-up timing would set it."""
+
+    def __init__(self, costs: dict, choice: dict, noise=(0.0,)) -> None:
+        self.costs, self.choice = costs, dict(choice)
+        self.noise = itertools.cycle(noise)
+        self.measured = 0
+
+    def asked(self) -> list:
+        keys = [k for k in self.choice if k != "silu_gate_up"]
+        if "fold_gate_up" in self.choice and self.choice["fold_gate_up"] is None:
+            self.choice.setdefault("silu_gate_up", "persistent")
+            keys.append("silu_gate_up")
+        return keys
+
+    def measure(self) -> float:
+        self.measured += 1
+        return 3.0 + next(self.noise) + sum(self.costs[k][self.choice[k]] for k in self.asked())
+
+    def apply(self, key, choice) -> None:
+        self.choice[key] = choice
+
+
+def run(step: Step, options: dict, **kw):
+    lines: list[str] = []
+    out = descend(
+        step.asked(),
+        step.choice.get,
+        lambda key: options[key],
+        step.apply,
+        step.measure,
+        new_keys=step.asked,
+        report=lines.append,
+        **kw,
+    )
+    return out, lines
+
+
+def test_a_clearly_faster_challenger_is_kept_and_a_marginal_one_is_not():
+    costs = {
+        "qkv": {"a": 0.10, "b": 0.05, None: 0.20},  # b: 1.6% of the step faster
+        "down": {"a": 0.10, "b": 0.099, None: 0.30},  # b: 0.03%, under the threshold
+    }
+    step = Step(costs, {"qkv": "a", "down": "a"})
+    out, lines = run(step, {"qkv": ["a", "b", None], "down": ["a", "b", None]})
+    assert [(o.key, o.start, o.kept) for o in out] == [("qkv", "a", "b"), ("down", "a", "a")]
+    assert step.choice == {"qkv": "b", "down": "a"}  # the losing challenger was taken back
+    # each key: its start, two challengers, then two confirming rounds of both
+    assert [len(o.trials) for o in out] == [7, 7]
+    assert any("not kept b" in line for line in lines)
+
+
+def test_a_challenger_that_loses_a_confirming_round_is_not_kept():
+    costs = {"o": {"a": 0.10, "b": 0.05}}
+    # noise by measurement: start, challenger (lucky), then start / challenger twice
+    step = Step(costs, {"o": "a"}, noise=(0.0, 0.0, 0.0, 0.07, 0.0, 0.0))
+    out, _ = run(step, {"o": ["a", "b"]})
+    assert out[0].kept == "a" and step.choice == {"o": "a"}
+    assert step.measured == 6
+
+
+def test_keys_a_change_brings_into_the_step_are_tuned_too():
+    # The shipped H100 case in small: gate_up's persistent norm fold loses to the norm
+    # kernel plus a SiLU-mul GEMV, whose pick the step asks for only once the fold is gone.
+    costs = {
+        "fold_gate_up": {"persistent": 0.50, None: 0.0},
+        "silu_gate_up": {"persistent": 0.45, "grid": 0.40},
+    }
+    step = Step(costs, {"fold_gate_up": "persistent"})
+    out, _ = run(
+        step, {"fold_gate_up": ["persistent", None], "silu_gate_up": ["persistent", "grid"]}
+    )
+    assert [(o.key, o.start, o.kept) for o in out] == [
+        ("fold_gate_up", "persistent", None),
+        ("silu_gate_up", "persistent", "grid"),
+    ]
+    assert step.choice == {"fold_gate_up": None, "silu_gate_up": "grid"}
+
+
+def test_on_cpu_nothing_is_tuned(tiny_llama_path: str, capsys):
+    out = main(["--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32"])
+    assert out == []
+    assert "no small-M GEMV picks to tune" in capsys.readouterr().out
