@@ -1,4 +1,4 @@
-"""Small-M GEMV picks tuned inside the model's CUDA-graph decode step.
+"""Small-M GEMV picks and expert GEMV tiles tuned inside the model's CUDA-graph decode step.
 
 small_m_gemm times each shape's candidates alone, weight cold in L2, at start-up. Inside
 the decode step a config's neighbours can reverse that order: on an H100, Llama-3.1-8B
@@ -21,18 +21,22 @@ of prompts of --input-len tokens each time. A challenger replaces the pick only 
 --confirm rounds with the two alternating, each of its times beats each of the pick's and
 its mean is at least --threshold (a fraction of the step) faster. A pick that changes may
 make the step ask for keys it did not ask before (a gate_up whose norm fold is dropped asks
-for its SiLU-mul fold): those join the queue.
+for its SiLU-mul fold): those join the queue. In a mixture-of-experts model whose experts
+take the GEMV path at that bucket (MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert
+kernels follow, each tried at every tile of bench_fused_moe.py's SWEEP.
 
 Prints every trial; --out writes the picks that changed as a kernel_choices table (the
 form of mini_sglang/layers/kernel_configs/gemv_<card>.json), to ship there once a model
 A/B (run_gpu_suite.sh ab, the picks forced per shape) confirms them; --record writes them
 into this machine's pick cache instead (kernel_choices.record), so the next start uses
-them. One GPU, --tp-size 1.
+them. Expert tiles that won are printed as a MINI_SGLANG_MOE_GEMV_TILES value for that A/B
+(the shipped ones are fused_moe_gemv's TUNED tables). One GPU, --tp-size 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -185,42 +189,91 @@ class StepTimer:
 
     def __init__(self, worker, input_len: int, steps: int, top: int) -> None:
         from mini_sglang.layers import small_m_gemm
+        from mini_sglang.layers.moe import fused_moe_gemv
 
         self.worker, self.runner, self.gemm = worker, worker.model_runner, small_m_gemm
         self.input_len, self.steps, self.top = input_len, steps, top
         self.batch, self.dirty = 1, False
         small_m_gemm._choice = self.cache = _Recording(small_m_gemm._choice)
+        # The expert GEMVs' tiles: fused_experts_gemv asks default_config at each call, so a
+        # wrapper sees the tiles each batch bucket launches (moe_seen, per capture) and
+        # replaces them where a trial sets some (moe_tiles, by (bucket, kernel)).
+        self.moe_tiles: dict[tuple[int, str], object] = {}
+        self.moe_seen: dict[int, object] = {}
+        tuned = fused_moe_gemv.default_config
+
+        def default_config(tokens: int, quant: str | None):
+            config = tuned(tokens, quant)
+            bucket = 1 << (tokens - 1).bit_length()
+            config = dataclasses.replace(
+                config,
+                gate_up=self.moe_tiles.get((bucket, "gate_up"), config.gate_up),
+                down=self.moe_tiles.get((bucket, "down"), config.down),
+            )
+            self.moe_seen[bucket] = config
+            return config
+
+        fused_moe_gemv.default_config = default_config
         self.capture()  # once more, to record the keys the step reads
 
     @property
     def read(self) -> set:
         return self.cache.read
 
+    def keys(self, bucket: int) -> list[tuple]:
+        """The picks the last capture read at this batch bucket, then its expert GEMVs'
+        tiles (keys ("moe", bucket, "gate_up" | "down")) where the step runs them."""
+        gemv = sorted((k for k in self.cache.read if k[0] == bucket), key=str)
+        moe = [("moe", bucket, kernel) for kernel in ("gate_up", "down")]
+        return gemv + (moe if bucket in self.moe_seen else [])
+
     def capture(self) -> None:
+        """Capture the graphs again; where that fails, keep the last capture's records."""
         self.runner.graph_runner.release()
+        read, seen = set(self.cache.read), dict(self.moe_seen)
         self.cache.read.clear()
-        self.runner.init_cuda_graphs()
+        self.moe_seen.clear()
+        try:
+            self.runner.init_cuda_graphs()
+        except Exception:
+            self.cache.read.update(read)
+            self.moe_seen.update(seen)
+            raise
         self.dirty = False
 
-    def current(self, key: tuple) -> Choice:
+    def current(self, key: tuple):
+        if key[0] == "moe":
+            return getattr(self.moe_seen[key[1]], key[2])
         return self.cache.get(key)
 
-    def apply(self, key: tuple, choice: Choice) -> None:
-        if self.cache.get(key, ()) != choice:
-            self.cache[key] = choice
-            self.dirty = True  # the graphs hold the configs they were captured with
+    def apply(self, key: tuple, choice) -> None:
+        # against what is set, not what the last capture saw: a capture may have failed
+        table, name = (self.moe_tiles, key[1:]) if key[0] == "moe" else (self.cache, key)
+        if table.get(name, ()) == choice:  # () is no choice; get does not count as a read
+            return
+        table[name] = choice
+        self.dirty = True  # the graphs hold the configs they were captured with
 
     def measure(self) -> float:
         from mini_sglang.bench_one_batch import run_once
 
         if self.dirty:
-            self.capture()
+            try:
+                self.capture()
+            except Exception as e:  # tiles or a config the compiler rejects on this card
+                print(f"capture failed ({type(e).__name__}: {e}); timed as never faster")
+                return float("inf")
         _, dec, forward_s = run_once(self.worker, self.batch, self.input_len, self.steps + 1)
         return 1000 * forward_s / len(dec)
 
-    def options(self, key: tuple) -> list[Choice]:
+    def options(self, key: tuple) -> list:
         import torch
 
+        if key[0] == "moe":  # every tile of bench_fused_moe.py's sweep, in the step
+            from benchmarks.bench_fused_moe import SWEEP
+            from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles
+
+            return [GemvTiles(*tiles) for tiles in SWEEP]
         bucket, n, k, dtype, variant = key
         fp8 = "fp8" in variant or self.gemm.block_of(variant) is not None
         w = _weight(self.runner.model, n, k, fp8)
@@ -233,6 +286,22 @@ class StepTimer:
         self.read.update(step_reads)
         ranked = sorted((c for c in times if c is not None), key=times.__getitem__)
         return [None] + ranked[: self.top]
+
+
+def _moe_tiles_spec(outcomes: list[Outcome]) -> str:
+    """MINI_SGLANG_MOE_GEMV_TILES for the buckets whose expert tiles changed, both kernels
+    given, e.g. "1=4,512,1,0:16,256,16,0" (fused_moe_gemv._parse_forced's form)."""
+
+    def spec(t) -> str:
+        return ",".join(str(v) for v in (t.block_n, t.block_k, t.num_warps, t.num_stages or 0))
+
+    moe = {o.key[1:]: o for o in outcomes if o.key[0] == "moe"}
+    changed = sorted({b for (b, _), o in moe.items() if o.kept != o.start})
+    return "/".join(
+        f"{b}={spec(moe[(b, 'gate_up')].kept)}:{spec(moe[(b, 'down')].kept)}"
+        for b in changed
+        if (b, "gate_up") in moe and (b, "down") in moe
+    )
 
 
 def main(argv: list[str] | None = None) -> list[Outcome]:
@@ -256,7 +325,7 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
         bucket = 1 << (batch - 1).bit_length()
         step.batch = batch
         step.measure()  # warm-up: lazy initialisations, the first prefill of this size
-        queue = [k for k in step.read if k[0] == bucket]
+        queue = step.keys(bucket)
         print(f"batch {batch}: {len(queue)} picks to try")
         outcomes += descend(
             queue,
@@ -264,16 +333,19 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
             step.options,
             step.apply,
             step.measure,
-            new_keys=lambda b=bucket: [k for k in step.read if k[0] == b],
+            new_keys=lambda b=bucket: step.keys(b),
             threshold=args.threshold,
             confirm=args.confirm,
         )
     changed = {
         small_m_gemm._choice_key(o.key): (list(o.kept) if o.kept else None)
         for o in outcomes
-        if o.kept != o.start
+        if o.kept != o.start and o.key[0] != "moe"
     }
     print(f"changed picks: {json.dumps(changed)}")
+    moe = _moe_tiles_spec(outcomes)
+    if moe:
+        print(f"expert GEMV tiles that won (an A/B: MINI_SGLANG_MOE_GEMV_TILES={moe})")
     card = kernel_choices.device_name(worker.model_runner.device)
     if args.out:
         with open(args.out, "w") as f:

@@ -1,12 +1,14 @@
 """benchmarks/tune_gemv_in_step.py: the coordinate descent over the picks, driven by a step
-whose time is a function of the choices (the script's own measure needs CUDA graphs), and
-the script on CPU, where no small-M GEMV runs and so nothing is tuned."""
+whose time is a function of the choices (the script's own measure needs CUDA graphs), the
+expert tiles it reports in the form MINI_SGLANG_MOE_GEMV_TILES reads, and the script on
+CPU, where no small-M GEMV runs and so nothing is tuned."""
 
 from __future__ import annotations
 
 import itertools
 
-from benchmarks.tune_gemv_in_step import descend, main
+from benchmarks.tune_gemv_in_step import Outcome, _moe_tiles_spec, descend, main
+from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, _parse_forced
 
 
 class Step:
@@ -95,3 +97,17 @@ def test_on_cpu_nothing_is_tuned(tiny_llama_path: str, capsys):
     out = main(["--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32"])
     assert out == []
     assert "no small-M GEMV picks to tune" in capsys.readouterr().out
+
+
+def test_expert_tiles_that_changed_become_one_forced_tiles_value():
+    a, b, c = GemvTiles(2, 1024, 1), GemvTiles(4, 256, 8), GemvTiles(16, 256, 16, 3)
+    outcomes = [
+        Outcome(("moe", 1, "gate_up"), a, a),
+        Outcome(("moe", 1, "down"), b, c),
+        Outcome(("moe", 2, "gate_up"), a, a),
+        Outcome(("moe", 2, "down"), b, b),
+        Outcome((1, 4096, 4096, "bfloat16", ()), None, None),
+    ]
+    spec = _moe_tiles_spec(outcomes)
+    assert spec == "1=2,1024,1,0:16,256,16,3"  # bucket 2 kept its tiles: not forced
+    assert _parse_forced(spec) == {1: (a, c)}  # the form MINI_SGLANG_MOE_GEMV_TILES reads
