@@ -111,3 +111,66 @@ def test_expert_tiles_that_changed_become_one_forced_tiles_value():
     spec = _moe_tiles_spec(outcomes)
     assert spec == "1=2,1024,1,0:16,256,16,3"  # bucket 2 kept its tiles: not forced
     assert _parse_forced(spec) == {1: (a, c)}  # the form MINI_SGLANG_MOE_GEMV_TILES reads
+
+
+class _Runner:
+    """A model runner whose "capture" reads the picks of `keys` as small_m_gemm._config does
+    and asks fused_moe_gemv.default_config for one token's expert tiles, raising where the
+    tiles asked are `rejected` (as a compile error would)."""
+
+    def __init__(self, keys: list, rejected=None) -> None:
+        self.keys, self.rejected, self.captures = keys, rejected, 0
+        self.graph_runner = self
+        self.model = None
+
+    def release(self) -> None:
+        pass
+
+    def init_cuda_graphs(self) -> None:
+        from mini_sglang.layers import small_m_gemm
+        from mini_sglang.layers.moe import fused_moe_gemv
+
+        for key in self.keys:
+            small_m_gemm._choice[key]
+        config = fused_moe_gemv.default_config(1, None)
+        if config.down == self.rejected:
+            raise RuntimeError("tiles rejected")
+        self.captures += 1
+
+
+def test_step_timer_records_reads_overrides_tiles_and_survives_a_failed_capture(monkeypatch):
+    from types import SimpleNamespace
+
+    import mini_sglang.bench_one_batch as bench
+    from benchmarks.tune_gemv_in_step import StepTimer
+    from mini_sglang.layers import small_m_gemm
+    from mini_sglang.layers.moe import fused_moe_gemv
+
+    qkv, stale = (1, 5120, 2048, "bf16", ("norm",)), (1, 2048, 4096, "bf16", ())
+    monkeypatch.setattr(small_m_gemm, "_choice", {qkv: (2, 0, 8, 1, 2, 4), stale: None})
+    monkeypatch.setattr(fused_moe_gemv, "default_config", fused_moe_gemv.default_config)
+    bad = GemvTiles(16, 256, 16)
+    runner = _Runner([qkv], rejected=bad)
+    monkeypatch.setattr(bench, "run_once", lambda *a: (0.0, [0.0] * 4, 0.008))  # 2 ms a step
+    step = StepTimer(SimpleNamespace(model_runner=runner), 16, 4, 3)
+
+    # the step's reads, not every cached pick, and the expert kernels where they ran
+    assert step.keys(1) == [qkv, ("moe", 1, "gate_up"), ("moe", 1, "down")]
+    shipped = fused_moe_gemv.TUNED[1]
+    assert step.current(("moe", 1, "down")) == shipped.down
+    assert step.measure() == 2.0 and runner.captures == 1  # nothing changed: no capture
+
+    step.apply(("moe", 1, "gate_up"), GemvTiles(4, 512, 1))
+    assert step.measure() == 2.0 and runner.captures == 2
+    assert step.current(("moe", 1, "gate_up")) == GemvTiles(4, 512, 1)
+
+    step.apply(("moe", 1, "down"), bad)
+    assert step.measure() == float("inf")  # the capture failed: never faster
+    assert step.keys(1)[0] == qkv and step.current(("moe", 1, "down")) == shipped.down
+    step.apply(("moe", 1, "down"), shipped.down)  # descend undoing the trial
+    assert step.measure() == 2.0 and runner.captures == 3
+    assert step.current(("moe", 1, "down")) == shipped.down
+
+    step.apply(qkv, None)
+    step.measure()
+    assert small_m_gemm._choice[qkv] is None and runner.captures == 4
