@@ -174,3 +174,18 @@ def test_step_timer_records_reads_overrides_tiles_and_survives_a_failed_capture(
     step.apply(qkv, None)
     step.measure()
     assert small_m_gemm._choice[qkv] is None and runner.captures == 4
+
+
+def test_the_weight_a_pick_is_timed_with_is_found_by_shape_and_format():
+    import torch
+
+    from benchmarks.tune_gemv_in_step import _weight
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(16, 8))
+    fp8 = torch.nn.Linear(16, 8, bias=False)
+    fp8.weight = torch.nn.Parameter(fp8.weight.data.to(torch.float8_e4m3fn), False)
+    model.append(fp8)
+    assert _weight(model, 16, 8, fp8=False).data_ptr() == model[0].weight.data_ptr()
+    assert _weight(model, 8, 16, fp8=False).dtype == torch.float32  # the bf16 one, not FP8
+    assert _weight(model, 8, 16, fp8=True).dtype == torch.float8_e4m3fn
+    assert _weight(model, 4, 4, fp8=False) is None
