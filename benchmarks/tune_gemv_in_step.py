@@ -150,6 +150,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, objec
     return args, server_args
 
 
+def _bucket(rows: int) -> int:
+    """The power-of-two batch bucket both small_m_gemm's picks and the expert tiles key on."""
+    return 1 << (rows - 1).bit_length()
+
+
 class _Recording(dict):
     """small_m_gemm's pick cache, noting each key read (`read`) since it was last cleared."""
 
@@ -183,7 +188,7 @@ class StepTimer:
     cache, measure captures the CUDA graphs again where a pick changed and returns the GPU
     ms a decode step of `batch` rows, options ranks a key's candidates by their time alone.
 
-    `read` holds the keys the last capture read (small_m_gemm._config looks each pick up
+    `cache.read` holds the keys the last capture read (small_m_gemm._config looks each pick up
     with _choice[key]): a pick timed during a trial stays in the cache after the trial is
     undone, but the step no longer asks for it."""
 
@@ -204,7 +209,7 @@ class StepTimer:
 
         def default_config(tokens: int, quant: str | None):
             config = tuned(tokens, quant)
-            bucket = 1 << (tokens - 1).bit_length()
+            bucket = _bucket(tokens)
             config = dataclasses.replace(
                 config,
                 gate_up=self.moe_tiles.get((bucket, "gate_up"), config.gate_up),
@@ -215,10 +220,6 @@ class StepTimer:
 
         fused_moe_gemv.default_config = default_config
         self.capture()  # once more, to record the keys the step reads
-
-    @property
-    def read(self) -> set:
-        return self.cache.read
 
     def keys(self, bucket: int) -> list[tuple]:
         """The picks the last capture read at this batch bucket, then its expert GEMVs'
@@ -280,10 +281,10 @@ class StepTimer:
         if w is None:
             return []
         x = torch.randn((bucket, k), dtype=dtype, device=w.device)
-        step_reads = set(self.read)  # an FP8 fallback's timing looks up the plain pick
+        step_reads = set(self.cache.read)  # an FP8 fallback's timing looks up the plain pick
         times = self.gemm.time_candidates(x, w, variant)
-        self.read.clear()
-        self.read.update(step_reads)
+        self.cache.read.clear()
+        self.cache.read.update(step_reads)
         ranked = sorted((c for c in times if c is not None), key=times.__getitem__)
         return [None] + ranked[: self.top]
 
@@ -315,14 +316,14 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     logging.basicConfig(level=getattr(logging, server_args.log_level.upper()))
     worker = TpModelWorker(server_args, gpu_id=server_args.base_gpu_id)
     wait_flashinfer_builds()
-    buckets = {1 << (b - 1).bit_length() for b in args.tune_batch_size}
+    buckets = {_bucket(b) for b in args.tune_batch_size}
     if not any(k[0] in buckets for k in small_m_gemm._choice):
         print("no small-M GEMV picks to tune (they run on CUDA with bf16 / fp16 weights only)")
         return []
     step = StepTimer(worker, args.input_len, args.steps, args.top)
     outcomes: list[Outcome] = []
     for batch in sorted(set(args.tune_batch_size)):
-        bucket = 1 << (batch - 1).bit_length()
+        bucket = _bucket(batch)
         step.batch = batch
         step.measure()  # warm-up: lazy initialisations, the first prefill of this size
         queue = step.keys(bucket)
