@@ -107,6 +107,12 @@ def bytes_moved(m: int, ids: torch.Tensor, layer: FusedMoE, hidden: int, gemv: b
     return weights + acts
 
 
+def gemv_shape(layer: FusedMoE, hidden: int) -> tuple[int, int, int, int]:
+    """The layer's shape as fused_moe_gemv.default_config takes it (its per-card tiles are
+    keyed by it): (local experts, hidden, intermediate per partition, top-k)."""
+    return (layer.num_local_experts, hidden, layer.intermediate_per_partition, layer.top_k)
+
+
 def sweep_gemv(
     layer: FusedMoE, x: torch.Tensor, logits: torch.Tensor, iters: int, quant: str | None
 ) -> tuple:
@@ -117,7 +123,7 @@ def sweep_gemv(
     default = fused_moe_gemv.default_config
 
     def time_config(config: SmallMConfig) -> float:
-        fused_moe_gemv.default_config = lambda tokens, quant: config
+        fused_moe_gemv.default_config = lambda *args, **kwargs: config
         try:
             return cuda_time_ms(lambda: layer(x, logits), iters, graph=True)
         except Exception:  # tiles the compiler rejects on this card
@@ -125,7 +131,7 @@ def sweep_gemv(
         finally:
             fused_moe_gemv.default_config = default
 
-    start = default(x.shape[0], quant)
+    start = default(x.shape[0], quant, gemv_shape(layer, x.shape[1]), x.device)
     best = (start, time_config(start))
     for which in ("gate_up", "down"):
         for cand in SWEEP:
@@ -210,7 +216,9 @@ def report(
     tflops = 2 * m * args.top_k * 3 * layer.intermediate_per_partition * args.hidden
     tflops = tflops / (ms / 1e3) / 1e12
     if gemv:
-        cfg = dataclasses.asdict(tiles or fused_moe_gemv.default_config(m, quant_name(args)))
+        shape = gemv_shape(layer, args.hidden)
+        tiles = tiles or fused_moe_gemv.default_config(m, quant_name(args), shape, ids.device)
+        cfg = dataclasses.asdict(tiles)
     else:
         gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn
         block = None if spec is None else spec.weight_block_size

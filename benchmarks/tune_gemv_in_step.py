@@ -30,7 +30,9 @@ form of mini_sglang/layers/kernel_configs/gemv_<card>.json), to ship there once 
 A/B (run_gpu_suite.sh ab, the picks forced per shape) confirms them; --record writes them
 into this machine's pick cache instead (kernel_choices.record), so the next start uses
 them. Expert tiles that won are printed as a MINI_SGLANG_MOE_GEMV_TILES value for that A/B
-(the shipped ones are fused_moe_gemv's TUNED tables). One GPU, --tp-size 1.
+and, for the card's table of expert tiles (fused_moe_gemv.CARD_TABLE, keyed by batch bucket,
+layer shape and format; shipped as kernel_configs/moe_gemv_<card>.json), written beside --out
+(picks.moe_gemv.json) or recorded with --record. One GPU, --tp-size 1.
 """
 
 from __future__ import annotations
@@ -205,10 +207,12 @@ class StepTimer:
         # replaces them where a trial sets some (moe_tiles, by (bucket, kernel)).
         self.moe_tiles: dict[tuple[int, str], object] = {}
         self.moe_seen: dict[int, object] = {}
+        # bucket -> fused_moe_gemv.card_key of the launches seen, for recording the tiles
+        self.moe_card_keys: dict[int, str] = {}
         tuned = fused_moe_gemv.default_config
 
-        def default_config(tokens: int, quant: str | None):
-            config = tuned(tokens, quant)
+        def default_config(tokens: int, quant: str | None, shape=None, device=None):
+            config = tuned(tokens, quant, shape, device)
             bucket = _bucket(tokens)
             config = dataclasses.replace(
                 config,
@@ -216,6 +220,8 @@ class StepTimer:
                 down=self.moe_tiles.get((bucket, "down"), config.down),
             )
             self.moe_seen[bucket] = config
+            if shape is not None:
+                self.moe_card_keys[bucket] = fused_moe_gemv.card_key(tokens, quant, shape)
             return config
 
         fused_moe_gemv.default_config = default_config
@@ -289,6 +295,22 @@ class StepTimer:
         return [None] + ranked[: self.top]
 
 
+def _moe_card_entries(outcomes: list[Outcome], card_keys: dict[int, str]) -> dict[str, list]:
+    """The expert tiles that changed as fused_moe_gemv.CARD_TABLE entries (the form of
+    kernel_configs/moe_gemv_<card>.json): both kernels of each bucket where either changed."""
+    from mini_sglang.layers.moe.fused_moe_gemv import SmallMConfig, encode_card_config
+
+    moe = {o.key[1:]: o for o in outcomes if o.key[0] == "moe"}
+    changed = sorted({b for (b, _), o in moe.items() if o.kept != o.start})
+    return {
+        card_keys[b]: encode_card_config(
+            SmallMConfig(moe[(b, "gate_up")].kept, moe[(b, "down")].kept)
+        )
+        for b in changed
+        if (b, "gate_up") in moe and (b, "down") in moe and b in card_keys
+    }
+
+
 def _moe_tiles_spec(outcomes: list[Outcome]) -> str:
     """MINI_SGLANG_MOE_GEMV_TILES for the buckets whose expert tiles changed, both kernels
     given, e.g. "1=4,512,1,0:16,256,16,0" (fused_moe_gemv._parse_forced's form)."""
@@ -310,6 +332,7 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
 
     from mini_sglang.layers import kernel_choices, small_m_gemm
     from mini_sglang.layers.kernels import wait_flashinfer_builds
+    from mini_sglang.layers.moe import fused_moe_gemv
     from mini_sglang.managers.tp_worker import TpModelWorker
 
     args, server_args = parse_args(argv)
@@ -345,16 +368,26 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
     }
     print(f"changed picks: {json.dumps(changed)}")
     moe = _moe_tiles_spec(outcomes)
+    moe_entries = _moe_card_entries(outcomes, step.moe_card_keys)
     if moe:
         print(f"expert GEMV tiles that won (an A/B: MINI_SGLANG_MOE_GEMV_TILES={moe})")
+        print(f"as {fused_moe_gemv.CARD_TABLE} entries: {json.dumps(moe_entries)}")
     card = kernel_choices.device_name(worker.model_runner.device)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(kernel_choices.dumps(changed))
-        print(f"wrote {args.out} (card {card})")
+        tables = {args.out: changed}
+        if moe_entries:  # beside --out: picks.json -> picks.moe_gemv.json
+            tables[str(Path(args.out).with_suffix(f".{fused_moe_gemv.CARD_TABLE}.json"))] = (
+                moe_entries
+            )
+        for path, table in tables.items():
+            with open(path, "w") as f:
+                f.write(kernel_choices.dumps(table))
+            print(f"wrote {path} (card {card})")
     if args.record:
         for name, value in changed.items():
             kernel_choices.record("gemv", card, name, value)
+        for name, value in moe_entries.items():
+            kernel_choices.record(fused_moe_gemv.CARD_TABLE, card, name, value)
     return outcomes
 
 

@@ -67,30 +67,85 @@ def test_unreadable_cache_is_ignored_and_rewritten(fresh, monkeypatch):
     assert json.loads(cached.read_text()) == {"a": [5]}
 
 
+def _shipped_tables(table: str) -> list[tuple[str, dict]]:
+    """(path, contents) of each shipped kernel_configs/<table>_<card>.json; at least one,
+    none empty."""
+    import glob
+    import os
+
+    files = sorted(glob.glob(os.path.join(kc.SHIPPED_DIR, f"{table}_*.json")))
+    assert files, f"no shipped {table} tables"
+    tables = []
+    for path in files:
+        with open(path) as f:
+            tables.append((path, json.load(f)))
+        assert tables[-1][1], path
+    return tables
+
+
 def test_shipped_gemv_tables_name_current_candidates():
     """Every shipped pick is cuBLAS (null) or a Triton config among its variant's candidates
     (small_m_gemm.candidates: the FP8 variants add tensor-core configs), under a key
     small_m_gemm builds; a stale entry would be timed again at every start."""
-    import glob
-    import os
     import re
 
     import torch
 
     from mini_sglang.layers.small_m_gemm import _choice_key, candidates
 
-    files = glob.glob(os.path.join(kc.SHIPPED_DIR, "gemv_*.json"))
-    assert files, "no shipped GEMV tables"
     key = re.compile(r"^M(1|2|4|8)\|N\d+\|K\d+\|(bfloat16|float16)\|[a-z0-9_]+(\+[a-z0-9_]+)*$")
     # the pattern admits every variant small_m_gemm builds, the FP8 ones included
     for variant in [(), ("silu_mul",), ("norm", "fp8"), ("residual", "fp8"), ("silu_mul", "fp8")]:
         assert key.match(_choice_key((8, 4096, 4096, torch.bfloat16, variant))), variant
-    for path in files:
-        with open(path) as f:
-            table = json.load(f)
-        assert table, path
+    for path, table in _shipped_tables("gemv"):
         for name, value in table.items():
             assert key.match(name), (path, name)
             variant = name.rsplit("|", 1)[1]  # "plain" or "norm+fp8", ...
             allowed = candidates(() if variant == "plain" else tuple(variant.split("+")))
             assert value is None or tuple(value) in allowed, (path, name, value)
+
+
+def test_shipped_expert_tile_tables_decode():
+    """Every shipped entry of fused_moe_gemv's per-card expert tiles has a key card_key
+    builds and a value its reader accepts (a stale entry would fall back to TUNED silently)."""
+    import re
+
+    from mini_sglang.layers.moe import fused_moe_gemv as fmg
+
+    key = re.compile(r"^M(1|2|4)\|E\d+\|H\d+\|I\d+\|k\d+\|(bf16|fp8|fp8-block)(\+words)?$")
+    assert key.match(fmg.card_key(3, None, (128, 2048, 768, 8)))
+    for path, table in _shipped_tables(fmg.CARD_TABLE):
+        for name, value in table.items():
+            assert key.match(name), (path, name)
+            config = fmg._decode_card_config(value)
+            assert config is not None and fmg.encode_card_config(config) == value, (path, name)
+
+
+def test_card_expert_tiles_win_over_tuned_and_lose_to_forced(fresh, monkeypatch):
+    """fused_moe_gemv.default_config on a CUDA device reads the card's table for the batch's
+    bucket, shape and format; another shape or bucket, a CPU tensor or an entry it cannot
+    read gets the tuned tiles, and MINI_SGLANG_MOE_GEMV_TILES still wins."""
+    import torch
+
+    from mini_sglang.layers.moe import fused_moe_gemv as fmg
+
+    card = "Test_Card"
+    monkeypatch.setattr(kc, "device_name", lambda device: card)
+    qwen = (128, 2048, 768, 8)
+    mine = fmg.SmallMConfig(fmg.GemvTiles(1, 2048, 1), fmg.GemvTiles(16, 128, 16, 3))
+    table = {
+        fmg.card_key(2, None, qwen): fmg.encode_card_config(mine),
+        fmg.card_key(1, None, qwen): [[1, 2048, 1, None], [0, 128, 8, None]],  # block_n 0
+    }
+    (fresh / "shipped" / f"{fmg.CARD_TABLE}_{card}.json").write_text(json.dumps(table))
+    cuda = torch.device("cuda", 0)
+    assert fmg.default_config(2, None, qwen, cuda) == mine
+    assert fmg.default_config(2, None, qwen, torch.device("cpu")) == fmg.TUNED[2]
+    assert fmg.default_config(2, None, (64, 2048, 768, 8), cuda) == fmg.TUNED[2]
+    assert fmg.default_config(2, "fp8-block", qwen, cuda) != mine
+    assert fmg.default_config(4, None, qwen, cuda) == fmg.TUNED[4]
+    assert fmg.default_config(1, None, qwen, cuda) == fmg.TUNED[1]  # unreadable: tuned
+    monkeypatch.setattr(fmg, "_FORCED", fmg._parse_forced("2=4,512,4"))
+    assert fmg.default_config(2, None, qwen, cuda) == fmg.SmallMConfig(
+        fmg.GemvTiles(4, 512, 4), mine.down
+    )

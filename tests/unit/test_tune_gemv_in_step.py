@@ -7,8 +7,20 @@ from __future__ import annotations
 
 import itertools
 
-from benchmarks.tune_gemv_in_step import Outcome, _moe_tiles_spec, descend, main
-from mini_sglang.layers.moe.fused_moe_gemv import GemvTiles, _parse_forced
+from benchmarks.tune_gemv_in_step import (
+    Outcome,
+    _moe_card_entries,
+    _moe_tiles_spec,
+    descend,
+    main,
+)
+from mini_sglang.layers.moe.fused_moe_gemv import (
+    GemvTiles,
+    SmallMConfig,
+    _decode_card_config,
+    _parse_forced,
+    card_key,
+)
 
 
 class Step:
@@ -111,6 +123,11 @@ def test_expert_tiles_that_changed_become_one_forced_tiles_value():
     spec = _moe_tiles_spec(outcomes)
     assert spec == "1=2,1024,1,0:16,256,16,3"  # bucket 2 kept its tiles: not forced
     assert _parse_forced(spec) == {1: (a, c)}  # the form MINI_SGLANG_MOE_GEMV_TILES reads
+    # and as entries of the card's expert tile table, both kernels given
+    keys = {1: card_key(1, None, (128, 2048, 768, 8)), 2: card_key(2, None, (128, 2048, 768, 8))}
+    entries = _moe_card_entries(outcomes, keys)
+    assert entries == {"M1|E128|H2048|I768|k8|bf16": [[2, 1024, 1, None], [16, 256, 16, 3]]}
+    assert _decode_card_config(entries[keys[1]]) == SmallMConfig(a, c)
 
 
 class _Runner:
@@ -132,7 +149,10 @@ class _Runner:
 
         for key in self.keys:
             small_m_gemm._choice[key]
-        config = fused_moe_gemv.default_config(1, None)
+        import torch
+
+        shape = (128, 2048, 768, 8)  # Qwen3-30B-A3B's experts, as fused_experts_gemv asks
+        config = fused_moe_gemv.default_config(1, None, shape, torch.device("cpu"))
         if config.down == self.rejected:
             raise RuntimeError("tiles rejected")
         self.captures += 1
@@ -156,6 +176,7 @@ def test_step_timer_records_reads_overrides_tiles_and_survives_a_failed_capture(
 
     # the step's reads, not every cached pick, and the expert kernels where they ran
     assert step.keys(1) == [qkv, ("moe", 1, "gate_up"), ("moe", 1, "down")]
+    assert step.moe_card_keys == {1: "M1|E128|H2048|I768|k8|bf16"}  # for recording tiles
     shipped = fused_moe_gemv.TUNED[1]
     assert step.current(("moe", 1, "down")) == shipped.down
     assert step.measure() == 2.0 and runner.captures == 1  # nothing changed: no capture

@@ -190,13 +190,83 @@ def tuned_configs(quant: str | None) -> dict[int, SmallMConfig]:
     return _TUNED_BY_QUANT.get(quant, {})
 
 
-def default_config(tokens: int, quant: str | None) -> SmallMConfig:
-    """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
-    config is given: for experts in format `quant` (None: bf16/fp16; else Fp8Experts.kind)
-    the tuned entry for the batch's power-of-two bucket, else DEFAULT_CONFIG; tiles forced
-    for the bucket (MINI_SGLANG_MOE_GEMV_TILES) replace either kernel's."""
+# kernel_choices' table of per-card tiles: kernel_configs/moe_gemv_<card>.json
+CARD_TABLE = "moe_gemv"
+
+
+def card_key(tokens: int, quant: str | None, shape: tuple[int, int, int, int]) -> str:
+    """The key of a batch's tiles in CARD_TABLE: its bucket, the layer's shape (experts,
+    hidden, intermediate per expert, top-k) and the experts' format as decoded, e.g.
+    "M1|E128|H2048|I768|k8|bf16" (Qwen3-30B-A3B at one token), "M2|...|fp8-block+words"."""
+    experts, hidden, inter, top_k = shape
+    fmt = quant or "bf16"
+    if _DECODE_E4M3 and quant in ("fp8-block", "fp8"):
+        fmt += "+words"
     bucket = 1 << (tokens - 1).bit_length()
-    config = tuned_configs(quant).get(bucket, DEFAULT_CONFIG)
+    return f"M{bucket}|E{experts}|H{hidden}|I{inter}|k{top_k}|{fmt}"
+
+
+def encode_card_config(config: SmallMConfig) -> list[list[int | None]]:
+    """A CARD_TABLE value: [gate_up, down], each [block_n, block_k, warps, stages or null]."""
+    return [
+        [t.block_n, t.block_k, t.num_warps, t.num_stages] for t in (config.gate_up, config.down)
+    ]
+
+
+def _decode_card_config(value: object) -> SmallMConfig | None:
+    """encode_card_config's inverse; None for anything else (a stale or hand-edited entry
+    is treated as missing, as kernel_choices asks of its readers)."""
+
+    def tiles(v: object) -> GemvTiles | None:
+        if not isinstance(v, list) or len(v) != 4:
+            return None
+        *ints, stages = v
+        if not all(isinstance(i, int) and i > 0 for i in ints):
+            return None
+        if stages is not None and not (isinstance(stages, int) and stages > 0):
+            return None
+        return GemvTiles(*ints, stages)
+
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    gate_up, down = tiles(value[0]), tiles(value[1])
+    return SmallMConfig(gate_up, down) if gate_up and down else None
+
+
+def _card_config(
+    tokens: int, quant: str | None, shape: tuple[int, int, int, int], device: torch.device
+) -> SmallMConfig | None:
+    """This card's shipped or cached tiles for the batch (CARD_TABLE), or None."""
+    from mini_sglang.layers import kernel_choices
+
+    value = kernel_choices.lookup(
+        CARD_TABLE, kernel_choices.device_name(device), card_key(tokens, quant, shape)
+    )
+    return None if value is kernel_choices.MISSING else _decode_card_config(value)
+
+
+def default_config(
+    tokens: int,
+    quant: str | None,
+    shape: tuple[int, int, int, int] | None = None,
+    device: torch.device | None = None,
+) -> SmallMConfig:
+    """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
+    config is given, for experts in format `quant` (None: bf16/fp16; else Fp8Experts.kind)
+    of `shape` (experts, hidden, intermediate, top-k) on `device`, the first that applies:
+
+    1. tiles forced for the batch's power-of-two bucket (MINI_SGLANG_MOE_GEMV_TILES), in
+       place of either kernel's;
+    2. on a CUDA device with a shape, the card's entry for the bucket, shape and format in
+       CARD_TABLE (kernel_choices: shipped under kernel_configs/, or cached), the tiles
+       benchmarks/tune_gemv_in_step.py found fastest inside that model's decode step;
+    3. the format's tuned entry for the bucket (TUNED and its FP8 tables, swept on one
+       model's shapes), else DEFAULT_CONFIG."""
+    bucket = 1 << (tokens - 1).bit_length()
+    config = None
+    if shape is not None and device is not None and device.type == "cuda":
+        config = _card_config(tokens, quant, shape, device)
+    config = config or tuned_configs(quant).get(bucket, DEFAULT_CONFIG)
     if bucket in _FORCED:  # MINI_SGLANG_MOE_GEMV_TILES
         gate_up, down = _FORCED[bucket]
         config = SmallMConfig(gate_up, down or config.down)
@@ -555,7 +625,8 @@ def fused_experts_gemv(
     if tokens == 0:
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
-    config = config or default_config(tokens, fp8.kind if fp8 is not None else None)
+    quant = fp8.kind if fp8 is not None else None
+    config = config or default_config(tokens, quant, (w13.shape[0], hidden, inter, k), x.device)
     gate_up_kernel, _ = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
