@@ -19,9 +19,11 @@ FP8 layer's own path) are each set as the pick, the graphs captured again and de
 timed: the GPU time of --steps forwards (bench_one_batch.run_once's events), a fresh batch
 of prompts of --input-len tokens each time. A challenger replaces the pick only if, in
 --confirm rounds with the two alternating, each of its times beats each of the pick's and
-its mean is at least --threshold (a fraction of the step) faster. A pick that changes may
-make the step ask for keys it did not ask before (a gate_up whose norm fold is dropped asks
-for its SiLU-mul fold): those join the queue. In a mixture-of-experts model whose experts
+its mean is at least --threshold (a fraction of the step) faster. A candidate may make the
+step ask for keys it did not ask before (a gate_up whose norm fold is dropped asks for its
+SiLU-mul fold's pick): it is timed with each of those keys at its fastest option, tried in
+turn under it, and wins or loses together with them; keys a kept change brings later join
+the queue. In a mixture-of-experts model whose experts
 take the GEMV path at that bucket (MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert
 kernels follow, each tried at every tile of bench_fused_moe.py's SWEEP.
 
@@ -77,55 +79,115 @@ def descend(
     new_keys() returns that no earlier key had (each checked after a key is decided).
 
     For each key: measure() with its current choice, then with each other option applied
-    (apply(key, choice) sets it; measure() returns ms, lower is better). The fastest
-    challenger is confirmed in `confirm` rounds, the current choice first in each: kept
-    only if every challenger time is below every time of the current choice (the first
-    measurement included) and its mean is below the current mean by threshold x that
-    mean; otherwise the current choice is applied back. Returns one Outcome per key, in the
-    order decided."""
+    (apply(key, choice) sets it; measure() returns ms, lower is better). An option under
+    which the step asks for keys it did not ask before (new_keys() after its measure) is
+    timed together with those keys' fastest options, each key tried in turn with the
+    option applied: dropping gate_up's norm fold runs the SiLU-mul variant's pick, and the
+    drop may win only with that pick changed too. The fastest challenger (with its keys'
+    picks) is confirmed in `confirm` rounds, the current choice first in each: kept only if
+    every challenger time is below every time of the current choice (the first measurement
+    included) and its mean is below the current mean by threshold x that mean; otherwise
+    the current choices are applied back. Returns one Outcome per key decided, in order (a
+    kept challenger's keys right after it, decided with it)."""
+    step = _Search(current, options, apply, measure, report)
     outcomes: list[Outcome] = []
     seen = set(queue)
     i = 0
     while i < len(queue):
-        key = queue[i]
+        fresh = lambda: [k for k in new_keys() if k not in seen]  # noqa: E731
+        out, brought = _decide(step, queue[i], fresh, threshold, confirm)
         i += 1
-        start = current(key)
-        out = Outcome(key, start, start)
-        base = [measure()]
-        out.trials.append((start, base[0]))
-        best, best_ms = start, base[0]
-        for choice in options(key):
-            if choice == start:
-                continue
-            apply(key, choice)
-            ms = measure()
-            out.trials.append((choice, ms))
-            report(f"{key}: {choice} {ms:.4f} ms (current {start}: {base[0]:.4f})")
-            if ms < best_ms:
-                best, best_ms = choice, ms
-        if best != start:
-            challenger = [best_ms]
-            for _ in range(confirm):
-                apply(key, start)
-                base.append(measure())
-                apply(key, best)
-                challenger.append(measure())
-                out.trials += [(start, base[-1]), (best, challenger[-1])]
-            gain = statistics.mean(base) - statistics.mean(challenger)
-            if max(challenger) < min(base) and gain >= threshold * statistics.mean(base):
-                out.kept = best
-            report(
-                f"{key}: {'kept' if out.kept == best else 'not kept'} {best}: "
-                f"{', '.join(f'{t:.4f}' for t in challenger)} ms against {start}: "
-                f"{', '.join(f'{t:.4f}' for t in base)}"
-            )
-        apply(key, out.kept)
-        outcomes.append(out)
-        for k in new_keys():
-            if k not in seen:
-                seen.add(k)
-                queue.append(k)
+        outcomes += [out, *brought]
+        seen.update(o.key for o in brought)  # tried under the kept choice already
+        for k in fresh():
+            seen.add(k)
+            queue.append(k)
     return outcomes
+
+
+@dataclass
+class _Search:
+    """descend's view of the step (see its arguments)."""
+
+    current: Callable[[Hashable], Choice]
+    options: Callable[[Hashable], Iterable[Choice]]
+    apply: Callable[[Hashable, Choice], None]
+    measure: Callable[[], float]
+    report: Callable[[str], None]
+
+    def set(self, key: Hashable, choice: Choice, brought: list[Outcome], kept: bool) -> None:
+        """Apply `choice` to key, and to the keys it brought their kept (or start) picks."""
+        for o in brought:
+            self.apply(o.key, o.kept if kept else o.start)
+        self.apply(key, choice)
+
+
+def _decide(
+    step: _Search,
+    key: Hashable,
+    fresh: Callable[[], list[Hashable]],
+    threshold: float,
+    confirm: int,
+) -> tuple[Outcome, list[Outcome]]:
+    """descend's decision for one key: its Outcome, and those of the keys a kept challenger
+    brought into the step ([] where the current choice stays)."""
+    start = step.current(key)
+    out = Outcome(key, start, start)
+    base = [step.measure()]
+    out.trials.append((start, base[0]))
+    best, best_ms, brought = start, base[0], []
+    for choice in step.options(key):
+        if choice == start:
+            continue
+        step.apply(key, choice)
+        ms = step.measure()
+        out.trials.append((choice, ms))
+        step.report(f"{key}: {choice} {ms:.4f} ms (current {start}: {base[0]:.4f})")
+        new = [Outcome(k, step.current(k), step.current(k)) for k in fresh()]
+        for o in new:
+            ms = _follow(step, o, ms, f"{key}={choice}")
+        if ms < best_ms:
+            best, best_ms, brought = choice, ms, new
+        step.set(key, start, new, kept=False)
+    if best == start:
+        return out, []
+    challenger = [best_ms]
+    for _ in range(confirm):
+        step.set(key, start, brought, kept=False)
+        base.append(step.measure())
+        step.set(key, best, brought, kept=True)
+        challenger.append(step.measure())
+        out.trials += [(start, base[-1]), (best, challenger[-1])]
+    gain = statistics.mean(base) - statistics.mean(challenger)
+    kept = max(challenger) < min(base) and gain >= threshold * statistics.mean(base)
+    step.report(
+        f"{key}: {'kept' if kept else 'not kept'} {best}"
+        + "".join(f", {o.key}: {o.kept}" for o in brought)
+        + f": {', '.join(f'{t:.4f}' for t in challenger)} ms against {start}: "
+        + ", ".join(f"{t:.4f}" for t in base)
+    )
+    if not kept:
+        step.set(key, start, brought, kept=False)
+        return out, []
+    out.kept = best
+    return out, brought
+
+
+def _follow(step: _Search, out: Outcome, ms: float, under: str) -> float:
+    """Try each option of a key that a choice (`under`) brought into the step, which took
+    `ms` with the key's current pick; leave the fastest applied as out.kept, return its ms."""
+    best_ms = ms
+    for choice in step.options(out.key):
+        if choice == out.start:
+            continue
+        step.apply(out.key, choice)
+        t = step.measure()
+        out.trials.append((choice, t))
+        step.report(f"{under}, then {out.key}: {choice} {t:.4f} ms (current {out.start}: {ms:.4f})")
+        if t < best_ms:
+            out.kept, best_ms = choice, t
+    step.apply(out.key, out.kept)
+    return best_ms
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, object]:

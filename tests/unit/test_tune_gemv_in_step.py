@@ -105,6 +105,32 @@ def test_keys_a_change_brings_into_the_step_are_tuned_too():
     assert step.choice == {"fold_gate_up": None, "silu_gate_up": "grid"}
 
 
+def test_a_change_that_wins_only_with_the_picks_it_brings_is_found():
+    # Llama-3.1-8B FP8 at one row on an H100: dropping the fold alone runs the SiLU-mul
+    # variant's persistent start-up pick and loses; with that pick on the grid config too
+    # the step is faster, so the drop is timed with the picks it brings at their best.
+    costs = {
+        "fold_gate_up": {"persistent": 0.50, None: 0.0},
+        "silu_gate_up": {"persistent": 0.55, "grid": 0.40, "dot": 0.60},
+    }
+    step = Step(costs, {"fold_gate_up": "persistent"})
+    options = {"fold_gate_up": ["persistent", None], "silu_gate_up": ["persistent", "grid", "dot"]}
+    out, lines = run(step, options)
+    assert [(o.key, o.start, o.kept) for o in out] == [
+        ("fold_gate_up", "persistent", None),
+        ("silu_gate_up", "persistent", "grid"),
+    ]
+    assert step.choice == {"fold_gate_up": None, "silu_gate_up": "grid"}
+    assert [c for c, _ in out[1].trials] == ["grid", "dot"]  # tried once, under the drop
+    assert any(line.startswith("fold_gate_up: kept None, silu_gate_up: grid") for line in lines)
+    # where even the best of them loses, every pick goes back to where it started
+    costs["silu_gate_up"]["grid"] = 0.52
+    step = Step(costs, {"fold_gate_up": "persistent"})
+    out, _ = run(step, options)
+    assert [(o.key, o.start, o.kept) for o in out] == [("fold_gate_up", "persistent", "persistent")]
+    assert step.choice == {"fold_gate_up": "persistent", "silu_gate_up": "persistent"}
+
+
 def test_on_cpu_nothing_is_tuned(tiny_llama_path: str, capsys):
     out = main(["--model-path", tiny_llama_path, "--device", "cpu", "--dtype", "float32"])
     assert out == []
