@@ -125,12 +125,16 @@ def test_card_expert_tiles_win_over_tuned_and_lose_to_forced(fresh, monkeypatch)
     """fused_moe_gemv.default_config on a CUDA device reads the card's table for the batch's
     bucket, shape and format; another shape or bucket, a CPU tensor or an entry it cannot
     read gets the tuned tiles, and MINI_SGLANG_MOE_GEMV_TILES still wins."""
+    import functools
+
     import torch
 
     from mini_sglang.layers.moe import fused_moe_gemv as fmg
 
     card = "Test_Card"
     monkeypatch.setattr(kc, "device_name", lambda device: card)
+    # a cache of its own: the process-wide one would keep this test's fake card's entries
+    monkeypatch.setattr(fmg, "_card_config", functools.cache(fmg._card_config.__wrapped__))
     qwen = (128, 2048, 768, 8)
     mine = fmg.SmallMConfig(fmg.GemvTiles(1, 2048, 1), fmg.GemvTiles(16, 128, 16, 3))
     table = {

@@ -44,6 +44,7 @@ block-wise FP8 weights (Qwen3-FP8's attention projections) at these batch sizes.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -233,14 +234,22 @@ def _decode_card_config(value: object) -> SmallMConfig | None:
     return SmallMConfig(gate_up, down) if gate_up and down else None
 
 
+@functools.cache
 def _card_config(
-    tokens: int, quant: str | None, shape: tuple[int, int, int, int], device: torch.device
+    bucket: int,
+    quant: str | None,
+    shape: tuple[int, int, int, int],
+    device: torch.device,
+    decode_e4m3: bool,
 ) -> SmallMConfig | None:
-    """This card's shipped or cached tiles for the batch (CARD_TABLE), or None."""
+    """This card's shipped or cached tiles for the batch bucket (CARD_TABLE), or None.
+    Cached: an eager decode step asks once per MoE layer, and the lookup (key, lock, parse)
+    costs a few microseconds; the table does not change under a running process
+    (kernel_choices reads it once). decode_e4m3 (_DECODE_E4M3) is part of the key."""
     from mini_sglang.layers import kernel_choices
 
     value = kernel_choices.lookup(
-        CARD_TABLE, kernel_choices.device_name(device), card_key(tokens, quant, shape)
+        CARD_TABLE, kernel_choices.device_name(device), card_key(bucket, quant, shape)
     )
     return None if value is kernel_choices.MISSING else _decode_card_config(value)
 
@@ -265,7 +274,7 @@ def default_config(
     bucket = 1 << (tokens - 1).bit_length()
     config = None
     if shape is not None and device is not None and device.type == "cuda":
-        config = _card_config(tokens, quant, shape, device)
+        config = _card_config(bucket, quant, shape, device, _DECODE_E4M3)
     config = config or tuned_configs(quant).get(bucket, DEFAULT_CONFIG)
     if bucket in _FORCED:  # MINI_SGLANG_MOE_GEMV_TILES
         gate_up, down = _FORCED[bucket]
