@@ -10,7 +10,7 @@ forced config; this script runs that search for every pick of a model:
 
     python benchmarks/tune_gemv_in_step.py --model-path DIR --load-format dummy \\
         [--quantization fp8] [--tune-batch-size 1 2] [--top 3] [--input-len 512] \\
-        [--steps 48] [--threshold 0.005] [--out picks.json] [--record]
+        [--steps 48] [--threshold 0.005] [--out picks.json] [--record] [--ab-dirs BASE TUNED]
 
 After the start-up picks (which capture the CUDA graphs of --tune-batch-size), each pick of
 those batch sizes' buckets is tried in turn (coordinate descent, one pass): its --top
@@ -34,7 +34,11 @@ into this machine's pick cache instead (kernel_choices.record), so the next star
 them. Expert tiles that won are printed as a MINI_SGLANG_MOE_GEMV_TILES value for that A/B
 and, for the card's table of expert tiles (fused_moe_gemv.CARD_TABLE, keyed by batch bucket,
 layer shape and format; shipped as kernel_configs/moe_gemv_<card>.json), written beside --out
-(picks.moe_gemv.json) or recorded with --record. One GPU, --tp-size 1.
+(picks.moe_gemv.json) or recorded with --record. --ab-dirs BASE TUNED writes two pick caches
+for that A/B (MINI_SGLANG_CACHE_DIR=BASE against =TUNED): both this run's cache (the picks
+it started from), TUNED with the changes written over them, so the arms differ in those
+alone (`GEMV_IN_STEP_AB` in run_gpu_suite.sh runs the A/B in the same call). One GPU,
+--tp-size 1.
 """
 
 from __future__ import annotations
@@ -205,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, objec
     parser.add_argument("--confirm", type=int, default=2)
     parser.add_argument("--out", type=str, default=None)
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--ab-dirs", nargs=2, metavar=("BASE", "TUNED"), default=None)
     args = parser.parse_args(argv)
     if not args.cuda_graph_bs:
         args.cuda_graph_bs = sorted(set(args.tune_batch_size))
@@ -389,6 +394,27 @@ def _moe_tiles_spec(outcomes: list[Outcome]) -> str:
     )
 
 
+def write_ab_dirs(base: str, tuned: str, card: str, changes: dict[str, dict]) -> None:
+    """Two MINI_SGLANG_CACHE_DIR folders for an A/B of the changes: each a copy of this
+    process's pick cache (kernel_choices.cache_dir(); nothing if it has none), and in
+    `tuned` each table's changes ({table: {key: value}}) written over that card's file."""
+    import shutil
+
+    from mini_sglang.layers import kernel_choices
+
+    for root in (base, tuned):
+        dst = Path(root) / "kernel_choices"
+        shutil.rmtree(dst, ignore_errors=True)
+        if Path(kernel_choices.cache_dir()).is_dir():
+            shutil.copytree(kernel_choices.cache_dir(), dst)
+        dst.mkdir(parents=True, exist_ok=True)
+    for table, entries in changes.items():
+        if entries:
+            path = Path(tuned) / "kernel_choices" / f"{table}_{card}.json"
+            data = json.loads(path.read_text()) if path.exists() else {}
+            path.write_text(kernel_choices.dumps({**data, **entries}))
+
+
 def main(argv: list[str] | None = None) -> list[Outcome]:
     import logging
 
@@ -445,6 +471,11 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
             with open(path, "w") as f:
                 f.write(kernel_choices.dumps(table))
             print(f"wrote {path} (card {card})")
+    if args.ab_dirs:  # before --record adds the changes to this run's cache
+        write_ab_dirs(
+            *args.ab_dirs, card, {"gemv": changed, fused_moe_gemv.CARD_TABLE: moe_entries}
+        )
+        print(f"wrote the A/B's pick caches {args.ab_dirs[0]} and {args.ab_dirs[1]}")
     if args.record:
         for name, value in changed.items():
             kernel_choices.record("gemv", card, name, value)

@@ -326,11 +326,25 @@ for step in "${steps[@]}"; do
       # the small-M GEMV picks of $MODELS tuned inside the CUDA-graph decode step
       # (benchmarks/tune_gemv_in_step.py); GEMV_IN_STEP_ARGS e.g. "--quantization fp8
       # --tune-batch-size 1 2 --top 3". The changed picks land in
-      # $OUT/gemv_in_step_<model>.json, a kernel_choices table to confirm with an ab run
+      # $OUT/gemv_in_step_<model>.json, a kernel_choices table to confirm with an ab run.
+      # GEMV_IN_STEP_AB (the ab flags, e.g. "--batch-size 1 2 --quantization fp8
+      # --output-len 256 --cuda-graph-max-bs 2") runs that A/B in the same call where a pick
+      # changed: the run's pick cache against it with the changes (--ab-dirs; arms
+      # MINI_SGLANG_CACHE_DIR=$OUT/gemv_in_step_{base,tuned}_<model>), AB_ROUNDS rounds,
+      # rows in $OUT/gemv_in_step_ab.log
       for m in $MODELS; do
+        ab_dirs=("$OUT/gemv_in_step_base_$m" "$OUT/gemv_in_step_tuned_$m")
         python benchmarks/tune_gemv_in_step.py --model-path "$MODEL_ROOT/$m" --load-format dummy \
-          ${GEMV_IN_STEP_ARGS:-} --out "$OUT/gemv_in_step_$m.json" 2>&1 \
+          ${GEMV_IN_STEP_ARGS:-} --out "$OUT/gemv_in_step_$m.json" \
+          ${GEMV_IN_STEP_AB:+--ab-dirs "${ab_dirs[@]}"} 2>&1 \
           | grep -vE "Capturing batches|^DEBUG" | tee -a "$OUT/gemv_in_step.log" | tail -40
+        if [ -n "${GEMV_IN_STEP_AB:-}" ] && ! diff -rq "${ab_dirs[@]}" >/dev/null; then
+          ( unset MINI_SGLANG_KERNEL_RETUNE  # the arms read their caches
+            AB_ARMS="MINI_SGLANG_CACHE_DIR=${ab_dirs[0]};MINI_SGLANG_CACHE_DIR=${ab_dirs[1]}" \
+              MODELS=$m AB_WARMUP=0 ab_rounds gemv_in_step_ab "Scheduler|Error" \
+              -m mini_sglang.bench_one_batch --load-format dummy --batch-size 1 --input-len 128 \
+              --output-len 1024 --mode scheduler $GEMV_IN_STEP_AB )
+        fi
       done ;;
     startup)
       # Server start-up, spawn to first token, ours beside sgl-project/mini-sglang (staged by

@@ -236,3 +236,35 @@ def test_the_weight_a_pick_is_timed_with_is_found_by_shape_and_format():
     assert _weight(model, 8, 16, fp8=False).dtype == torch.float32  # the bf16 one, not FP8
     assert _weight(model, 8, 16, fp8=True).dtype == torch.float8_e4m3fn
     assert _weight(model, 4, 4, fp8=False) is None
+
+
+def test_ab_pick_caches_differ_in_the_changes_alone(tmp_path, monkeypatch):
+    """--ab-dirs: both caches hold this run's picks; under the tuned one kernel_choices
+    reads the changed picks and expert tiles, under the base one the picks it started from."""
+    import json
+
+    from benchmarks.tune_gemv_in_step import write_ab_dirs
+    from mini_sglang.layers import kernel_choices as kc
+
+    monkeypatch.delenv("MINI_SGLANG_KERNEL_RETUNE", raising=False)
+    monkeypatch.setenv("MINI_SGLANG_CACHE_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(kc, "_tables", {})
+    gate_up, lm_head = "M2|N28672|K4096|bfloat16|fp8", "M2|N128256|K4096|bfloat16|plain"
+    kc.record("gemv", "Card", gate_up, [32, 256, 4, 3, 1])  # start-up picks of the run
+    kc.record("gemv", "Card", lm_head, [4, 2048, 4, 2])
+    tiles = {"M1|E128|H2048|I768|k8|bf16": [[1, 2048, 1, None], [4, 256, 8, None]]}
+    base, tuned = tmp_path / "base", tmp_path / "tuned"
+    write_ab_dirs(str(base), str(tuned), "Card", {"gemv": {gate_up: None}, "moe_gemv": tiles})
+
+    def seen(root, table: str, key: str):
+        monkeypatch.setenv("MINI_SGLANG_CACHE_DIR", str(root))
+        monkeypatch.setattr(kc, "_tables", {})  # a new process
+        return kc.lookup(table, "Card", key)
+
+    assert seen(base, "gemv", gate_up) == [32, 256, 4, 3, 1]
+    assert seen(tuned, "gemv", gate_up) is None
+    assert seen(base, "gemv", lm_head) == seen(tuned, "gemv", lm_head) == [4, 2048, 4, 2]
+    key = next(iter(tiles))
+    assert seen(base, "moe_gemv", key) is kc.MISSING
+    assert seen(tuned, "moe_gemv", key) == tiles[key]
+    assert json.loads((tmp_path / "run/kernel_choices/gemv_Card.json").read_text())[gate_up]
