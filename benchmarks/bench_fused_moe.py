@@ -131,7 +131,7 @@ def sweep_gemv(
         finally:
             fused_moe_gemv.default_config = default
 
-    start = default(x.shape[0], quant, gemv_shape(layer, x.shape[1]), x.device)
+    start = default(x.shape[0], quant, gemv_shape(layer, x.shape[1]), x.device, x.dtype)
     best = (start, time_config(start))
     for which in ("gate_up", "down"):
         for cand in SWEEP:
@@ -217,7 +217,9 @@ def report(
     tflops = tflops / (ms / 1e3) / 1e12
     if gemv:
         shape = gemv_shape(layer, args.hidden)
-        tiles = tiles or fused_moe_gemv.default_config(m, quant_name(args), shape, ids.device)
+        # the activations main() times with
+        bf16 = torch.bfloat16
+        tiles = tiles or fused_moe_gemv.default_config(m, quant_name(args), shape, ids.device, bf16)
         cfg = dataclasses.asdict(tiles)
     else:
         gemm_dtype = torch.bfloat16 if spec is None else torch.float8_e4m3fn

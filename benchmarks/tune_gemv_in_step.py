@@ -278,8 +278,8 @@ class StepTimer:
         self.moe_card_keys: dict[int, str] = {}
         tuned = fused_moe_gemv.default_config
 
-        def default_config(tokens: int, quant: str | None, shape=None, device=None):
-            config = tuned(tokens, quant, shape, device)
+        def default_config(tokens: int, quant: str | None, shape=None, device=None, dtype=None):
+            config = tuned(tokens, quant, shape, device, dtype)
             bucket = _bucket(tokens)
             config = dataclasses.replace(
                 config,
@@ -287,8 +287,9 @@ class StepTimer:
                 down=self.moe_tiles.get((bucket, "down"), config.down),
             )
             self.moe_seen[bucket] = config
-            if shape is not None:
-                self.moe_card_keys[bucket] = fused_moe_gemv.card_key(tokens, quant, shape)
+            if shape is not None and dtype is not None:
+                fmt = fused_moe_gemv.card_format(quant, dtype)
+                self.moe_card_keys[bucket] = fused_moe_gemv.card_key(tokens, fmt, shape)
             return config
 
         fused_moe_gemv.default_config = default_config

@@ -27,6 +27,7 @@ scripts/run_gpu_suite.sh (step `moe`).
 from __future__ import annotations
 
 import gc
+import json
 from pathlib import Path
 
 import pytest
@@ -245,6 +246,36 @@ def test_small_m_gemv_matches_reference(tokens, inter, dtype, monkeypatch):
         torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
         grouped = fused_experts_triton(x, w13, w2, w, case, dropped_pairs=True)
         torch.testing.assert_close(out.float(), grouped.float(), atol=tol, rtol=tol)
+
+
+def test_this_cards_expert_tiles_are_launched_and_match_reference():
+    """Each bf16 entry of this card's expert tile table (kernel_configs/moe_gemv_<card>.json)
+    is what fused_experts_gemv launches for its bucket and shape, and its result matches
+    the torch reference at every batch size of the bucket."""
+    from mini_sglang.layers import kernel_choices
+    from mini_sglang.layers.moe import fused_moe_gemv
+    from mini_sglang.layers.moe.experts_torch import fused_experts_torch
+    from mini_sglang.layers.moe.fused_moe_gemv import fused_experts_gemv
+    from mini_sglang.layers.moe.router import select_experts
+
+    card = kernel_choices.device_name(torch.device("cuda"))
+    path = Path(kernel_choices.SHIPPED_DIR) / f"{fused_moe_gemv.CARD_TABLE}_{card}.json"
+    if not path.exists():
+        pytest.skip(f"no expert tiles shipped for {card}")
+    entries = [(k, v) for k, v in json.loads(path.read_text()).items() if k.endswith("|bf16")]
+    assert entries, path
+    for key, value in entries:
+        bucket, E, H, inter, k = (int(part[1:]) for part in key.split("|")[:5])
+        for tokens in range(bucket // 2 + 1, bucket + 1):
+            x, w13, w2, logits = _problem(tokens, E, k, H, inter, torch.bfloat16, seed=tokens)
+            config = fused_moe_gemv.default_config(
+                tokens, None, (E, H, inter, k), x.device, x.dtype
+            )
+            assert fused_moe_gemv.encode_card_config(config) == value, key
+            w, ids = select_experts(logits, k, True)
+            ref = fused_experts_torch(x.float(), w13.float(), w2.float(), w, ids)
+            out = fused_experts_gemv(x, w13, w2, w, ids)
+            torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 # ---- FP8 experts ---------------------------------------------------------------------------

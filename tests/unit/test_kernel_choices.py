@@ -110,10 +110,16 @@ def test_shipped_expert_tile_tables_decode():
     builds and a value its reader accepts (a stale entry would fall back to TUNED silently)."""
     import re
 
+    import torch
+
     from mini_sglang.layers.moe import fused_moe_gemv as fmg
 
-    key = re.compile(r"^M(1|2|4)\|E\d+\|H\d+\|I\d+\|k\d+\|(bf16|fp8|fp8-block)(\+words)?$")
-    assert key.match(fmg.card_key(3, None, (128, 2048, 768, 8)))
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    key = re.compile(
+        r"^M(1|2|4)\|E\d+\|H\d+\|I\d+\|k\d+\|(bf16|fp16|fp32|fp8(-block)?\+words|fp8(-block)?)$"
+    )
+    for fmt in [fmg.card_format(q, d) for q in (None, "fp8", "fp8-block") for d in dtypes]:
+        assert key.match(fmg.card_key(3, fmt, (128, 2048, 768, 8))), fmt
     for path, table in _shipped_tables(fmg.CARD_TABLE):
         for name, value in table.items():
             assert key.match(name), (path, name)
@@ -138,18 +144,19 @@ def test_card_expert_tiles_win_over_tuned_and_lose_to_forced(fresh, monkeypatch)
     qwen = (128, 2048, 768, 8)
     mine = fmg.SmallMConfig(fmg.GemvTiles(1, 2048, 1), fmg.GemvTiles(16, 128, 16, 3))
     table = {
-        fmg.card_key(2, None, qwen): fmg.encode_card_config(mine),
-        fmg.card_key(1, None, qwen): [[1, 2048, 1, None], [0, 128, 8, None]],  # block_n 0
+        fmg.card_key(2, "bf16", qwen): fmg.encode_card_config(mine),
+        fmg.card_key(1, "bf16", qwen): [[1, 2048, 1, None], [0, 128, 8, None]],  # block_n 0
     }
     (fresh / "shipped" / f"{fmg.CARD_TABLE}_{card}.json").write_text(json.dumps(table))
-    cuda = torch.device("cuda", 0)
-    assert fmg.default_config(2, None, qwen, cuda) == mine
-    assert fmg.default_config(2, None, qwen, torch.device("cpu")) == fmg.TUNED[2]
-    assert fmg.default_config(2, None, (64, 2048, 768, 8), cuda) == fmg.TUNED[2]
-    assert fmg.default_config(2, "fp8-block", qwen, cuda) != mine
-    assert fmg.default_config(4, None, qwen, cuda) == fmg.TUNED[4]
-    assert fmg.default_config(1, None, qwen, cuda) == fmg.TUNED[1]  # unreadable: tuned
+    cuda, bf16 = torch.device("cuda", 0), torch.bfloat16
+    assert fmg.default_config(2, None, qwen, cuda, bf16) == mine
+    assert fmg.default_config(2, None, qwen, torch.device("cpu"), bf16) == fmg.TUNED[2]
+    assert fmg.default_config(2, None, (64, 2048, 768, 8), cuda, bf16) == fmg.TUNED[2]
+    assert fmg.default_config(2, "fp8-block", qwen, cuda, bf16) != mine
+    assert fmg.default_config(4, None, qwen, cuda, bf16) == fmg.TUNED[4]
+    assert fmg.default_config(2, None, qwen, cuda, torch.float16) == fmg.TUNED[2]  # tuned for bf16
+    assert fmg.default_config(1, None, qwen, cuda, bf16) == fmg.TUNED[1]  # unreadable: tuned
     monkeypatch.setattr(fmg, "_FORCED", fmg._parse_forced("2=4,512,4"))
-    assert fmg.default_config(2, None, qwen, cuda) == fmg.SmallMConfig(
+    assert fmg.default_config(2, None, qwen, cuda, bf16) == fmg.SmallMConfig(
         fmg.GemvTiles(4, 512, 4), mine.down
     )

@@ -150,7 +150,7 @@ def test_expert_tiles_that_changed_become_one_forced_tiles_value():
     assert spec == "1=2,1024,1,0:16,256,16,3"  # bucket 2 kept its tiles: not forced
     assert _parse_forced(spec) == {1: (a, c)}  # the form MINI_SGLANG_MOE_GEMV_TILES reads
     # and as entries of the card's expert tile table, both kernels given
-    keys = {1: card_key(1, None, (128, 2048, 768, 8)), 2: card_key(2, None, (128, 2048, 768, 8))}
+    keys = {b: card_key(b, "bf16", (128, 2048, 768, 8)) for b in (1, 2)}
     entries = _moe_card_entries(outcomes, keys)
     assert entries == {"M1|E128|H2048|I768|k8|bf16": [[2, 1024, 1, None], [16, 256, 16, 3]]}
     assert _decode_card_config(entries[keys[1]]) == SmallMConfig(a, c)
@@ -178,7 +178,7 @@ class _Runner:
         import torch
 
         shape = (128, 2048, 768, 8)  # Qwen3-30B-A3B's experts, as fused_experts_gemv asks
-        config = fused_moe_gemv.default_config(1, None, shape, torch.device("cpu"))
+        config = fused_moe_gemv.default_config(1, None, shape, torch.device("cpu"), torch.bfloat16)
         if config.down == self.rejected:
             raise RuntimeError("tiles rejected")
         self.captures += 1

@@ -195,14 +195,21 @@ def tuned_configs(quant: str | None) -> dict[int, SmallMConfig]:
 CARD_TABLE = "moe_gemv"
 
 
-def card_key(tokens: int, quant: str | None, shape: tuple[int, int, int, int]) -> str:
+def card_format(quant: str | None, dtype: torch.dtype) -> str:
+    """The experts' format in a CARD_TABLE key: an FP8 format (Fp8Experts.kind) as the
+    weights are decoded ("+words": MINI_SGLANG_FP8_GEMV_INT_DECODE), else the dtype of the
+    weights and activations ("bf16", "fp16", "fp32")."""
+    if quant is not None:
+        return quant + ("+words" if _DECODE_E4M3 else "")
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    return names.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def card_key(tokens: int, fmt: str, shape: tuple[int, int, int, int]) -> str:
     """The key of a batch's tiles in CARD_TABLE: its bucket, the layer's shape (experts,
-    hidden, intermediate per expert, top-k) and the experts' format as decoded, e.g.
+    hidden, intermediate per expert, top-k) and the experts' format (card_format), e.g.
     "M1|E128|H2048|I768|k8|bf16" (Qwen3-30B-A3B at one token), "M2|...|fp8-block+words"."""
     experts, hidden, inter, top_k = shape
-    fmt = quant or "bf16"
-    if _DECODE_E4M3 and quant in ("fp8-block", "fp8"):
-        fmt += "+words"
     bucket = 1 << (tokens - 1).bit_length()
     return f"M{bucket}|E{experts}|H{hidden}|I{inter}|k{top_k}|{fmt}"
 
@@ -236,20 +243,16 @@ def _decode_card_config(value: object) -> SmallMConfig | None:
 
 @functools.cache
 def _card_config(
-    bucket: int,
-    quant: str | None,
-    shape: tuple[int, int, int, int],
-    device: torch.device,
-    decode_e4m3: bool,
+    bucket: int, fmt: str, shape: tuple[int, int, int, int], device: torch.device
 ) -> SmallMConfig | None:
     """This card's shipped or cached tiles for the batch bucket (CARD_TABLE), or None.
     Cached: an eager decode step asks once per MoE layer, and the lookup (key, lock, parse)
     costs a few microseconds; the table does not change under a running process
-    (kernel_choices reads it once). decode_e4m3 (_DECODE_E4M3) is part of the key."""
+    (kernel_choices reads it once)."""
     from mini_sglang.layers import kernel_choices
 
     value = kernel_choices.lookup(
-        CARD_TABLE, kernel_choices.device_name(device), card_key(bucket, quant, shape)
+        CARD_TABLE, kernel_choices.device_name(device), card_key(bucket, fmt, shape)
     )
     return None if value is kernel_choices.MISSING else _decode_card_config(value)
 
@@ -259,22 +262,25 @@ def default_config(
     quant: str | None,
     shape: tuple[int, int, int, int] | None = None,
     device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
 ) -> SmallMConfig:
     """The tiles fused_experts_gemv launches for a batch of `tokens` tokens (>= 1) when no
     config is given, for experts in format `quant` (None: bf16/fp16; else Fp8Experts.kind)
-    of `shape` (experts, hidden, intermediate, top-k) on `device`, the first that applies:
+    of `shape` (experts, hidden, intermediate, top-k) on `device`, activations in `dtype`,
+    the first that applies:
 
     1. tiles forced for the batch's power-of-two bucket (MINI_SGLANG_MOE_GEMV_TILES), in
        place of either kernel's;
-    2. on a CUDA device with a shape, the card's entry for the bucket, shape and format in
-       CARD_TABLE (kernel_choices: shipped under kernel_configs/, or cached), the tiles
-       benchmarks/tune_gemv_in_step.py found fastest inside that model's decode step;
+    2. on a CUDA device with a shape and dtype, the card's entry for the bucket, shape and
+       format (card_format) in CARD_TABLE (kernel_choices: shipped under kernel_configs/,
+       or cached), the tiles benchmarks/tune_gemv_in_step.py found fastest inside that
+       model's decode step;
     3. the format's tuned entry for the bucket (TUNED and its FP8 tables, swept on one
        model's shapes), else DEFAULT_CONFIG."""
     bucket = 1 << (tokens - 1).bit_length()
     config = None
-    if shape is not None and device is not None and device.type == "cuda":
-        config = _card_config(bucket, quant, shape, device, _DECODE_E4M3)
+    if shape is not None and dtype is not None and device is not None and device.type == "cuda":
+        config = _card_config(bucket, card_format(quant, dtype), shape, device)
     config = config or tuned_configs(quant).get(bucket, DEFAULT_CONFIG)
     if bucket in _FORCED:  # MINI_SGLANG_MOE_GEMV_TILES
         gate_up, down = _FORCED[bucket]
@@ -635,7 +641,8 @@ def fused_experts_gemv(
         return torch.zeros_like(x) if residual is None else residual
     pdl = pdl_enabled(x)
     quant = fp8.kind if fp8 is not None else None
-    config = config or default_config(tokens, quant, (w13.shape[0], hidden, inter, k), x.device)
+    shape = (w13.shape[0], hidden, inter, k)
+    config = config or default_config(tokens, quant, shape, x.device, x.dtype)
     gate_up_kernel, _ = _get_kernels()
     assert w13.stride(2) == 1 and w2.stride(2) == 1
     ids = topk_ids.reshape(-1).contiguous()
