@@ -338,7 +338,9 @@ for step in "${steps[@]}"; do
           ${GEMV_IN_STEP_ARGS:-} --out "$OUT/gemv_in_step_$m.json" \
           ${GEMV_IN_STEP_AB:+--ab-dirs "${ab_dirs[@]}"} 2>&1 \
           | grep -vE "Capturing batches|^DEBUG" | tee -a "$OUT/gemv_in_step.log" | tail -40
-        if [ -n "${GEMV_IN_STEP_AB:-}" ] && ! diff -rq "${ab_dirs[@]}" >/dev/null; then
+        # (no folders: the tuner stopped before writing them)
+        if [ -n "${GEMV_IN_STEP_AB:-}" ] && [ -d "${ab_dirs[1]}" ] \
+          && ! diff -rq "${ab_dirs[@]}" >/dev/null; then
           ( unset MINI_SGLANG_KERNEL_RETUNE  # the arms read their caches
             AB_ARMS="MINI_SGLANG_CACHE_DIR=${ab_dirs[0]};MINI_SGLANG_CACHE_DIR=${ab_dirs[1]}" \
               MODELS=$m AB_WARMUP=0 ab_rounds gemv_in_step_ab "Scheduler|Error" \
