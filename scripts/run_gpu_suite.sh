@@ -334,6 +334,7 @@ for step in "${steps[@]}"; do
       # rows in $OUT/gemv_in_step_ab.log
       for m in $MODELS; do
         ab_dirs=("$OUT/gemv_in_step_base_$m" "$OUT/gemv_in_step_tuned_$m")
+        rm -rf "${ab_dirs[@]}"
         python benchmarks/tune_gemv_in_step.py --model-path "$MODEL_ROOT/$m" --load-format dummy \
           ${GEMV_IN_STEP_ARGS:-} --out "$OUT/gemv_in_step_$m.json" \
           ${GEMV_IN_STEP_AB:+--ab-dirs "${ab_dirs[@]}"} 2>&1 \
