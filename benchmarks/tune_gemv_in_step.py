@@ -10,7 +10,8 @@ forced config; this script runs that search for every pick of a model:
 
     python benchmarks/tune_gemv_in_step.py --model-path DIR --load-format dummy \\
         [--quantization fp8] [--tune-batch-size 1 2] [--top 3] [--input-len 512] \\
-        [--steps 48] [--threshold 0.005] [--out picks.json] [--record] [--ab-dirs BASE TUNED]
+        [--steps 48] [--threshold 0.005] [--passes 2] [--out picks.json] [--record] \\
+        [--ab-dirs BASE TUNED]
 
 After the start-up picks (which capture the CUDA graphs of --tune-batch-size), each pick of
 those batch sizes' buckets is tried in turn (coordinate descent, one pass): its --top
@@ -25,7 +26,10 @@ SiLU-mul fold's pick): it is timed with each of those keys at its fastest option
 turn under it, and wins or loses together with them; keys a kept change brings later join
 the queue. In a mixture-of-experts model whose experts
 take the GEMV path at that bucket (MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert
-kernels follow, each tried at every tile of bench_fused_moe.py's SWEEP.
+kernels follow, each tried at every tile of bench_fused_moe.py's SWEEP. A pass that changed
+something is followed by another, up to --passes: a pick kept early was judged beside
+the others' old choices (on an H100, Qwen3-30B-A3B's qkv on cuBLAS won at batch 2 beside
+the old expert tiles and lost beside the new ones).
 
 Prints every trial; --out writes the picks that changed as a kernel_choices table (the
 form of mini_sglang/layers/kernel_configs/gemv_<card>.json), to ship there once a model
@@ -194,6 +198,20 @@ def _follow(step: _Search, out: Outcome, ms: float, under: str) -> float:
     return best_ms
 
 
+def net_outcomes(outcomes: list[Outcome]) -> list[Outcome]:
+    """One Outcome per key over several passes of descend: its first start, its last kept
+    choice and every trial, in the order the keys were first decided (a pick a later pass
+    set back to where it started is no change)."""
+    net: dict[Hashable, Outcome] = {}
+    for o in outcomes:
+        if o.key in net:
+            net[o.key].kept = o.kept
+            net[o.key].trials += o.trials
+        else:
+            net[o.key] = Outcome(o.key, o.start, o.kept, list(o.trials))
+    return list(net.values())
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, object]:
     from mini_sglang.server_args import ServerArgs
 
@@ -207,6 +225,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, objec
     parser.add_argument("--steps", type=int, default=48, help="decode steps a measurement")
     parser.add_argument("--threshold", type=float, default=0.005)
     parser.add_argument("--confirm", type=int, default=2)
+    parser.add_argument(
+        "--passes", type=int, default=2, help="descents per batch size, until one changes nothing"
+    )
     parser.add_argument("--out", type=str, default=None)
     parser.add_argument("--record", action="store_true")
     parser.add_argument("--ab-dirs", nargs=2, metavar=("BASE", "TUNED"), default=None)
@@ -416,6 +437,32 @@ def write_ab_dirs(base: str, tuned: str, card: str, changes: dict[str, dict]) ->
             path.write_text(kernel_choices.dumps({**data, **entries}))
 
 
+def tune_batch(step: StepTimer, batch: int, args: argparse.Namespace) -> list[Outcome]:
+    """descend over the picks and expert tiles the step reads at `batch` rows, again while
+    a pass changes something, up to --passes (net_outcomes merges the passes)."""
+    bucket = _bucket(batch)
+    step.batch = batch
+    step.measure()  # warm-up: lazy initialisations, the first prefill of this size
+    outcomes: list[Outcome] = []
+    for n in range(1, args.passes + 1):
+        queue = step.keys(bucket)
+        print(f"batch {batch}, pass {n}: {len(queue)} picks to try")
+        found = descend(
+            queue,
+            step.current,
+            step.options,
+            step.apply,
+            step.measure,
+            new_keys=lambda: step.keys(bucket),
+            threshold=args.threshold,
+            confirm=args.confirm,
+        )
+        outcomes += found
+        if all(o.kept == o.start for o in found):
+            break  # a pass that changed nothing: the next would find the same
+    return outcomes
+
+
 def main(argv: list[str] | None = None) -> list[Outcome]:
     import logging
 
@@ -433,23 +480,10 @@ def main(argv: list[str] | None = None) -> list[Outcome]:
         print("no small-M GEMV picks to tune (they run on CUDA with bf16 / fp16 weights only)")
         return []
     step = StepTimer(worker, args.input_len, args.steps, args.top)
-    outcomes: list[Outcome] = []
+    outcomes = []
     for batch in sorted(set(args.tune_batch_size)):
-        bucket = _bucket(batch)
-        step.batch = batch
-        step.measure()  # warm-up: lazy initialisations, the first prefill of this size
-        queue = step.keys(bucket)
-        print(f"batch {batch}: {len(queue)} picks to try")
-        outcomes += descend(
-            queue,
-            step.current,
-            step.options,
-            step.apply,
-            step.measure,
-            new_keys=lambda b=bucket: step.keys(b),
-            threshold=args.threshold,
-            confirm=args.confirm,
-        )
+        outcomes += tune_batch(step, batch, args)
+    outcomes = net_outcomes(outcomes)
     changed = {
         small_m_gemm._choice_key(o.key): (list(o.kept) if o.kept else None)
         for o in outcomes

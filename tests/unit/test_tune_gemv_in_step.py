@@ -268,3 +268,53 @@ def test_ab_pick_caches_differ_in_the_changes_alone(tmp_path, monkeypatch):
     assert seen(base, "moe_gemv", key) is kc.MISSING
     assert seen(tuned, "moe_gemv", key) == tiles[key]
     assert json.loads((tmp_path / "run/kernel_choices/gemv_Card.json").read_text())[gate_up]
+
+
+class _CoupledStep:
+    """A step of two picks whose best choices depend on each other, as on an H100 at batch 2:
+    qkv on cuBLAS (None) wins beside the old expert tiles and loses beside the new ones."""
+
+    times = {("a", "old"): 0.50, (None, "old"): 0.40, (None, "new"): 0.30, ("a", "new"): 0.20}
+
+    def __init__(self) -> None:
+        self.choice, self.batch = {"qkv": "a", "tiles": "old"}, 0
+
+    def keys(self, bucket: int) -> list[str]:
+        return ["qkv", "tiles"]
+
+    def current(self, key: str):
+        return self.choice[key]
+
+    def options(self, key: str) -> list:
+        return ["a", None] if key == "qkv" else ["old", "new"]
+
+    def apply(self, key: str, choice) -> None:
+        self.choice[key] = choice
+
+    def measure(self) -> float:
+        return 3.0 + self.times[(self.choice["qkv"], self.choice["tiles"])]
+
+
+def test_a_second_pass_undoes_a_pick_that_won_only_beside_old_choices(capsys):
+    from types import SimpleNamespace
+
+    from benchmarks.tune_gemv_in_step import net_outcomes, tune_batch
+
+    args = SimpleNamespace(passes=3, threshold=0.005, confirm=2)
+    step = _CoupledStep()
+    outcomes = tune_batch(step, 2, args)
+    # pass 1: qkv -> None, tiles -> new; pass 2: qkv back to a; pass 3 changes nothing
+    assert [(o.key, o.start, o.kept) for o in outcomes] == [
+        ("qkv", "a", None), ("tiles", "old", "new"),
+        ("qkv", None, "a"), ("tiles", "new", "new"),
+        ("qkv", "a", "a"), ("tiles", "new", "new"),
+    ]  # fmt: skip
+    assert "pass 3" in capsys.readouterr().out
+    net = net_outcomes(outcomes)
+    assert [(o.key, o.start, o.kept) for o in net] == [("qkv", "a", "a"), ("tiles", "old", "new")]
+    assert len(net[0].trials) == sum(len(o.trials) for o in outcomes if o.key == "qkv")
+    assert step.choice == {"qkv": "a", "tiles": "new"}
+    # one pass keeps what the first descent found
+    step = _CoupledStep()
+    args.passes = 1
+    assert [(o.key, o.kept) for o in tune_batch(step, 2, args)] == [("qkv", None), ("tiles", "new")]
