@@ -100,9 +100,12 @@ def descend(
     step = _Search(current, options, apply, measure, report)
     outcomes: list[Outcome] = []
     seen = set(queue)
+
+    def fresh() -> list[Hashable]:
+        return [k for k in new_keys() if k not in seen]
+
     i = 0
     while i < len(queue):
-        fresh = lambda: [k for k in new_keys() if k not in seen]  # noqa: E731
         out, brought = _decide(step, queue[i], fresh, threshold, confirm)
         i += 1
         outcomes += [out, *brought]
