@@ -14,7 +14,7 @@ forced config; this script runs that search for every pick of a model:
         [--ab-dirs BASE TUNED]
 
 After the start-up picks (which capture the CUDA graphs of --tune-batch-size), each pick of
-those batch sizes' buckets is tried in turn (coordinate descent, one pass): its --top
+those batch sizes' buckets is tried in turn (coordinate descent): its --top
 fastest candidates timed alone (small_m_gemm.time_candidates) and key None (cuBLAS, or an
 FP8 layer's own path) are each set as the pick, the graphs captured again and decode steps
 timed: the GPU time of --steps forwards (bench_one_batch.run_once's events), a fresh batch
@@ -24,12 +24,12 @@ its mean is at least --threshold (a fraction of the step) faster. A candidate ma
 step ask for keys it did not ask before (a gate_up whose norm fold is dropped asks for its
 SiLU-mul fold's pick): it is timed with each of those keys at its fastest option, tried in
 turn under it, and wins or loses together with them; keys a kept change brings later join
-the queue. In a mixture-of-experts model whose experts
-take the GEMV path at that bucket (MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert
-kernels follow, each tried at every tile of bench_fused_moe.py's SWEEP. A pass that changed
-something is followed by another, up to --passes: a pick kept early was judged beside
-the others' old choices (on an H100, Qwen3-30B-A3B's qkv on cuBLAS won at batch 2 beside
-the old expert tiles and lost beside the new ones).
+the queue. In a mixture-of-experts model whose experts take the GEMV path at that bucket
+(MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert kernels follow, each tried at every
+tile of bench_fused_moe.py's SWEEP. A pass that changed something is followed by another,
+up to --passes: a pick kept early was judged beside the others' old choices (on an H100,
+Qwen3-30B-A3B's qkv on cuBLAS won at batch 2 beside the old expert tiles and lost beside
+the new ones).
 
 Prints every trial; --out writes the picks that changed as a kernel_choices table (the
 form of mini_sglang/layers/kernel_configs/gemv_<card>.json), to ship there once a model
@@ -387,20 +387,27 @@ class StepTimer:
         return [None] + ranked[: self.top]
 
 
-def _moe_card_entries(outcomes: list[Outcome], card_keys: dict[int, str]) -> dict[str, list]:
-    """The expert tiles that changed as fused_moe_gemv.CARD_TABLE entries (the form of
-    kernel_configs/moe_gemv_<card>.json): both kernels of each bucket where either changed."""
-    from mini_sglang.layers.moe.fused_moe_gemv import SmallMConfig, encode_card_config
+def _changed_tiles(outcomes: list[Outcome]) -> dict[int, object]:
+    """The expert tiles of each batch bucket where either kernel's changed, both kernels
+    given (a fused_moe_gemv.SmallMConfig), by bucket in order."""
+    from mini_sglang.layers.moe.fused_moe_gemv import SmallMConfig
 
     moe = {o.key[1:]: o for o in outcomes if o.key[0] == "moe"}
     changed = sorted({b for (b, _), o in moe.items() if o.kept != o.start})
     return {
-        card_keys[b]: encode_card_config(
-            SmallMConfig(moe[(b, "gate_up")].kept, moe[(b, "down")].kept)
-        )
+        b: SmallMConfig(moe[(b, "gate_up")].kept, moe[(b, "down")].kept)
         for b in changed
-        if (b, "gate_up") in moe and (b, "down") in moe and b in card_keys
+        if (b, "gate_up") in moe and (b, "down") in moe
     }
+
+
+def _moe_card_entries(outcomes: list[Outcome], card_keys: dict[int, str]) -> dict[str, list]:
+    """The expert tiles that changed as fused_moe_gemv.CARD_TABLE entries (the form of
+    kernel_configs/moe_gemv_<card>.json)."""
+    from mini_sglang.layers.moe.fused_moe_gemv import encode_card_config
+
+    tiles = _changed_tiles(outcomes)
+    return {card_keys[b]: encode_card_config(c) for b, c in tiles.items() if b in card_keys}
 
 
 def _moe_tiles_spec(outcomes: list[Outcome]) -> str:
@@ -410,13 +417,8 @@ def _moe_tiles_spec(outcomes: list[Outcome]) -> str:
     def spec(t) -> str:
         return ",".join(str(v) for v in (t.block_n, t.block_k, t.num_warps, t.num_stages or 0))
 
-    moe = {o.key[1:]: o for o in outcomes if o.key[0] == "moe"}
-    changed = sorted({b for (b, _), o in moe.items() if o.kept != o.start})
-    return "/".join(
-        f"{b}={spec(moe[(b, 'gate_up')].kept)}:{spec(moe[(b, 'down')].kept)}"
-        for b in changed
-        if (b, "gate_up") in moe and (b, "down") in moe
-    )
+    tiles = _changed_tiles(outcomes)
+    return "/".join(f"{b}={spec(c.gate_up)}:{spec(c.down)}" for b, c in tiles.items())
 
 
 def write_ab_dirs(base: str, tuned: str, card: str, changes: dict[str, dict]) -> None:
