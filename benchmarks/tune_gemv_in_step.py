@@ -18,9 +18,14 @@ those batch sizes' buckets is tried in turn (coordinate descent): its --top
 fastest candidates timed alone (small_m_gemm.time_candidates) and key None (cuBLAS, or an
 FP8 layer's own path) are each set as the pick, the graphs captured again and decode steps
 timed: the GPU time of --steps forwards (bench_one_batch.run_once's events), a fresh batch
-of prompts of --input-len tokens each time. A challenger replaces the pick only if, in
---confirm rounds with the two alternating, each of its times beats each of the pick's and
-its mean is at least --threshold (a fraction of the step) faster. A candidate may make the
+of prompts of --input-len tokens each time. The fastest challenger replaces the pick only
+if it wins each of --confirm rounds in which both are timed, the pick first in odd rounds
+and second in even ones, by at least --threshold (a fraction of the step) on average. A
+step's time drifts over a run (by 4% across one H100 run of
+docs/results/gemv_in_step_qwen3_30b_a3b_fp8_block_bs1_h100.log), so each round's two
+timings are compared with each other, not with the first timing of the pick taken before
+the others were tried; alternating the order cancels a steady drift from the mean. A
+candidate may make the
 step ask for keys it did not ask before (a gate_up whose norm fold is dropped asks for its
 SiLU-mul fold's pick): it is timed with each of those keys at its fastest option, tried in
 turn under it, and wins or loses together with them; keys a kept change brings later join
@@ -80,7 +85,7 @@ def descend(
     measure: Callable[[], float],
     new_keys: Callable[[], Iterable[Hashable]] = lambda: (),
     threshold: float = 0.005,
-    confirm: int = 2,
+    confirm: int = 3,
     report: Callable[[str], None] = print,
 ) -> list[Outcome]:
     """One pass of coordinate descent over the keys in `queue`, which grows by the keys
@@ -92,9 +97,8 @@ def descend(
     timed together with those keys' fastest options, each key tried in turn with the
     option applied: dropping gate_up's norm fold runs the SiLU-mul variant's pick, and the
     drop may win only with that pick changed too. The fastest challenger (with its keys'
-    picks) is confirmed in `confirm` rounds, the current choice first in each: kept only if
-    every challenger time is below every time of the current choice (the first measurement
-    included) and its mean is below the current mean by threshold x that mean; otherwise
+    picks) is confirmed in `confirm` rounds of one measurement each, the current choice
+    first in odd rounds and the challenger first in even ones (see _confirmed); otherwise
     the current choices are applied back. Returns one Outcome per key decided, in order (a
     kept challenger's keys right after it, decided with it)."""
     step = _Search(current, options, apply, measure, report)
@@ -144,16 +148,16 @@ def _decide(
     brought into the step ([] where the current choice stays)."""
     start = step.current(key)
     out = Outcome(key, start, start)
-    base = [step.measure()]
-    out.trials.append((start, base[0]))
-    best, best_ms, brought = start, base[0], []
+    first = step.measure()
+    out.trials.append((start, first))
+    best, best_ms, brought = start, first, []
     for choice in step.options(key):
         if choice == start:
             continue
         step.apply(key, choice)
         ms = step.measure()
         out.trials.append((choice, ms))
-        step.report(f"{key}: {choice} {ms:.4f} ms (current {start}: {base[0]:.4f})")
+        step.report(f"{key}: {choice} {ms:.4f} ms (current {start}: {first:.4f})")
         new = [Outcome(k, step.current(k), step.current(k)) for k in fresh()]
         for o in new:
             ms = _follow(step, o, ms, f"{key}={choice}")
@@ -162,26 +166,45 @@ def _decide(
         step.set(key, start, new, kept=False)
     if best == start:
         return out, []
-    challenger = [best_ms]
-    for _ in range(confirm):
-        step.set(key, start, brought, kept=False)
-        base.append(step.measure())
-        step.set(key, best, brought, kept=True)
-        challenger.append(step.measure())
-        out.trials += [(start, base[-1]), (best, challenger[-1])]
-    gain = statistics.mean(base) - statistics.mean(challenger)
-    kept = max(challenger) < min(base) and gain >= threshold * statistics.mean(base)
+    base, challenger = [], []
+    for r in range(confirm):
+        for is_challenger in (r % 2 == 1, r % 2 == 0):
+            choice = best if is_challenger else start
+            step.set(key, choice, brought, kept=is_challenger)
+            ms = step.measure()
+            (challenger if is_challenger else base).append(ms)
+            out.trials.append((choice, ms))
+    kept = _confirmed(base, challenger, threshold)
     step.report(
         f"{key}: {'kept' if kept else 'not kept'} {best}"
         + "".join(f", {o.key}: {o.kept}" for o in brought)
         + f": {', '.join(f'{t:.4f}' for t in challenger)} ms against {start}: "
         + ", ".join(f"{t:.4f}" for t in base)
     )
+    step.set(key, best if kept else start, brought, kept=kept)
     if not kept:
-        step.set(key, start, brought, kept=False)
         return out, []
     out.kept = best
     return out, brought
+
+
+def _confirmed(base: list[float], challenger: list[float], threshold: float) -> bool:
+    """Whether the challenger won: faster than the current choice in every round (base[i]
+    and challenger[i] timed one after the other) and by threshold x the current mean on
+    average. The scan's timings stay out: the challenger's is the fastest of several (its
+    luck selected it) and the current one's is the run's oldest.
+
+    Example, a steady drift of +0.01 ms a measurement and a challenger 0.06 ms faster, in
+    three rounds (current first, then challenger first, then current first): base 3.12,
+    3.15, 3.16 against challenger 3.07, 3.08, 3.11 wins every round (gain 0.057 ms), where
+    asking every challenger time to beat every current time, the current's scan time 3.10
+    among them, would reject it. With equal costs the second round's order leaves the
+    challenger slower (b - c = -0.01) and it is not kept."""
+    if not base:
+        return False
+    wins = all(c < b for b, c in zip(base, challenger, strict=True))
+    gain = statistics.mean(b - c for b, c in zip(base, challenger, strict=True))
+    return wins and gain >= threshold * statistics.mean(base)
 
 
 def _follow(step: _Search, out: Outcome, ms: float, under: str) -> float:
@@ -227,7 +250,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, objec
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=48, help="decode steps a measurement")
     parser.add_argument("--threshold", type=float, default=0.005)
-    parser.add_argument("--confirm", type=int, default=2)
+    parser.add_argument(
+        "--confirm", type=int, default=3, help="rounds a challenger must win (_confirmed)"
+    )
     parser.add_argument(
         "--passes", type=int, default=2, help="descents per batch size, until one changes nothing"
     )
