@@ -25,11 +25,10 @@ step's time drifts over a run (by 4% across one H100 run of
 docs/results/gemv_in_step_qwen3_30b_a3b_fp8_block_bs1_h100.log), so each round's two
 timings are compared with each other, not with the first timing of the pick taken before
 the others were tried; alternating the order cancels a steady drift from the mean. A
-candidate may make the
-step ask for keys it did not ask before (a gate_up whose norm fold is dropped asks for its
-SiLU-mul fold's pick): it is timed with each of those keys at its fastest option, tried in
-turn under it, and wins or loses together with them; keys a kept change brings later join
-the queue. In a mixture-of-experts model whose experts take the GEMV path at that bucket
+candidate may make the step ask for keys it did not ask before (a gate_up whose norm fold
+is dropped asks for its SiLU-mul fold's pick): it is timed with each of those keys at its
+fastest option, tried in turn under it, and wins or loses together with them; keys a kept
+change brings later join the queue. In a mixture-of-experts model whose experts take the GEMV path at that bucket
 (MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert kernels follow, each tried at every
 tile of bench_fused_moe.py's SWEEP. A pass that changed something is followed by another,
 up to --passes: a pick kept early was judged beside the others' old choices (on an H100,
