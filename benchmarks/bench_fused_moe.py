@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--small-m-sweep", action="store_true", help="also sweep the GEMV tiles")
     p.add_argument("--result-filename", default=None)
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():  # after parsing, so --help works anywhere
+        raise SystemExit("bench_fused_moe.py needs a CUDA device")
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     spec = DTYPES[args.dtype]
@@ -246,6 +248,4 @@ def report(
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_fused_moe.py needs a CUDA device")
     main()

@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[512, 4096])
     p.add_argument("--promote-k", type=int, nargs="*", default=[128, 32])
     args = p.parse_args(argv)
+    if not torch.cuda.is_available():  # after parsing, so --help works anywhere
+        raise SystemExit("fp8_moe_accumulation.py needs a CUDA device")
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(torch.cuda.get_device_name())
     for m in args.batch_sizes:
@@ -78,6 +80,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        raise SystemExit("fp8_moe_accumulation.py needs a CUDA device")
     main()

@@ -222,6 +222,8 @@ def rank_shape(args: argparse.Namespace) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
+    if not torch.cuda.is_available():  # after parsing, so --help works anywhere
+        raise SystemExit("tune_fused_moe.py needs a CUDA device")
     local_experts, n = rank_shape(args)
     args.first_expert = 0
     torch.manual_seed(0)
@@ -257,6 +259,4 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    if not torch.cuda.is_available():
-        raise SystemExit("tune_fused_moe.py needs a CUDA device")
     main()

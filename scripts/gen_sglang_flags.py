@@ -9,8 +9,10 @@ Usage: python scripts/gen_sglang_flags.py PATH/TO/sglang/srt/server_args.py > \
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
+import os
 import sys
 from typing import Any
 
@@ -146,11 +148,14 @@ def _lineno(fn: ast.FunctionDef, options: tuple[str, ...]) -> int:
     return 0
 
 
-def main() -> None:
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("server_args_py", help="SGLang's sglang/srt/server_args.py")
+    args = p.parse_args(argv)
+    if not os.path.isfile(args.server_args_py):
+        p.error(f"no such file: {args.server_args_py}")
     lines = [HEADER]
-    for options, kind, default, nargs, help_text in sglang_flags(sys.argv[1]):
+    for options, kind, default, nargs, help_text in sglang_flags(args.server_args_py):
         args = [repr(options), repr(kind), repr(default)]
         if nargs is not None or help_text is not None:
             args.append(repr(nargs))

@@ -20,12 +20,12 @@ by the same factor (the LM head and sampling do not).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
 import re
 import shutil
-import sys
 from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -89,6 +89,11 @@ def cut_layers(config: dict, layers: int) -> None:
         config["layer_types"] = config["layer_types"][:layers]
 
 
+def model_names() -> list[str]:
+    """The architectures this folder holds (one sub-folder each)."""
+    return sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)))
+
+
 def prepare(name: str, out_dir: str) -> str:
     if m := LAYERS_SUFFIX.search(name):
         prepare(name[: m.start()], out_dir)
@@ -100,7 +105,7 @@ def prepare(name: str, out_dir: str) -> str:
         return out_dir
     src = os.path.join(HERE, name)
     if not os.path.isdir(src):
-        raise SystemExit(f"unknown model {name!r}; have: {sorted(os.listdir(HERE))}")
+        raise SystemExit(f"unknown model {name!r}; have: {', '.join(model_names())}")
     os.makedirs(out_dir, exist_ok=True)
     family = "qwen" if name.startswith("qwen") else "llama"
     tok = tokenizer_dir(family)
@@ -114,5 +119,17 @@ def prepare(name: str, out_dir: str) -> str:
     return out_dir
 
 
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "name", help=f"one of {', '.join(model_names())}; with -fp8-block and / or -l<N> after it"
+    )
+    p.add_argument("out_dir", help="the model directory to write (created if missing)")
+    args = p.parse_args(argv)
+    out = prepare(args.name, args.out_dir)
+    print(out)
+    return out
+
+
 if __name__ == "__main__":
-    print(prepare(sys.argv[1], sys.argv[2]))
+    main()
