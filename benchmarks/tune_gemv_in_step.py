@@ -28,12 +28,12 @@ the others were tried; alternating the order cancels a steady drift from the mea
 candidate may make the step ask for keys it did not ask before (a gate_up whose norm fold
 is dropped asks for its SiLU-mul fold's pick): it is timed with each of those keys at its
 fastest option, tried in turn under it, and wins or loses together with them; keys a kept
-change brings later join the queue. In a mixture-of-experts model whose experts take the GEMV path at that bucket
-(MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert kernels follow, each tried at every
-tile of bench_fused_moe.py's SWEEP. A pass that changed something is followed by another,
-up to --passes: a pick kept early was judged beside the others' old choices (on an H100,
-Qwen3-30B-A3B's qkv on cuBLAS won at batch 2 beside the old expert tiles and lost beside
-the new ones).
+change brings later join the queue. In a mixture-of-experts model whose experts take the
+GEMV path at that bucket (MINI_SGLANG_MOE_SMALL_M), the tiles of its two expert kernels
+follow, each tried at every tile of bench_fused_moe.py's SWEEP. A pass that changed
+something is followed by another, up to --passes: a pick kept early was judged beside the
+others' old choices (on an H100, Qwen3-30B-A3B's qkv on cuBLAS won at batch 2 beside the
+old expert tiles and lost beside the new ones).
 
 Prints every trial; --out writes the picks that changed as a kernel_choices table (the
 form of mini_sglang/layers/kernel_configs/gemv_<card>.json), to ship there once a model
@@ -264,6 +264,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, objec
     server_args = ServerArgs.from_cli_args(args)
     if server_args.tp_size != 1 or server_args.dp_size != 1:
         parser.error("one GPU: --tp-size 1 --dp-size 1")
+    if args.confirm < 1:  # _confirmed keeps no challenger without a round
+        parser.error("--confirm must be at least 1")
     return args, server_args
 
 

@@ -151,11 +151,11 @@ def _lineno(fn: ast.FunctionDef, options: tuple[str, ...]) -> int:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("server_args_py", help="SGLang's sglang/srt/server_args.py")
-    args = p.parse_args(argv)
-    if not os.path.isfile(args.server_args_py):
-        p.error(f"no such file: {args.server_args_py}")
+    path = p.parse_args(argv).server_args_py
+    if not os.path.isfile(path):
+        p.error(f"no such file: {path}")
     lines = [HEADER]
-    for options, kind, default, nargs, help_text in sglang_flags(args.server_args_py):
+    for options, kind, default, nargs, help_text in sglang_flags(path):
         args = [repr(options), repr(kind), repr(default)]
         if nargs is not None or help_text is not None:
             args.append(repr(nargs))

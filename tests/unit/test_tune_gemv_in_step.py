@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from benchmarks.tune_gemv_in_step import (
     Outcome,
     _moe_card_entries,
     _moe_tiles_spec,
     descend,
     main,
+    parse_args,
 )
 from mini_sglang.layers.moe.fused_moe_gemv import (
     GemvTiles,
@@ -353,3 +356,10 @@ def test_a_second_pass_undoes_a_pick_that_won_only_beside_old_choices(capsys):
     step = _CoupledStep()
     args.passes = 1
     assert [(o.key, o.kept) for o in tune_batch(step, 2, args)] == [("qkv", None), ("tiles", "new")]
+
+
+def test_confirm_needs_at_least_one_round(tmp_path, capsys):
+    # with no confirming round _confirmed keeps nothing, so the tuner would find nothing
+    with pytest.raises(SystemExit):
+        parse_args(["--model-path", str(tmp_path), "--confirm", "0"])
+    assert "--confirm must be at least 1" in capsys.readouterr().err
